@@ -1,0 +1,72 @@
+"""SamplingParams: how one request samples and when it stops. Validated at the edge.
+
+Knows nothing about models or devices; `validate()` raises InvalidRequestError with a message
+naming the bad field, so front-ends can turn it into exit status 2 or an HTTP 400.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from .errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.7        # 0 = greedy
+    top_k: int = 0                  # 0 = off
+    top_p: float = 1.0              # 1 = off
+    min_p: float = 0.0              # 0 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+    def replace(self, **changes: object) -> "SamplingParams":
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def validate(self) -> "SamplingParams":
+        def bad(msg: str) -> InvalidRequestError:
+            return InvalidRequestError(msg)
+
+        checks: list[tuple[str, object, type | tuple[type, ...]]] = [
+            ("max_tokens", self.max_tokens, int),
+            ("temperature", self.temperature, (int, float)),
+            ("top_k", self.top_k, int),
+            ("top_p", self.top_p, (int, float)),
+            ("min_p", self.min_p, (int, float)),
+            ("presence_penalty", self.presence_penalty, (int, float)),
+            ("frequency_penalty", self.frequency_penalty, (int, float)),
+        ]
+        for name, value, kind in checks:
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise bad(f"{name} must be a number, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad(f"{name} must be finite, got {value!r}")
+        if self.max_tokens < 1:
+            raise bad(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise bad(f"temperature must be in [0, 2], got {self.temperature}")
+        if self.top_k < 0:
+            raise bad(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = float(getattr(self, name))
+            if not -2.0 <= v <= 2.0:
+                raise bad(f"{name} must be in [-2, 2], got {v}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise bad(f"seed must be an integer, got {self.seed!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop must be non-empty strings")
+        return self
