@@ -1,0 +1,222 @@
+"""NumPy fp32 reference for every op the models call; also the CPU backend.
+
+Each function here has a CUDA counterpart of the same name and signature in `ops/cuda.py`, and
+a GPU test compares the two. Shapes use T = tokens in the batch, H = hidden size, heads x D for
+attention, Hk/Hv x Dk/Dv for Gated DeltaNet. Functions return new arrays unless they are
+documented as updating a cache or state in place. This module knows nothing about models,
+weights layout on disk, or requests.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+Array = np.ndarray
+
+
+# --- elementwise / norms -------------------------------------------------------------------
+
+def embedding(table: Array, ids: Array) -> Array:
+    """table [V, H], ids [T] -> [T, H] float32."""
+    return np.asarray(table[ids], dtype=np.float32)
+
+
+def rms_norm(x: Array, weight: Array, eps: float) -> Array:
+    """x [..., D] * rsqrt(mean(x^2) + eps) * weight [D]. Zero-centred norms get weight = 1 + w at load."""
+    x = x.astype(np.float32, copy=False)
+    inv = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return (x * inv) * weight
+
+
+def add(x: Array, y: Array) -> Array:
+    return x + y
+
+
+def silu(x: Array) -> Array:
+    return x / (1.0 + np.exp(-x))
+
+
+def sigmoid(x: Array) -> Array:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def swiglu(gate_up: Array) -> Array:
+    """gate_up [T, 2I] (gate columns first, then up) -> silu(gate) * up, [T, I]."""
+    inter = gate_up.shape[-1] // 2
+    return silu(gate_up[..., :inter]) * gate_up[..., inter:]
+
+
+def sigmoid_mul(x: Array, gate: Array) -> Array:
+    """x * sigmoid(gate), same shapes (the attention output gate)."""
+    return x * sigmoid(gate)
+
+
+def gated_rms_norm(x: Array, z: Array, weight: Array, eps: float) -> Array:
+    """GDN output norm: weight [D] * rmsnorm(x [..., D]) * silu(z [..., D])."""
+    return rms_norm(x, weight, eps) * silu(z)
+
+
+# --- linear layers -------------------------------------------------------------------------
+
+def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
+    """x [T, K] @ weight [N, K]^T (+ bias [N]) -> [T, N]."""
+    y = x @ weight.T
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+# --- rotary embedding + attention ----------------------------------------------------------
+
+def rope(x: Array, positions: Array, rotary_dim: int, theta: float) -> Array:
+    """Partial NeoX RoPE on the first `rotary_dim` dims of each head. x [T, heads, D], positions [T]."""
+    half = rotary_dim // 2
+    inv_freq = 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
+    ang = positions.astype(np.float64)[:, None] * inv_freq[None, :]        # [T, half]
+    cos = np.cos(ang).astype(np.float32)[:, None, :]
+    sin = np.sin(ang).astype(np.float32)[:, None, :]
+    out = x.astype(np.float32, copy=True)
+    x1 = x[..., :half]
+    x2 = x[..., half:rotary_dim]
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half:rotary_dim] = x2 * cos + x1 * sin
+    return out
+
+
+def kv_store(k_cache: Array, v_cache: Array, k: Array, v: Array, positions: Array) -> None:
+    """Write k, v [T, Hkv, D] into caches [S, Hkv, D] at rows `positions` [T] (in place)."""
+    k_cache[positions] = k
+    v_cache[positions] = v
+
+
+def attention(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float) -> Array:
+    """Causal GQA attention. q [T, Hq, D] at absolute `positions` [T]; caches [S, Hkv, D] hold
+    every key up to max(positions). Query i sees keys 0..positions[i]. Returns [T, Hq, D]."""
+    t, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    group = hq // hkv
+    s = int(positions.max()) + 1
+    k = k_cache[:s].transpose(1, 0, 2)                                      # [Hkv, S, D]
+    v = v_cache[:s].transpose(1, 0, 2)
+    qg = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)                  # [Hkv, G, T, D]
+    scores = (qg @ k[:, None].transpose(0, 1, 3, 2)) * scale                # [Hkv, G, T, S]
+    mask = np.arange(s)[None, :] > positions[:, None]                       # [T, S]
+    scores = np.where(mask, -np.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = p @ v[:, None]                                                    # [Hkv, G, T, D]
+    return out.transpose(2, 0, 1, 3).reshape(t, hq, d).astype(np.float32, copy=False)
+
+
+# --- Gated DeltaNet ------------------------------------------------------------------------
+
+def causal_conv1d(x: Array, conv_state: Array, weight: Array) -> Array:
+    """Depthwise causal conv + SiLU. x [T, C]; conv_state [K-1, C] holds the previous K-1 inputs
+    (oldest first) and is updated in place; weight [C, K] (tap K-1 multiplies the current input)."""
+    kw = weight.shape[1]
+    full = np.concatenate([conv_state, x], axis=0)                          # [K-1+T, C]
+    t = x.shape[0]
+    y = np.zeros_like(x, dtype=np.float32)
+    for j in range(kw):
+        y += full[j : j + t] * weight[:, j]
+    conv_state[...] = full[t:]
+    return silu(y)
+
+
+def gdn_gates(a: Array, b: Array, a_log: Array, dt_bias: Array) -> tuple[Array, Array]:
+    """a, b [T, Hv] -> (g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)), both [T, Hv]."""
+    x = a + dt_bias
+    softplus = np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+    g = -np.exp(a_log) * softplus
+    return g.astype(np.float32), sigmoid(b).astype(np.float32)
+
+
+def _l2norm(x: Array) -> Array:
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+def _prepare_qk(q: Array, k: Array, hv: int) -> tuple[Array, Array]:
+    """L2-normalise q, k [T, Hk, Dk], scale q by 1/sqrt(Dk), repeat heads to Hv."""
+    rep = hv // q.shape[1]
+    q = _l2norm(q) / np.sqrt(q.shape[-1])
+    k = _l2norm(k)
+    if rep > 1:
+        q = np.repeat(q, rep, axis=1)
+        k = np.repeat(k, rep, axis=1)
+    return q.astype(np.float32), k.astype(np.float32)
+
+
+def gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> Array:
+    """Recurrent gated delta rule, token by token. q, k [T, Hk, Dk] (raw: l2-norm and the
+    1/sqrt(Dk) scale happen here); v [T, Hv, Dv]; g, beta [T, Hv]; state [Hv, Dv, Dk] fp32,
+    updated in place. Returns o [T, Hv, Dv]."""
+    t, hv, dv = v.shape
+    qh, kh = _prepare_qk(q, k, hv)
+    out = np.empty((t, hv, dv), dtype=np.float32)
+    s = state
+    for i in range(t):
+        s *= np.exp(g[i])[:, None, None]
+        kv_mem = np.einsum("hvk,hk->hv", s, kh[i])
+        delta = (v[i] - kv_mem) * beta[i][:, None]
+        s += delta[:, :, None] * kh[i][:, None, :]
+        out[i] = np.einsum("hvk,hk->hv", s, qh[i])
+    return out
+
+
+def gated_delta_rule_chunked(
+    q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, chunk: int = 64
+) -> Array:
+    """Chunked (WY/UT) form of `gated_delta_rule`, same contract; exact up to fp32 rounding."""
+    t, hv, dv = v.shape
+    qh, kh = _prepare_qk(q, k, hv)
+    out = np.empty((t, hv, dv), dtype=np.float32)
+    s_t = state.transpose(0, 2, 1).copy()                                   # [Hv, Dk, Dv]
+    for c0 in range(0, t, chunk):
+        c1 = min(c0 + chunk, t)
+        n = c1 - c0
+        Q = qh[c0:c1].transpose(1, 0, 2)                                    # [Hv, n, Dk]
+        K = kh[c0:c1].transpose(1, 0, 2)
+        V = v[c0:c1].transpose(1, 0, 2).astype(np.float32)                  # [Hv, n, Dv]
+        B = beta[c0:c1].T[:, :, None]                                       # [Hv, n, 1]
+        gam = np.cumsum(g[c0:c1].T, axis=1)                                 # [Hv, n]
+        diff = gam[:, :, None] - gam[:, None, :]
+        lower = np.tril(np.ones((n, n), dtype=bool))
+        decay = np.exp(np.where(lower, diff, -np.inf))                      # [Hv, n, n], incl. diag
+        strict = decay * (~np.eye(n, dtype=bool))
+        A = ((B * K) @ K.transpose(0, 2, 1)) * strict                       # strict lower
+        eye = np.eye(n, dtype=np.float32)
+        T_inv = np.linalg.solve(eye + A, np.broadcast_to(eye, A.shape))     # (I + A)^-1
+        U = T_inv @ (B * V)
+        W = T_inv @ (B * np.exp(gam)[:, :, None] * K)
+        Vp = U - W @ s_t                                                    # [Hv, n, Dv]
+        O = (Q * np.exp(gam)[:, :, None]) @ s_t + ((Q @ K.transpose(0, 2, 1)) * decay) @ Vp
+        out[c0:c1] = O.transpose(1, 0, 2)
+        g_end = gam[:, -1]
+        kdec = K * np.exp(g_end[:, None] - gam)[:, :, None]
+        s_t = np.exp(g_end)[:, None, None] * s_t + kdec.transpose(0, 2, 1) @ Vp
+    state[...] = s_t.transpose(0, 2, 1)
+    return out
+
+
+# --- mixture of experts --------------------------------------------------------------------
+
+def moe_route(logits: Array, top_k: int, renormalize: bool = True) -> tuple[Array, Array]:
+    """Softmax router. logits [T, E] -> (ids [T, k] int32, weights [T, k] fp32); ties -> lower id."""
+    z = logits - logits.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=-1, keepdims=True)
+    ids = np.argsort(-p, axis=-1, kind="stable")[:, :top_k].astype(np.int32)
+    w = np.take_along_axis(p, ids, axis=-1)
+    if renormalize:
+        w = w / w.sum(axis=-1, keepdims=True)
+    return ids, w.astype(np.float32)
+
+
+def moe_experts(x: Array, ids: Array, weights: Array, gate_up: Array, down: Array) -> Array:
+    """Routed SwiGLU experts. x [T, H]; ids, weights [T, k]; gate_up [E, 2I, H]; down [E, H, I]."""
+    out = np.zeros_like(x, dtype=np.float32)
+    for e in np.unique(ids):
+        rows, slots = np.nonzero(ids == e)
+        h = swiglu(x[rows] @ gate_up[e].T)
+        out[rows] += (h @ down[e].T) * weights[rows, slots][:, None]
+    return out
