@@ -1,0 +1,239 @@
+"""Load a GGUF file into a `LoadedCheckpoint`: HF-style config, float32 weights, tokenizer.
+
+Supports the dense Llama-family GGUF architectures "llama", "qwen2" and "qwen3". Tensors are
+renamed to Hugging Face names and dequantized to float32 `[out, in]` arrays. For "llama",
+llama.cpp's converter reorders the rows of every Q and K head from HF's rotate-half layout
+(first half / second half of the head) to interleaved pairs; `unpermute_rope_rows` undoes that
+so the weights equal the HF checkpoint's. It does not know the model code, the qwen35 hybrid
+tensor layout, rope scaling, or SentencePiece vocabularies.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf.quants import dequantize
+
+from ..config import ModelConfig
+from ..errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
+from .checkpoint import LoadedCheckpoint
+from .gguf_tokenizer import tokenizer_from_gguf
+
+Q = GGMLQuantizationType
+SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(
+    {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+)
+SUPPORTED_ARCHS: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_QUANT_SUFFIX_RE = re.compile(r"[.-](i?q\d\w*|f16|f32|bf16)$", re.IGNORECASE)
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None if it has no HF counterpart here."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_RE.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        return None
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: per head, interleaved pairs -> halves.
+
+    llama.cpp stores row `2*i + j` of a head (i < head_dim/2, j in {0, 1}) from HF row
+    `j*head_dim/2 + i`. Works on weights `[rows, in]` and biases `[rows]`.
+    """
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise ModelFormatError(f"Q/K tensor with {rows} rows does not split into {n_heads} heads")
+    half = rows // n_heads // 2
+    return np.ascontiguousarray(
+        w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+
+
+def load_gguf(path: str | Path, *, show_progress: bool = False) -> LoadedCheckpoint:
+    """Read a GGUF file: config, dequantized float32 weights under HF names, tokenizer."""
+    path = Path(path)
+    reader = _open(path)
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    tensors = {t.name: t for t in reader.tensors}
+    arch = str(fields.get("general.architecture", ""))
+    config = ModelConfig.from_hf(_hf_config(arch, fields, tensors, path))
+    weights, unmapped = _load_weights(path, tensors, config, arch, show_progress)
+    tokenizer = tokenizer_from_gguf(fields) if "tokenizer.ggml.model" in fields else None
+    del reader
+    return LoadedCheckpoint(
+        config=config,
+        weights=weights,
+        tokenizer=tokenizer,
+        source=str(path),
+        name=_QUANT_SUFFIX_RE.sub("", path.name.removesuffix(".gguf")),
+        metadata={
+            "format": "gguf",
+            "gguf_architecture": arch,
+            "general.name": fields.get("general.name"),
+            "tensor_types": dict(Counter(t.tensor_type.name for t in tensors.values())),
+            "unmapped_tensors": unmapped,
+        },
+    )
+
+
+def _open(path: Path) -> GGUFReader:
+    if not path.is_file():
+        raise ModelNotFoundError(f"GGUF file not found: {path}")
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise ModelFormatError(f"{path} is not a GGUF file (bad magic {magic!r})")
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:  # the reader raises ValueError/KeyError/IndexError/... on bad data
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelFormatError(f"{path}: corrupt or truncated GGUF file ({reason})") from None
+    size = int(reader.data.size)
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size:
+            raise ModelFormatError(
+                f"{path}: truncated GGUF file: tensor {t.name!r} ends at byte {end}, "
+                f"the file has {size}"
+            )
+    return reader
+
+
+def _hf_config(
+    arch: str, fields: dict[str, Any], tensors: dict[str, ReaderTensor], path: Path
+) -> dict[str, Any]:
+    if arch not in SUPPORTED_ARCHS:
+        known = ", ".join(sorted(SUPPORTED_ARCHS))
+        raise UnsupportedModelError(
+            f"{path.name}: unsupported GGUF architecture {arch!r} (supported: {known})"
+        )
+
+    def get(key: str, default: Any = None) -> Any:
+        value = fields.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ModelFormatError(f"{path.name}: missing GGUF metadata key {arch}.{key}")
+        return value
+
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    kv_heads = get("attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):
+        if len(set(kv_heads)) != 1:
+            raise UnsupportedModelError(f"{path.name}: per-layer KV head counts are not supported")
+        kv_heads = kv_heads[0]
+    head_dim = int(get("attention.key_length", hidden // heads))
+    rope_dims = int(get("rope.dimension_count", head_dim))
+    vocab = fields.get(f"{arch}.vocab_size") or len(fields.get("tokenizer.ggml.tokens") or ())
+    if not vocab and "token_embd.weight" in tensors:
+        vocab = int(tensors["token_embd.weight"].shape[-1])
+    eos = [fields.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                   "tokenizer.ggml.eom_token_id")]
+    return {
+        "model_type": SUPPORTED_ARCHS[arch],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "head_dim": head_dim,
+        "partial_rotary_factor": rope_dims / head_dim,
+        "intermediate_size": int(get("feed_forward_length")),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "vocab_size": int(vocab),
+        "max_position_embeddings": int(get("context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "bos_token_id": fields.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": list(dict.fromkeys(int(e) for e in eos if e is not None)),
+    }
+
+
+def _dequantize(t: ReaderTensor) -> np.ndarray:
+    if t.tensor_type not in SUPPORTED_TYPES:
+        raise UnsupportedModelError(
+            f"tensor {t.name!r} has unsupported GGUF type {t.tensor_type.name}"
+        )
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    try:
+        out = dequantize(t.data, t.tensor_type)
+    except ValueError as exc:
+        raise ModelFormatError(f"tensor {t.name!r} could not be decoded: {exc}") from None
+    return np.array(out, dtype=np.float32, copy=True).reshape(shape)
+
+
+def _load_weights(
+    path: Path, tensors: dict[str, ReaderTensor], config: ModelConfig, arch: str,
+    show_progress: bool,
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    weights: dict[str, np.ndarray] = {}
+    unmapped: list[str] = []
+    bar = _ProgressBar(sum(t.n_bytes for t in tensors.values()), f"loading {path.name}") \
+        if show_progress else None
+    for name, t in tensors.items():
+        hf = hf_tensor_name(name)
+        if hf is None:
+            unmapped.append(name)
+        else:
+            w = _dequantize(t)
+            if arch == "llama" and ".self_attn.q_proj." in hf:
+                w = unpermute_rope_rows(w, config.num_heads)
+            elif arch == "llama" and ".self_attn.k_proj." in hf:
+                w = unpermute_rope_rows(w, config.num_kv_heads)
+            weights[hf] = w
+        if bar is not None:
+            bar.update(int(t.n_bytes))
+    if bar is not None:
+        bar.close()
+    if "model.embed_tokens.weight" not in weights:
+        raise ModelFormatError(f"{path.name}: GGUF file has no token_embd.weight tensor")
+    return weights, unmapped
+
+
+class _ProgressBar:
+    """A carriage-return progress bar on a text stream (stderr by default)."""
+
+    def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
+        self.total, self.label, self.done = max(total, 1), label, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self._shown = -1
+
+    def update(self, n: int) -> None:
+        self.done += n
+        percent = min(100, self.done * 100 // self.total)
+        if percent != self._shown:
+            self._shown = percent
+            filled = percent * 30 // 100
+            self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {percent:3d}%")
+            self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
