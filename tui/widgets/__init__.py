@@ -1,0 +1,1 @@
+"""Textual widgets of ninfer-tui: prompt, chat messages, perf panel, history, status line."""
