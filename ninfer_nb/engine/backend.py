@@ -1,0 +1,81 @@
+"""Backends: where the model runs. `CpuBackend` runs `ops.cpu` on NumPy arrays.
+
+A backend provides the `ops` object the decoder calls, allocates cache buffers, uploads
+weights, turns token ids / positions into its arrays and brings logits back to the host.
+The CUDA backend (`runtime/`) implements the same surface. Knows nothing about requests.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import DeviceError
+from ..models.weights import ModelWeights
+from ..ops import cpu
+
+
+class Backend(Protocol):
+    name: str
+    device_name: str
+    ops: Any
+
+    def zeros(self, shape: tuple[int, ...]) -> Any: ...
+    def upload(self, weights: ModelWeights) -> ModelWeights: ...
+    def ids(self, tokens: list[int], start: int) -> tuple[Any, Any]: ...
+    def to_host(self, x: Any) -> np.ndarray: ...
+    def copy_(self, dst: Any, src: Any) -> None: ...
+    def memory_info(self) -> tuple[int | None, int | None]: ...
+
+
+class CpuBackend:
+    name = "cpu"
+    device_name = "cpu"
+    ops = cpu
+
+    def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32)
+
+    def upload(self, weights: ModelWeights) -> ModelWeights:
+        return weights
+
+    def ids(self, tokens: list[int], start: int) -> tuple[np.ndarray, np.ndarray]:
+        """token ids [T] int64 and their positions start..start+T-1."""
+        return np.asarray(tokens, dtype=np.int64), np.arange(start, start + len(tokens), dtype=np.int64)
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def copy_(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src)
+
+    def memory_info(self) -> tuple[int | None, int | None]:
+        try:
+            import psutil
+
+            rss = psutil.Process(os.getpid()).memory_info().rss
+            return int(rss), int(psutil.virtual_memory().total)
+        except Exception:  # psutil missing or restricted /proc: report unknown
+            return None, None
+
+
+def create_backend(device: str) -> Backend:
+    """'cpu', 'cuda', 'cuda:N' or 'auto' (GPU when one is usable, else CPU)."""
+    if device == "cpu":
+        return CpuBackend()
+    if device == "auto" or device.startswith("cuda"):
+        try:
+            from ..runtime.device import cuda_available
+        except ImportError:
+            cuda_available = None  # type: ignore[assignment]
+        usable = bool(cuda_available and cuda_available())
+        if device == "auto" and not usable:
+            return CpuBackend()
+        if not usable:
+            raise DeviceError(f"--device {device}: no usable NVIDIA GPU / CUDA driver found")
+        from ..runtime.backend import CudaBackend  # type: ignore[import-not-found]
+
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        return CudaBackend(index)
+    raise DeviceError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")

@@ -1,0 +1,123 @@
+"""The single-sequence step loop: prefill in chunks with prefix reuse, then decode.
+
+Holds the decoder, the backend, one `SequenceState` at the engine's maximum context and the
+token ids whose effects are in it. Prefix reuse: a new prompt continues from the longest
+cached prefix. Attention caches can be cut anywhere; GDN state cannot, so a snapshot of the
+GDN state is kept at the end of the last prompt (where the next chat turn usually diverges).
+Knows nothing about text, sampling or stopping.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import ContextLengthExceededError
+from ..models.decoder import Decoder
+from ..models.state import GDNState, SequenceState, new_state
+from .backend import Backend
+
+
+class Generator:
+    def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, max_context: int,
+                 prefill_chunk: int) -> None:
+        self.cfg, self.decoder, self.backend = cfg, decoder, backend
+        self.max_context = max_context
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.state: SequenceState = new_state(cfg, max_context, backend.zeros)
+        self.tokens: list[int] = []           # ids whose effects are in `state`
+        self._has_gdn = any(isinstance(l, GDNState) for l in self.state.layers)
+        self._snapshot: list[GDNState] = []
+        self._snapshot_len = -1               # prefix length the snapshot stands for (-1: none)
+        self._snapshot_logits: np.ndarray | None = None
+        if self._has_gdn:
+            snap = new_state(cfg, 1, backend.zeros)
+            self._snapshot = [l for l in snap.layers if isinstance(l, GDNState)]
+
+    # --- prefix reuse ------------------------------------------------------------------
+    def _gdn_layers(self) -> list[GDNState]:
+        return [l for l in self.state.layers if isinstance(l, GDNState)]
+
+    def _copy_gdn(self, dst: list[GDNState], src: list[GDNState]) -> None:
+        for d, s in zip(dst, src):
+            for name in ("conv_q", "conv_k", "conv_v", "recurrent"):
+                self.backend.copy_(getattr(d, name), getattr(s, name))
+
+    def _reset_gdn(self) -> None:
+        zero = new_state(self.cfg, 1, self.backend.zeros)
+        self._copy_gdn(self._gdn_layers(), [l for l in zero.layers if isinstance(l, GDNState)])
+
+    def _reuse(self, prompt: list[int]) -> tuple[int, np.ndarray | None]:
+        """Bring the state to the longest usable cached prefix of `prompt`. Returns its length
+        and, when the whole prompt is cached, the logits after it."""
+        lcp = 0
+        limit = min(len(self.tokens), len(prompt))
+        while lcp < limit and self.tokens[lcp] == prompt[lcp]:
+            lcp += 1
+        if not self._has_gdn:
+            return min(lcp, len(prompt) - 1), None
+        if 0 < lcp == len(self.tokens) < len(prompt):
+            return lcp, None
+        if 0 < self._snapshot_len <= lcp:
+            self._copy_gdn(self._gdn_layers(), self._snapshot)
+            whole = self._snapshot_len == len(prompt)
+            return self._snapshot_len, (self._snapshot_logits if whole else None)
+        self._reset_gdn()
+        return 0, None
+
+    # --- steps -------------------------------------------------------------------------
+    def prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
+        """Run the prompt (reusing the cached prefix). Returns (last logits [V], reused count)."""
+        if len(prompt) >= self.max_context:
+            raise ContextLengthExceededError(
+                f"prompt has {len(prompt)} tokens; the context holds {self.max_context} "
+                f"(including at least one generated token)"
+            )
+        start, cached = self._reuse(prompt)
+        self.tokens = self.tokens[:start]
+        if cached is not None:
+            return cached, start
+        for c0 in range(start, len(prompt), self.prefill_chunk):
+            chunk = prompt[c0 : c0 + self.prefill_chunk]
+            ids, pos = self.backend.ids(chunk, c0)
+            logits: Any = self.decoder.forward(self.backend.ops, ids, pos, self.state)
+            self.tokens.extend(chunk)
+        last = np.array(self.backend.to_host(logits)[-1], dtype=np.float32)
+        if self._has_gdn:
+            self._copy_gdn(self._snapshot, self._gdn_layers())
+            self._snapshot_len = len(self.tokens)
+            self._snapshot_logits = last
+        return last, start
+
+    def decode(self, token: int) -> np.ndarray:
+        """Feed one sampled token; returns the next logits [V]."""
+        if len(self.tokens) >= self.max_context:
+            raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
+        ids, pos = self.backend.ids([token], len(self.tokens))
+        logits = self.decoder.forward(self.backend.ops, ids, pos, self.state)
+        self.tokens.append(token)
+        return self.backend.to_host(logits)[-1]
+
+    def logits_all(self, prompt: list[int]) -> np.ndarray:
+        """Logits at every position of `prompt` ([T, V]), computed from an empty cache."""
+        if len(prompt) > self.max_context:
+            raise ContextLengthExceededError(
+                f"{len(prompt)} tokens exceed the context of {self.max_context}")
+        self.tokens = []
+        self._snapshot_len = -1
+        if self._has_gdn:
+            self._reset_gdn()
+        out = []
+        for c0 in range(0, len(prompt), self.prefill_chunk):
+            chunk = prompt[c0 : c0 + self.prefill_chunk]
+            ids, pos = self.backend.ids(chunk, c0)
+            out.append(self.backend.to_host(
+                self.decoder.forward(self.backend.ops, ids, pos, self.state, all_logits=True)))
+            self.tokens.extend(chunk)
+        return np.concatenate(out, axis=0)
+
+    def forget(self) -> None:
+        """Drop the cached prefix (after an error left the state half-written)."""
+        self.tokens = []
+        self._snapshot_len = -1

@@ -1,0 +1,73 @@
+"""Host-side sampling from one row of logits: penalties, temperature, top-k/top-p/min-p.
+
+A `Sampler` is made per request (it owns the seeded RNG and the counts of generated tokens).
+Ids at or above `valid_vocab` (padding rows of the LM head) are never sampled. Exactness: the
+top-p nucleus is computed on a partial sort that is widened until it provably contains the
+nucleus. Knows nothing about models or tokenizers.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..params import SamplingParams
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams, valid_vocab: int, seed: int | None = None) -> None:
+        self.params = params
+        self.valid_vocab = valid_vocab
+        self.rng = np.random.default_rng(params.seed if params.seed is not None else seed)
+        self.counts: dict[int, int] = {}
+
+    def observe(self, token: int) -> None:
+        self.counts[token] = self.counts.get(token, 0) + 1
+
+    def apply_penalties(self, logits: np.ndarray) -> np.ndarray:
+        p = self.params
+        if not self.counts or (p.presence_penalty == 0.0 and p.frequency_penalty == 0.0):
+            return logits
+        ids = np.fromiter(self.counts.keys(), dtype=np.int64)
+        counts = np.fromiter(self.counts.values(), dtype=np.float32)
+        logits = logits.copy()
+        logits[ids] -= p.presence_penalty + p.frequency_penalty * counts
+        return logits
+
+    def sample(self, logits: np.ndarray) -> int:
+        """logits [V] float32 -> token id."""
+        logits = self.apply_penalties(logits[: self.valid_vocab].astype(np.float32, copy=False))
+        p = self.params
+        if p.greedy:
+            return int(np.argmax(logits))
+        z = logits / np.float32(p.temperature)
+        ids: np.ndarray | None = None
+        if 0 < p.top_k < z.shape[0]:
+            ids = np.argpartition(-z, p.top_k - 1)[: p.top_k]
+            z = z[ids]
+        probs = np.exp(z - z.max())
+        probs /= probs.sum()
+        if p.min_p > 0.0:
+            probs = np.where(probs >= p.min_p * probs.max(), probs, 0.0)
+        if p.top_p < 1.0:
+            probs = _nucleus(probs / probs.sum(), p.top_p)
+        cum = np.cumsum(probs, dtype=np.float64)
+        pick = int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"))
+        pick = min(pick, len(probs) - 1)
+        return int(ids[pick]) if ids is not None else pick
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Zero every probability outside the smallest set of largest ones whose sum reaches top_p.
+    Sorts only a prefix, widened until it provably contains the nucleus."""
+    n = probs.shape[0]
+    width = min(n, 256)
+    while True:
+        part = np.argpartition(-probs, width - 1)[:width] if width < n else np.arange(n)
+        order = part[np.argsort(-probs[part], kind="stable")]
+        cum = np.cumsum(probs[order])
+        if cum[-1] >= top_p or width == n:
+            keep = int(np.searchsorted(cum, top_p, side="left")) + 1
+            out = np.zeros_like(probs)
+            kept = order[: min(keep, len(order))]
+            out[kept] = probs[kept]
+            return out
+        width = min(n, width * 4)

@@ -1,0 +1,54 @@
+"""The decoder stack: embed -> blocks (mixer + FFN, pre-norm residual) -> norm -> lm_head.
+
+Shared by every architecture; what differs lives in the weights each architecture module
+builds. `forward` runs one chunk of tokens of one sequence through its caches. Knows nothing
+about tokenizers, sampling or devices beyond the `ops` object it is handed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ModelConfig
+from .layers import attention_block, gdn_block, mlp_block, moe_block
+from .state import GDNState, KVCache, SequenceState
+from .weights import AttentionWeights, MLPWeights, ModelWeights
+
+# Prefill chunks at least this long use the chunked gated-delta-rule form.
+CHUNKED_GDN_MIN_TOKENS = 16
+
+
+class Decoder:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights) -> None:
+        self.cfg = cfg
+        self.weights = weights
+
+    def hidden(self, ops: Any, ids: Any, positions: Any, state: SequenceState) -> Any:
+        """ids, positions [T] -> final-normed hidden states [T, H]; advances the caches."""
+        cfg, w = self.cfg, self.weights
+        x = ops.embedding(w.embed, ids)
+        chunked = ids.shape[0] >= CHUNKED_GDN_MIN_TOKENS
+        for lw, cache in zip(w.layers, state.layers):
+            h = ops.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+            if isinstance(lw.mixer, AttentionWeights):
+                assert isinstance(cache, KVCache)
+                h = attention_block(ops, cfg, lw.mixer, h, positions, cache)
+            else:
+                assert isinstance(cache, GDNState)
+                h = gdn_block(ops, cfg, lw.mixer, h, cache, chunked)
+            x = ops.add(x, h)
+            h = ops.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+            h = mlp_block(ops, lw.ffn, h) if isinstance(lw.ffn, MLPWeights) else moe_block(ops, lw.ffn, h)
+            x = ops.add(x, h)
+        return ops.rms_norm(x, w.norm, cfg.rms_norm_eps)
+
+    def logits(self, ops: Any, hidden: Any) -> Any:
+        """hidden [T, H] -> logits [T, V]."""
+        return ops.linear(hidden, self.weights.lm_head)
+
+    def forward(self, ops: Any, ids: Any, positions: Any, state: SequenceState,
+                all_logits: bool = False) -> Any:
+        """Logits for every position ([T, V]) or only the last one ([1, V])."""
+        h = self.hidden(ops, ids, positions, state)
+        if not all_logits:
+            h = h[h.shape[0] - 1 :]
+        return self.logits(ops, h)

@@ -1,0 +1,68 @@
+"""Forward code for the decoder blocks, written once against the `ops` interface.
+
+`ops` is `ninfer_nb.ops.cpu` or a CUDA ops object with the same functions. Only `.shape`,
+`.reshape` and first-axis slicing are used on arrays here, so both backends run this code.
+Knows nothing about loading, devices or sampling.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ModelConfig
+from .state import GDNState, KVCache
+from .weights import AttentionWeights, GDNWeights, MLPWeights, MoEWeights
+
+Ops = Any
+Array = Any
+
+
+def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
+                    positions: Array, cache: KVCache) -> Array:
+    """x [T, H] (normed) -> [T, H]. Writes this chunk's K/V into the cache."""
+    t = x.shape[0]
+    d = cfg.head_dim
+    q = ops.linear(x, w.q, w.q_bias).reshape(t, cfg.num_heads, d)
+    k = ops.linear(x, w.k, w.k_bias).reshape(t, cfg.num_kv_heads, d)
+    v = ops.linear(x, w.v, w.v_bias).reshape(t, cfg.num_kv_heads, d)
+    if w.q_norm is not None:
+        q = ops.rms_norm(q, w.q_norm, cfg.rms_norm_eps)
+        k = ops.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+    q = ops.rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
+    k = ops.rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
+    ops.kv_store(cache.k, cache.v, k, v, positions)
+    out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5).reshape(t, cfg.num_heads * d)
+    if w.gate is not None:
+        out = ops.sigmoid_mul(out, ops.linear(x, w.gate))
+    return ops.linear(out, w.o)
+
+
+def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNState,
+              chunked: bool) -> Array:
+    """Gated DeltaNet mixer. x [T, H] (normed) -> [T, H]; updates conv + recurrent state."""
+    t = x.shape[0]
+    hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
+    hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+    q = ops.causal_conv1d(ops.linear(x, w.q), state.conv_q, w.conv_q).reshape(t, hk, dk)
+    k = ops.causal_conv1d(ops.linear(x, w.k), state.conv_k, w.conv_k).reshape(t, hk, dk)
+    v = ops.causal_conv1d(ops.linear(x, w.v), state.conv_v, w.conv_v).reshape(t, hv, dv)
+    g, beta = ops.gdn_gates(ops.linear(x, w.a), ops.linear(x, w.b), w.a_log, w.dt_bias)
+    rule = ops.gated_delta_rule_chunked if chunked else ops.gated_delta_rule
+    o = rule(q, k, v, g, beta, state.recurrent)                             # [T, Hv, Dv]
+    z = ops.linear(x, w.z).reshape(t * hv, dv)
+    o = ops.gated_rms_norm(o.reshape(t * hv, dv), z, w.norm, cfg.rms_norm_eps)
+    return ops.linear(o.reshape(t, hv * dv), w.out)
+
+
+def mlp_block(ops: Ops, w: MLPWeights, x: Array) -> Array:
+    return ops.linear(ops.swiglu(ops.linear(x, w.gate_up)), w.down)
+
+
+def moe_block(ops: Ops, w: MoEWeights, x: Array) -> Array:
+    ids, weights = ops.moe_route(ops.linear(x, w.router), w.top_k, w.renormalize)
+    y = ops.moe_experts(x, ids, weights, w.gate_up, w.down)
+    if w.shared is not None:
+        shared = mlp_block(ops, w.shared, x)
+        if w.shared_gate is not None:
+            shared = ops.sigmoid_mul(shared, ops.linear(x, w.shared_gate))  # gate [T, 1] broadcasts
+        y = ops.add(y, shared)
+    return y

@@ -1,0 +1,92 @@
+"""Runtime weight structures shared by every architecture.
+
+Each architecture module turns a checkpoint's HF-named tensors into these ("sanitize": split
+or fuse projections, shift zero-centred norms by +1, reshape conv weights), so the forward code
+in `layers.py` sees one layout. Arrays may be host NumPy or device tensors (after upload).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Callable
+
+Weight = Any
+
+
+@dataclass
+class AttentionWeights:
+    q: Weight                    # [heads*D, H]
+    k: Weight                    # [kv*D, H]
+    v: Weight                    # [kv*D, H]
+    o: Weight                    # [H, heads*D]
+    gate: Weight | None = None   # [heads*D, H]  Qwen3.5 output gate, de-interleaved from q_proj
+    q_norm: Weight | None = None  # [D]
+    k_norm: Weight | None = None  # [D]
+    q_bias: Weight | None = None
+    k_bias: Weight | None = None
+    v_bias: Weight | None = None
+
+
+@dataclass
+class GDNWeights:
+    q: Weight           # [Hk*Dk, H]  rows of in_proj_qkv, split so each part convolves alone
+    k: Weight           # [Hk*Dk, H]
+    v: Weight           # [Hv*Dv, H]
+    z: Weight           # [Hv*Dv, H]
+    a: Weight           # [Hv, H]
+    b: Weight           # [Hv, H]
+    conv_q: Weight      # [Hk*Dk, K]
+    conv_k: Weight      # [Hk*Dk, K]
+    conv_v: Weight      # [Hv*Dv, K]
+    a_log: Weight       # [Hv] fp32
+    dt_bias: Weight     # [Hv] fp32
+    norm: Weight        # [Dv]  plain (not zero-centred) gated-norm weight
+    out: Weight         # [H, Hv*Dv]
+
+
+@dataclass
+class MLPWeights:
+    gate_up: Weight     # [2I, H]  gate rows first, then up
+    down: Weight        # [H, I]
+
+
+@dataclass
+class MoEWeights:
+    router: Weight                      # [E, H]
+    gate_up: Weight                     # [E, 2I, H]
+    down: Weight                        # [E, H, I]
+    top_k: int
+    renormalize: bool
+    shared: MLPWeights | None = None
+    shared_gate: Weight | None = None   # [1, H]
+
+
+@dataclass
+class LayerWeights:
+    input_norm: Weight
+    post_norm: Weight
+    mixer: AttentionWeights | GDNWeights
+    ffn: MLPWeights | MoEWeights
+
+
+@dataclass
+class ModelWeights:
+    embed: Weight        # [V, H]
+    layers: list[LayerWeights]
+    norm: Weight         # [H]
+    lm_head: Weight      # [V, H] (the embedding when tied)
+
+
+def map_arrays(obj: Any, fn: Callable[[Any], Any], memo: dict[int, Any] | None = None) -> Any:
+    """Apply `fn` to every array in a weight structure (e.g. upload to the device), keeping
+    shared arrays shared (a tied lm_head stays one buffer)."""
+    memo = {} if memo is None else memo
+    if is_dataclass(obj):
+        return type(obj)(**{f.name: map_arrays(getattr(obj, f.name), fn, memo) for f in fields(obj)})
+    if isinstance(obj, list):
+        return [map_arrays(x, fn, memo) for x in obj]
+    if obj is None or isinstance(obj, (int, float, bool, str)):
+        return obj
+    key = id(obj)
+    if key not in memo:
+        memo[key] = fn(obj)
+    return memo[key]
