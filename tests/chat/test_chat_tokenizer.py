@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import unicodedata
 from pathlib import Path
 
@@ -79,11 +78,6 @@ def test_properties(qwen_tok: Tokenizer) -> None:
     assert qwen_tok.id_to_token(10**9) is None
 
 
-def _copy_tokenizer_dir(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    return dst
-
-
 def test_missing_tokenizer_json(tmp_path: Path) -> None:
     with pytest.raises(ModelFormatError, match="no tokenizer.json"):
         Tokenizer.from_dir(tmp_path)
@@ -96,24 +90,25 @@ def test_corrupt_tokenizer_json(tmp_path: Path) -> None:
     assert "tokenizer.json" in info.value.message and "\n" not in info.value.message
 
 
-def test_corrupt_config(qwen_dir: Path, tmp_path: Path) -> None:
-    d = _copy_tokenizer_dir(qwen_dir, tmp_path / "t")
-    (d / "tokenizer_config.json").write_text("{not json")
+def test_corrupt_config(tmp_path: Path) -> None:
+    _tiny_backend().save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(ModelFormatError, match="tokenizer_config.json"):
-        Tokenizer.from_dir(d)
+        Tokenizer.from_dir(tmp_path)
 
 
-def test_template_file_precedence_and_eos_int(qwen_dir: Path, tmp_path: Path) -> None:
-    d = _copy_tokenizer_dir(qwen_dir, tmp_path / "t")
-    (d / "chat_template.json").write_text(
-        json.dumps({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]})
-    )
-    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": 248044}))
-    tok = Tokenizer.from_dir(d)
-    assert tok.chat_template == "D"
-    assert tok.eos_token_ids == (248046, 248044)  # config's eos_token first, then generation's
-    (d / "chat_template.jinja").write_text("J")
-    assert Tokenizer.from_dir(d).chat_template == "J"
+def test_template_file_precedence_and_eos_int(tmp_path: Path) -> None:
+    _tiny_backend().save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "chat_template": "C"}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
+    tok = Tokenizer.from_dir(tmp_path)
+    assert tok.chat_template == "C"
+    assert tok.eos_token_ids == (1, 0)  # config's eos_token first, then generation's
+    templates = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": templates}))
+    assert Tokenizer.from_dir(tmp_path).chat_template == "D"
+    (tmp_path / "chat_template.jinja").write_text("J")
+    assert Tokenizer.from_dir(tmp_path).chat_template == "J"
 
 
 def _tiny_backend() -> tokenizers.Tokenizer:
