@@ -1,0 +1,79 @@
+"""create_app: the aiohttp Application for one engine — routes, middlewares, lifecycle.
+
+The engine is injected (the real `ninfer_nb.LLM` or a test double); the worker thread that
+owns it starts here and is drained on cleanup. Knows nothing about argument parsing.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from ninfer_nb.engine.worker import EngineWorker
+
+from . import anthropic, info, openai_chat, responses
+from .config import ServerConfig
+from .engine import ChatEngine
+from .metrics import Metrics
+from .middlewares import handle_request, on_response_prepare
+from .request_log import RequestLog
+from .response_store import ResponseStore
+from .state import STATE, ServerState
+
+
+def setup_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/health", info.health)
+    r.add_get("/metrics", info.metrics)
+    r.add_get("/v1/models", info.list_models)
+    r.add_get("/v1/models/{model_id:.+}", info.get_model)
+    r.add_post("/v1/chat/completions", openai_chat.chat_completions)
+    r.add_post("/v1/responses", responses.create_response)
+    r.add_post("/v1/responses/input_tokens", responses.input_tokens)
+    r.add_get("/v1/responses/{response_id}", responses.get_response)
+    r.add_delete("/v1/responses/{response_id}", responses.delete_response)
+    r.add_get("/v1/responses/{response_id}/input_items", responses.get_input_items)
+    r.add_post("/v1/responses/{response_id}/cancel", responses.cancel_response)
+    r.add_post("/v1/messages", anthropic.messages)
+    r.add_post("/v1/messages/count_tokens", anthropic.count_tokens)
+
+
+def create_app(
+    engine: ChatEngine, config: ServerConfig, *, worker: EngineWorker | None = None
+) -> web.Application:
+    model_id = config.model_id or engine.model_id
+    state = ServerState(
+        config=config,
+        engine=engine,
+        worker=worker or EngineWorker(max_pending=config.max_pending),
+        model_id=model_id,
+        metrics=Metrics(model_id, engine.max_context),
+        log=RequestLog(config.request_log, secrets=(config.api_key or "",))
+        if config.request_log else None,
+        responses=ResponseStore(config.response_store_max),
+    )
+    # +1: a body exactly at the limit is allowed; the middleware checks Content-Length first.
+    app = web.Application(middlewares=[handle_request],
+                          client_max_size=config.max_request_bytes + 1)
+    app[STATE] = state
+    app.on_response_prepare.append(on_response_prepare)
+    app.cleanup_ctx.append(_lifecycle)
+    setup_routes(app)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    if state.log is not None:
+        state.log.write("server_start", model_id=state.model_id,
+                        max_context=state.engine.max_context,
+                        max_pending=state.config.max_pending)
+    yield
+    # In-flight requests have been drained by aiohttp's shutdown; stop the engine thread.
+    await asyncio.get_running_loop().run_in_executor(
+        None, state.worker.close, state.config.shutdown_timeout_s
+    )
+    if state.log is not None:
+        state.log.write("server_stop", model_id=state.model_id)
+        state.log.close()

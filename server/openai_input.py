@@ -1,0 +1,171 @@
+"""OpenAI Chat Completions request → engine messages, tools and sampling (serving-api.md §3).
+
+Validates every field it reads and rejects what the engine cannot do with a 400 and a clear
+code. Knows nothing about responses or streaming.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import messages as m
+from .engine import Message, Tool
+from .errors import BadRequest
+from .fields import Fields, as_object
+from .generation import ChatJob
+from .state import ServerState
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+          "tool": "tool"}
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    model: str
+    stream: bool
+    include_usage: bool
+
+
+def content_text(content: Any, where: str, *, allow_none: bool = False) -> str:
+    """A message content (string or parts) as text; media and unknown parts are refused."""
+    if content is None and allow_none:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{where} must be a string or an array of content parts", param=where)
+    texts: list[str] = []
+    for i, part in enumerate(content):
+        p = as_object(part, f"{where}[{i}]")
+        kind = p.string("type", required=True)
+        if kind in ("text", "input_text", "output_text"):
+            texts.append(p.string("text", required=True) or "")
+        elif kind in ("image_url", "video_url", "input_image", "image"):
+            raise BadRequest("this server was started without vision; image and video inputs "
+                             "are not supported", param=f"{where}[{i}]", code="vision_disabled")
+        else:
+            raise BadRequest(f"content part type {kind!r} is not supported",
+                             param=f"{where}[{i}].type", code="modality_not_supported")
+    return "\n".join(texts)
+
+
+def parse_messages(raw: list[Any]) -> list[Message]:
+    out: list[Message] = []
+    for i, item in enumerate(raw):
+        where = f"messages[{i}]"
+        f = as_object(item, where)
+        role = f.string("role", required=True) or ""
+        if role == "function":
+            raise BadRequest("the `function` role is deprecated and not supported; use tools",
+                             param=f"{where}.role", code="tools_not_supported")
+        if role not in _ROLES:
+            raise BadRequest(f"unsupported role {role!r}", param=f"{where}.role",
+                             code="unsupported_role")
+        role = _ROLES[role]
+        if role == "system":
+            if any(msg["role"] != "system" for msg in out):
+                raise BadRequest("only leading system messages are supported",
+                                 param=f"{where}.role", code="unsupported_role")
+            text = content_text(f.raw("content"), f"{where}.content")
+            if out:
+                out[0]["content"] += "\n\n" + text
+            else:
+                out.append(m.system(text))
+        elif role == "user":
+            out.append(m.user(content_text(f.raw("content"), f"{where}.content")))
+        elif role == "assistant":
+            out.append(_assistant(f, where))
+        else:
+            call_id = f.string("tool_call_id", required=True) or ""
+            out.append(m.tool_result(call_id, content_text(f.raw("content"), f"{where}.content")))
+    if not out:
+        raise BadRequest("messages must not be empty", param="messages")
+    return out
+
+
+def _assistant(f: Fields, where: str) -> Message:
+    content = content_text(f.raw("content"), f"{where}.content", allow_none=True)
+    reasoning = f.string("reasoning_content") or f.string("reasoning")
+    calls: list[dict[str, Any]] = []
+    for j, raw in enumerate(f.array("tool_calls") or []):
+        cw = f"{where}.tool_calls[{j}]"
+        c = as_object(raw, cw)
+        fn = as_object(c.raw("function"), f"{cw}.function")
+        name = fn.string("name", required=True) or ""
+        args = m.parse_arguments(fn.raw("arguments") or "{}", f"{cw}.function.arguments")
+        calls.append(m.tool_call(c.string("id") or f"call_{j}", name, args))
+    return m.assistant(content, reasoning, calls)
+
+
+def parse_tools(f: Fields) -> list[Tool] | None:
+    raw = f.array("tools")
+    if not raw:
+        return None
+    tools: list[Tool] = []
+    for i, item in enumerate(raw):
+        where = f"tools[{i}]"
+        t = as_object(item, where)
+        if t.string("type", "function") != "function":
+            raise BadRequest(f"only function tools are supported, got {t.raw('type')!r}",
+                             param=f"{where}.type", code="tools_not_supported")
+        fn = as_object(t.raw("function"), f"{where}.function")
+        tools.append(m.function_tool(fn.raw("name"), fn.raw("description"),
+                                     fn.raw("parameters"), where=f"{where}.function"))
+    return tools
+
+
+def apply_tool_choice(tools: list[Tool] | None, choice: Any) -> list[Tool] | None:
+    if choice is None or tools is None or choice in ("auto", "required"):
+        return tools
+    if choice == "none":
+        return None
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        return m.tool_named(tools, str(choice["function"].get("name")), "tool_choice")
+    if isinstance(choice, dict) and isinstance(choice.get("name"), str):
+        return m.tool_named(tools, choice["name"], "tool_choice")
+    raise BadRequest("tool_choice must be none, auto, required or a named function",
+                     param="tool_choice")
+
+
+def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJob, ChatOptions]:
+    f = Fields(body)
+    model = f.string("model")
+    state.check_model(model)
+    if f.has("functions") or f.has("function_call"):
+        raise BadRequest("`functions` / `function_call` are deprecated; use tools",
+                         param="functions", code="tools_not_supported")
+    if f.integer("n", 1) != 1:
+        raise BadRequest("n must be 1", param="n", code="n_not_supported")
+    fmt = f.object("response_format")
+    if fmt is not None and fmt.get("type") != "text":
+        raise BadRequest("response_format other than {type: text} is not supported",
+                         param="response_format")
+    messages = parse_messages(f.array("messages", required=True) or [])
+    tools = apply_tool_choice(parse_tools(f), f.raw("tool_choice"))
+    stream_opts = f.object("stream_options") or {}
+    max_tokens = f.integer("max_completion_tokens", minimum=1)
+    if max_tokens is None:
+        max_tokens = f.integer("max_tokens", minimum=1)
+    params = state.sampling(
+        max_tokens,
+        stop=f.stop("stop"),
+        temperature=f.number("temperature", lo=0.0, hi=2.0),
+        top_p=f.number("top_p", lo=0.0, hi=1.0),
+        top_k=f.integer("top_k", minimum=0),
+        min_p=f.number("min_p", lo=0.0, hi=1.0),
+        presence_penalty=f.number("presence_penalty", lo=-2.0, hi=2.0),
+        frequency_penalty=f.number("frequency_penalty", lo=-2.0, hi=2.0),
+        seed=f.integer("seed", minimum=0),
+        ignore_eos=f.boolean("ignore_eos"),
+    )
+    thinking = f.boolean("enable_thinking")
+    if thinking is None:
+        kwargs = f.object("chat_template_kwargs") or {}
+        value = kwargs.get("enable_thinking")
+        thinking = value if isinstance(value, bool) else state.config.enable_thinking
+    options = ChatOptions(
+        model=model or state.model_id,
+        stream=bool(f.boolean("stream", False)),
+        include_usage=bool(stream_opts.get("include_usage", False)),
+    )
+    return ChatJob(messages, tools, params, thinking), options
