@@ -47,6 +47,11 @@ def build_hf_model(kind: str, seed: int = 0, **overrides: Any):
         model = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**dict(BASE_MOE, **overrides)))
     elif kind == "llama":
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**dict(BASE_LLAMA, **overrides)))
+    elif kind == "qwen3":
+        cfg = dict(BASE_LLAMA, head_dim=32, tie_word_embeddings=False, **overrides)
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**cfg))
+    elif kind == "qwen2":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**dict(BASE_LLAMA, **overrides)))
     else:
         raise ValueError(kind)
     with torch.no_grad():
