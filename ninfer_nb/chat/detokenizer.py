@@ -17,6 +17,9 @@ _REPLACEMENT = "\ufffd"
 # A UTF-8 character has at most 4 bytes, so at most 3 tokens can be waiting for its tail; a
 # longer run ending in U+FFFD is genuinely invalid (or a literal U+FFFD) and is released.
 _MAX_PENDING = 4
+# Tokens that decode to nothing (skipped specials) keep the older context in the window, because
+# SentencePiece-style decoders need a preceding token to keep a leading space; up to this size.
+_MAX_WINDOW = 16
 
 
 class IncrementalDetokenizer:
@@ -47,7 +50,9 @@ class IncrementalDetokenizer:
                     break
                 common += 1
             new = full_text[common:]
-        self._prefix, self._read = self._read, len(self._ids)
+        old_read, self._read = self._read, len(self._ids)
+        if new or self._read - self._prefix > _MAX_WINDOW:
+            self._prefix = old_read
         if new:
             self._chunks.append(new)
             self._text_cache = None

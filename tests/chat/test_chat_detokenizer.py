@@ -108,3 +108,35 @@ def test_per_token_work_does_not_grow_with_length(qwen_tok: Tokenizer) -> None:
     detok = IncrementalDetokenizer(counting)
     assert "".join(stream(detok, ids)) == qwen_tok.decode(ids)
     assert counting.max_window <= 8
+
+
+def sentencepiece_style() -> tuple[Tokenizer, dict[str, int]]:
+    """A Llama/SentencePiece-style tokenizer: ▁ for spaces, <0xNN> byte fallback, strip first space."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for word in ["▁", "▁hello", "▁world", "h", "e", "l", "o"]:
+        vocab[word] = len(vocab)
+    backend = Backend(BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    backend.add_special_tokens(["<s>", "</s>"])
+    return Tokenizer(backend, eos_token_ids=[2], bos_token_id=1, add_bos=True), vocab
+
+
+def test_sentencepiece_style_spaces_and_byte_fallback() -> None:
+    tok, vocab = sentencepiece_style()
+    emoji = [vocab[f"<0x{b:02X}>"] for b in "😀é".encode()]
+    ids = [1, vocab["▁hello"], vocab["▁world"], vocab["▁"], *emoji, vocab["▁world"], 2, 2, vocab["▁hello"]]
+    for skip in (False, True):
+        detok = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+        pieces = stream(detok, ids)
+        assert "".join(pieces) == tok.decode(ids, skip_special_tokens=skip)
+        assert "😀" in pieces and all("\ufffd" not in p for p in pieces)
+    assert tok.decode(ids, skip_special_tokens=True) == "hello world 😀é world hello"
