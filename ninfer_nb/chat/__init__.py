@@ -10,6 +10,7 @@ from ninfer_nb.chat.template import (
     DEFAULT_CHATML_TEMPLATE,
     ChatFormatter,
     format_chat,
+    prepare_messages,
     render_chat,
     validate_messages,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "new_tool_call_id",
     "parse_chat_output",
     "parse_tool_calls",
+    "prepare_messages",
     "prompt_opens_reasoning",
     "render_chat",
     "split_reasoning",
