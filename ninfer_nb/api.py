@@ -112,10 +112,21 @@ class LLM:
         params = (params or SamplingParams()).validate()
         t0 = time.perf_counter()
         ids = self._prompt_ids(prompt)
-        return self._stream(ids, params, cancel, t0)
+        return self._stream(ids, params, cancel, t0, self._turn_start(ids))
+
+    def _turn_start(self, ids: list[int]) -> int | None:
+        """Where the last chat turn starts (the last <|im_start|>): the next turn of the same
+        conversation shares everything before it, so the engine snapshots state there."""
+        marker = self.tokenizer.token_to_id("<|im_start|>")
+        if marker is None:
+            return None
+        for i in range(len(ids) - 1, 0, -1):
+            if ids[i] == marker:
+                return i
+        return None
 
     def _stream(self, ids: list[int], params: SamplingParams, cancel: threading.Event | None,
-                t0: float) -> Iterator[StreamEvent]:
+                t0: float, snapshot_at: int | None = None) -> Iterator[StreamEvent]:
         gen = self._generator
         timings = Timings(prompt_tokens=len(ids))
         sampler = Sampler(params, self._valid_vocab, seed=self.engine_config.seed)
@@ -124,7 +135,7 @@ class LLM:
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._eos_ids))
         budget = min(params.max_tokens, self.max_context - len(ids))
         try:
-            logits, timings.cached_tokens = gen.prefill(ids)
+            logits, timings.cached_tokens = gen.prefill(ids, snapshot_at)
         except BaseException:
             gen.forget()
             raise

@@ -28,12 +28,13 @@ class Generator:
         self.state: SequenceState = new_state(cfg, max_context, backend.zeros)
         self.tokens: list[int] = []           # ids whose effects are in `state`
         self._has_gdn = any(isinstance(l, GDNState) for l in self.state.layers)
-        self._snapshot: list[GDNState] = []
-        self._snapshot_len = -1               # prefix length the snapshot stands for (-1: none)
-        self._snapshot_logits: np.ndarray | None = None
+        # GDN snapshots: [prefix length, state copy, logits after it (or None)], at most two:
+        # the start of the last turn's generation prompt and the end of the last prompt.
+        self._snapshots: list[list[Any]] = []
         if self._has_gdn:
-            snap = new_state(cfg, 1, backend.zeros)
-            self._snapshot = [l for l in snap.layers if isinstance(l, GDNState)]
+            for _ in range(2):
+                snap = new_state(cfg, 1, backend.zeros)
+                self._snapshots.append([-1, [l for l in snap.layers if isinstance(l, GDNState)], None])
 
     # --- prefix reuse ------------------------------------------------------------------
     def _gdn_layers(self) -> list[GDNState]:
@@ -59,16 +60,23 @@ class Generator:
             return min(lcp, len(prompt) - 1), None
         if 0 < lcp == len(self.tokens) < len(prompt):
             return lcp, None
-        if 0 < self._snapshot_len <= lcp:
-            self._copy_gdn(self._gdn_layers(), self._snapshot)
-            whole = self._snapshot_len == len(prompt)
-            return self._snapshot_len, (self._snapshot_logits if whole else None)
+        usable = [s for s in self._snapshots if 0 < s[0] <= lcp and (s[0] < len(prompt) or s[2] is not None)]
+        if usable:
+            length, states, logits = max(usable, key=lambda s: s[0])
+            self._copy_gdn(self._gdn_layers(), states)
+            return length, (logits if length == len(prompt) else None)
         self._reset_gdn()
         return 0, None
 
+    def _take_snapshot(self, slot: int, logits: np.ndarray | None) -> None:
+        snap = self._snapshots[slot]
+        self._copy_gdn(snap[1], self._gdn_layers())
+        snap[0], snap[2] = len(self.tokens), logits
+
     # --- steps -------------------------------------------------------------------------
-    def prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
-        """Run the prompt (reusing the cached prefix). Returns (last logits [V], reused count)."""
+    def prefill(self, prompt: list[int], snapshot_at: int | None = None) -> tuple[np.ndarray, int]:
+        """Run the prompt (reusing the cached prefix). Returns (last logits [V], reused count).
+        `snapshot_at`: a prefix length worth snapshotting too (where the next turn diverges)."""
         if len(prompt) >= self.max_context:
             raise ContextLengthExceededError(
                 f"prompt has {len(prompt)} tokens; the context holds {self.max_context} "
@@ -78,16 +86,24 @@ class Generator:
         self.tokens = self.tokens[:start]
         if cached is not None:
             return cached, start
-        for c0 in range(start, len(prompt), self.prefill_chunk):
-            chunk = prompt[c0 : c0 + self.prefill_chunk]
-            ids, pos = self.backend.ids(chunk, c0)
-            logits: Any = self.decoder.forward(self.backend.ops, ids, pos, self.state)
-            self.tokens.extend(chunk)
+        for snap in self._snapshots:           # tokens past `start` are being replaced
+            if snap[0] > start:
+                snap[0], snap[2] = -1, None
+        cuts = [len(prompt)]
+        if self._has_gdn and snapshot_at is not None and start < snapshot_at < len(prompt):
+            cuts.insert(0, snapshot_at)
+        logits: Any = None
+        for end in cuts:
+            for c0 in range(len(self.tokens), end, self.prefill_chunk):
+                chunk = prompt[c0 : min(c0 + self.prefill_chunk, end)]
+                ids, pos = self.backend.ids(chunk, c0)
+                logits = self.decoder.forward(self.backend.ops, ids, pos, self.state)
+                self.tokens.extend(chunk)
+            if end != len(prompt):
+                self._take_snapshot(0, None)
         last = np.array(self.backend.to_host(logits)[-1], dtype=np.float32)
         if self._has_gdn:
-            self._copy_gdn(self._snapshot, self._gdn_layers())
-            self._snapshot_len = len(self.tokens)
-            self._snapshot_logits = last
+            self._take_snapshot(1, last)
         return last, start
 
     def decode(self, token: int) -> np.ndarray:
@@ -104,8 +120,7 @@ class Generator:
         if len(prompt) > self.max_context:
             raise ContextLengthExceededError(
                 f"{len(prompt)} tokens exceed the context of {self.max_context}")
-        self.tokens = []
-        self._snapshot_len = -1
+        self.forget()
         if self._has_gdn:
             self._reset_gdn()
         out = []
@@ -120,4 +135,5 @@ class Generator:
     def forget(self) -> None:
         """Drop the cached prefix (after an error left the state half-written)."""
         self.tokens = []
-        self._snapshot_len = -1
+        for snap in self._snapshots:
+            snap[0], snap[2] = -1, None

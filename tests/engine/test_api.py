@@ -1,0 +1,126 @@
+"""LLM API behaviour on a tiny hybrid checkpoint: streaming, stop handling, cancellation,
+prefix reuse (must not change results), seeds, logits, and errors."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer_nb import LLM, SamplingParams
+from ninfer_nb.errors import ContextLengthExceededError, InvalidRequestError
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen35_dir: Path) -> LLM:
+    return LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32)
+
+
+def fresh(path: Path) -> LLM:
+    return LLM(str(path), device="cpu", max_context=128, prefill_chunk=32)
+
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def test_stream_concatenates_to_generate(llm: LLM) -> None:
+    events = list(llm.stream("Hello world", GREEDY))
+    assert events[-1].finished and events[-1].finish_reason == "length"
+    assert all(not e.finished for e in events[:-1])
+    assert [e.token_id for e in events[:-1]] == llm.generate("Hello world", GREEDY).token_ids
+    text = "".join(e.text for e in events)
+    assert text == llm.tokenizer.decode([e.token_id for e in events[:-1]])
+    t = events[-1].timings
+    assert t is not None and t.completion_tokens == 12 and t.ttft_s > 0 and t.decode_s > 0
+
+
+def test_prefix_reuse_gives_identical_results(llm: LLM, tiny_qwen35_dir: Path) -> None:
+    msgs = [{"role": "user", "content": "Tell me about the sea."}]
+    first = llm.chat(msgs, params=GREEDY)
+    again = llm.chat(msgs, params=GREEDY)                 # whole prompt cached (snapshot)
+    assert again.result.timings.cached_tokens == again.result.timings.prompt_tokens
+    turn2 = msgs + [{"role": "assistant", "content": first.content},
+                    {"role": "user", "content": "And the mountains?"}]
+    reused = llm.chat(turn2, params=GREEDY)
+    assert reused.result.timings.cached_tokens > 0
+    cold = fresh(tiny_qwen35_dir).chat(turn2, params=GREEDY)
+    assert cold.result.timings.cached_tokens == 0
+    assert reused.result.token_ids == cold.result.token_ids
+    assert first.result.token_ids == again.result.token_ids
+
+
+def test_logits_equal_incremental_decode(llm: LLM) -> None:
+    ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog")
+    full = llm.logits(ids)
+    res = llm.generate(ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    assert res.token_ids[0] == int(np.argmax(full[-1][: llm.tokenizer.vocab_size]))
+
+
+def test_stop_string_cuts_text(llm: LLM) -> None:
+    base = llm.generate("Once upon", GREEDY)
+    assert len(base.text) > 6
+    stop = base.text[3:6]
+    cut = llm.generate("Once upon", GREEDY.replace(stop=(stop,)))
+    assert cut.finish_reason == "stop"
+    assert stop not in cut.text
+    assert base.text.startswith(cut.text) and cut.text == base.text[: base.text.find(stop)]
+
+
+def test_stop_token_ids(llm: LLM) -> None:
+    base = llm.generate("Once upon", GREEDY)
+    target = base.token_ids[4]
+    res = llm.generate("Once upon", GREEDY.replace(stop_token_ids=(target,)))
+    assert res.finish_reason == "stop"
+    assert res.token_ids == base.token_ids[: base.token_ids.index(target) + 1]
+
+
+def test_seed_reproducible_and_temperature_varies(llm: LLM) -> None:
+    p = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=7, ignore_eos=True)
+    a = llm.generate("Hi", p).token_ids
+    b = llm.generate("Hi", p).token_ids
+    c = llm.generate("Hi", p.replace(seed=8)).token_ids
+    assert a == b
+    assert a != c
+
+
+def test_cancel_stops_at_next_token(llm: LLM) -> None:
+    cancel = threading.Event()
+    n = 0
+    final = None
+    for ev in llm.stream("Count", SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True),
+                         cancel=cancel):
+        n += 1
+        if n == 3:
+            cancel.set()
+        if ev.finished:
+            final = ev
+    assert final is not None and final.finish_reason == "cancelled"
+    assert final.timings is not None and final.timings.completion_tokens == 3
+
+
+def test_context_limit_and_bad_input(llm: LLM) -> None:
+    with pytest.raises(ContextLengthExceededError):
+        llm.generate(list(range(1000, 1200)), GREEDY)
+    with pytest.raises(InvalidRequestError):
+        llm.generate("   ", GREEDY)
+    with pytest.raises(InvalidRequestError):
+        llm.generate([10**9], GREEDY)
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        llm.generate("hi", SamplingParams(temperature=5.0))
+    # the engine still works afterwards
+    assert len(llm.generate("hi", GREEDY).token_ids) == 12
+
+
+def test_generation_budget_capped_by_context(llm: LLM) -> None:
+    ids = list(range(1000, 1120))                       # 120 of 128 context tokens
+    res = llm.generate(ids, SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
+    assert res.finish_reason == "length" and len(res.token_ids) == 8
+
+
+def test_moe_chat_runs(tiny_qwen35_moe_dir: Path) -> None:
+    moe = LLM(str(tiny_qwen35_moe_dir), device="cpu", max_context=64)
+    out = moe.chat([{"role": "user", "content": "hi"}], params=GREEDY)
+    assert out.result.timings.completion_tokens == 12
+    stats = moe.stats()
+    assert stats["architecture"] == "qwen3_5" and stats["context_tokens"] > 0
