@@ -1,0 +1,70 @@
+"""Elementwise fp32 kernels: add, silu, sigmoid, swiglu, sigmoid_mul (grid-stride loops).
+
+Inputs are flattened C-contiguous fp32 vectors (swiglu: [T, 2I] -> [T, I]). No bf16 here.
+"""
+from __future__ import annotations
+
+import math
+
+from numba import cuda
+
+from ninfer_nb.kernels.nbtypes import f32_1, f32_2
+from ninfer_nb.kernels.registry import kernel
+
+BLOCK = 256
+
+
+def grid_for(n: int, block: int = BLOCK, cap: int = 65535) -> int:
+    return max(1, min(cap, (n + block - 1) // block))
+
+
+@kernel((f32_1, f32_1, f32_1))
+def add_kernel(x, y, out):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < out.shape[0]:
+        out[i] = x[i] + y[i]
+        i += stride
+
+
+@kernel((f32_1, f32_1))
+def silu_kernel(x, out):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < out.shape[0]:
+        v = x[i]
+        out[i] = v / (1.0 + math.exp(-v))
+        i += stride
+
+
+@kernel((f32_1, f32_1))
+def sigmoid_kernel(x, out):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < out.shape[0]:
+        out[i] = 1.0 / (1.0 + math.exp(-x[i]))
+        i += stride
+
+
+@kernel((f32_1, f32_1, f32_1))
+def sigmoid_mul_kernel(x, gate, out):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < out.shape[0]:
+        out[i] = x[i] * (1.0 / (1.0 + math.exp(-gate[i])))
+        i += stride
+
+
+@kernel((f32_2, f32_2))
+def swiglu_kernel(gate_up, out):
+    """gate_up [T, 2I] -> out [T, I] = silu(gate) * up."""
+    inter = out.shape[1]
+    n = out.shape[0] * inter
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < n:
+        t = i // inter
+        j = i - t * inter
+        g = gate_up[t, j]
+        out[t, j] = (g / (1.0 + math.exp(-g))) * gate_up[t, inter + j]
+        i += stride

@@ -1,0 +1,206 @@
+"""Linear layers y[T, N] = x[T, K] @ W[N, K]^T (+ bias[N]); x, y fp32, W bf16 (uint16) or fp32.
+
+* `gemv_bf16_kernel` (T <= 16, decode): memory-bound. A warp owns 2 weight rows and streams them
+  with 16-byte inline-PTX loads (`ld.global.nc.L1::no_allocate.L2::256B.v4`), 4 tokens per pass,
+  fp32 FMA, warp-shuffle reduction. `vec = 0` selects a scalar path (K % 8 != 0 or unaligned).
+* `gemm_kernel` (prefill chunks, any dtype of W): 64x64x16 shared-memory tiles, 4x4 per thread.
+  CUDA cores only (no tensor cores yet). Simulator-safe.
+"""
+from __future__ import annotations
+
+from numba import cuda, float32, uint32
+
+from ninfer_nb.kernels.bf16 import widen
+from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, u16_2
+from ninfer_nb.kernels.ptx import as_f32, ldg_stream_v4_u32, ldg_v4_f32
+from ninfer_nb.kernels.registry import kernel
+
+GEMV_WARPS = 8
+GEMV_ROWS = 2           # weight rows per warp
+GEMV_ROWS_PER_BLOCK = GEMV_WARPS * GEMV_ROWS
+GEMV_MAX_T = 16
+FULL = 0xFFFFFFFF
+HI = 0xFFFF0000
+
+
+@cuda.jit(device=True)
+def _dot8(w, xa, xb):
+    """8 bf16 weights (4 u32 words, element 2j in the low half of word j) . 8 fp32 x values."""
+    s = as_f32(w[0] << 16) * xa[0]
+    s += as_f32(w[0] & HI) * xa[1]
+    s += as_f32(w[1] << 16) * xa[2]
+    s += as_f32(w[1] & HI) * xa[3]
+    s += as_f32(w[2] << 16) * xb[0]
+    s += as_f32(w[2] & HI) * xb[1]
+    s += as_f32(w[3] << 16) * xb[2]
+    s += as_f32(w[3] & HI) * xb[3]
+    return s
+
+
+@cuda.jit(device=True)
+def warp_sum(v):
+    v += cuda.shfl_xor_sync(FULL, v, 16)
+    v += cuda.shfl_xor_sync(FULL, v, 8)
+    v += cuda.shfl_xor_sync(FULL, v, 4)
+    v += cuda.shfl_xor_sync(FULL, v, 2)
+    v += cuda.shfl_xor_sync(FULL, v, 1)
+    return v
+
+
+@kernel((f32_2, u16_2, f32_1, f32_2, i32, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
+def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
+    """grid ceil(N / 16), block 256. x [T, K] fp32, w [N, K] bf16, out [T, N] fp32."""
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    n_rows = w.shape[0]
+    k_dim = w.shape[1]
+    n_tok = x.shape[0]
+    n0 = (cuda.blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS
+    if n0 >= n_rows:
+        return
+    has1 = n0 + 1 < n_rows
+    n1 = n0 + 1 if has1 else n0
+    zero4 = (uint32(0), uint32(0), uint32(0), uint32(0))
+    for t0 in range(0, n_tok, 4):
+        a00 = float32(0.0)
+        a01 = float32(0.0)
+        a10 = float32(0.0)
+        a11 = float32(0.0)
+        a20 = float32(0.0)
+        a21 = float32(0.0)
+        a30 = float32(0.0)
+        a31 = float32(0.0)
+        ok1 = t0 + 1 < n_tok
+        ok2 = t0 + 2 < n_tok
+        ok3 = t0 + 3 < n_tok
+        if vec != 0:
+            for k in range(lane * 8, k_dim, 256):
+                w0 = ldg_stream_v4_u32(w, n0 * k_dim + k)
+                w1 = ldg_stream_v4_u32(w, n1 * k_dim + k) if has1 else zero4
+                xi = t0 * k_dim + k
+                xa = ldg_v4_f32(x, xi)
+                xb = ldg_v4_f32(x, xi + 4)
+                a00 += _dot8(w0, xa, xb)
+                a01 += _dot8(w1, xa, xb)
+                if ok1:
+                    xi += k_dim
+                    xa = ldg_v4_f32(x, xi)
+                    xb = ldg_v4_f32(x, xi + 4)
+                    a10 += _dot8(w0, xa, xb)
+                    a11 += _dot8(w1, xa, xb)
+                if ok2:
+                    xi += k_dim
+                    xa = ldg_v4_f32(x, xi)
+                    xb = ldg_v4_f32(x, xi + 4)
+                    a20 += _dot8(w0, xa, xb)
+                    a21 += _dot8(w1, xa, xb)
+                if ok3:
+                    xi += k_dim
+                    xa = ldg_v4_f32(x, xi)
+                    xb = ldg_v4_f32(x, xi + 4)
+                    a30 += _dot8(w0, xa, xb)
+                    a31 += _dot8(w1, xa, xb)
+        else:
+            for k in range(lane, k_dim, 32):
+                v0 = widen(w[n0, k])
+                v1 = widen(w[n1, k])
+                xv = x[t0, k]
+                a00 += v0 * xv
+                a01 += v1 * xv
+                if ok1:
+                    xv = x[t0 + 1, k]
+                    a10 += v0 * xv
+                    a11 += v1 * xv
+                if ok2:
+                    xv = x[t0 + 2, k]
+                    a20 += v0 * xv
+                    a21 += v1 * xv
+                if ok3:
+                    xv = x[t0 + 3, k]
+                    a30 += v0 * xv
+                    a31 += v1 * xv
+        a00 = warp_sum(a00)
+        a01 = warp_sum(a01)
+        a10 = warp_sum(a10)
+        a11 = warp_sum(a11)
+        a20 = warp_sum(a20)
+        a21 = warp_sum(a21)
+        a30 = warp_sum(a30)
+        a31 = warp_sum(a31)
+        if lane == 0:
+            b0 = bias[n0] if has_bias != 0 else float32(0.0)
+            b1 = bias[n1] if has_bias != 0 else float32(0.0)
+            out[t0, n0] = a00 + b0
+            if has1:
+                out[t0, n1] = a01 + b1
+            if ok1:
+                out[t0 + 1, n0] = a10 + b0
+                if has1:
+                    out[t0 + 1, n1] = a11 + b1
+            if ok2:
+                out[t0 + 2, n0] = a20 + b0
+                if has1:
+                    out[t0 + 2, n1] = a21 + b1
+            if ok3:
+                out[t0 + 3, n0] = a30 + b0
+                if has1:
+                    out[t0 + 3, n1] = a31 + b1
+
+
+BM = 64
+BN = 64
+BK = 16
+BMP = BM + 4   # padded shared-tile pitch
+BNP = BN + 4
+
+
+@kernel((f32_2, u16_2, f32_1, f32_2, i32), (f32_2, f32_2, f32_1, f32_2, i32), launch_bounds=(256, 2))
+def gemm_kernel(x, w, bias, out, has_bias):
+    """grid (ceil(N / 64), ceil(T / 64)), block 256. out[T, N] = x[T, K] @ w[N, K]^T (+ bias)."""
+    a_s = cuda.shared.array((BK, BMP), float32)
+    b_s = cuda.shared.array((BK, BNP), float32)
+    acc = cuda.local.array((4, 4), float32)
+    tid = cuda.threadIdx.x
+    ty = tid // 16
+    tx = tid % 16
+    m0 = cuda.blockIdx.y * BM
+    n0 = cuda.blockIdx.x * BN
+    n_tok = x.shape[0]
+    k_dim = x.shape[1]
+    n_rows = w.shape[0]
+    for i in range(4):
+        for j in range(4):
+            acc[i, j] = float32(0.0)
+    for k0 in range(0, k_dim, BK):
+        for l in range(4):
+            idx = tid + 256 * l
+            r = idx // BK
+            kk = idx % BK
+            gk = k0 + kk
+            gm = m0 + r
+            a_s[kk, r] = x[gm, gk] if (gm < n_tok and gk < k_dim) else float32(0.0)
+            gn = n0 + r
+            b_s[kk, r] = widen(w[gn, gk]) if (gn < n_rows and gk < k_dim) else float32(0.0)
+        cuda.syncthreads()
+        for kk in range(BK):
+            a0 = a_s[kk, ty]
+            a1 = a_s[kk, ty + 16]
+            a2 = a_s[kk, ty + 32]
+            a3 = a_s[kk, ty + 48]
+            for j in range(4):
+                b = b_s[kk, tx + 16 * j]
+                acc[0, j] += a0 * b
+                acc[1, j] += a1 * b
+                acc[2, j] += a2 * b
+                acc[3, j] += a3 * b
+        cuda.syncthreads()
+    for i in range(4):
+        gm = m0 + ty + 16 * i
+        if gm < n_tok:
+            for j in range(4):
+                gn = n0 + tx + 16 * j
+                if gn < n_rows:
+                    v = acc[i, j]
+                    if has_bias != 0:
+                        v += bias[gn]
+                    out[gm, gn] = v

@@ -1,0 +1,81 @@
+"""Row norms (one block of 256 threads per row, shared-memory reduction, fp32):
+rms_norm, add + rms_norm (fused residual), gated_rms_norm (GDN output norm: rmsnorm * silu(z)).
+
+Rows are [R, D] fp32; weights [D] fp32. Simulator-safe (no warp shuffles).
+"""
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float32
+
+from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2
+from ninfer_nb.kernels.registry import kernel
+
+BLOCK = 256
+
+
+@cuda.jit(device=True)
+def _block_sum(red, v):
+    """Sum of v over a power-of-two block; every thread gets the result. `red`: shared [BLOCK]."""
+    tid = cuda.threadIdx.x
+    red[tid] = v
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            red[tid] += red[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    total = red[0]
+    cuda.syncthreads()
+    return total
+
+
+@kernel((f32_2, f32_1, f32_2, f32))
+def rms_norm_kernel(x, w, out, eps):
+    red = cuda.shared.array(BLOCK, float32)
+    r = cuda.blockIdx.x
+    d = x.shape[1]
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        v = x[r, i]
+        acc += v * v
+    ss = _block_sum(red, acc)
+    inv = float32(1.0) / math.sqrt(ss / d + eps)
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        out[r, i] = (x[r, i] * inv) * w[i]
+
+
+@kernel((f32_2, f32_2, f32_1, f32_2, f32_2, f32))
+def add_rms_norm_kernel(x, residual, w, out, new_residual, eps):
+    """new_residual = x + residual; out = rms_norm(new_residual) * w."""
+    red = cuda.shared.array(BLOCK, float32)
+    r = cuda.blockIdx.x
+    d = x.shape[1]
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        v = x[r, i] + residual[r, i]
+        new_residual[r, i] = v
+        acc += v * v
+    ss = _block_sum(red, acc)
+    inv = float32(1.0) / math.sqrt(ss / d + eps)
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        out[r, i] = (new_residual[r, i] * inv) * w[i]
+
+
+@kernel((f32_2, f32_2, f32_1, f32_2, f32))
+def gated_rms_norm_kernel(x, z, w, out, eps):
+    """out = rms_norm(x) * w * silu(z)."""
+    red = cuda.shared.array(BLOCK, float32)
+    r = cuda.blockIdx.x
+    d = x.shape[1]
+    acc = float32(0.0)
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        v = x[r, i]
+        acc += v * v
+    ss = _block_sum(red, acc)
+    inv = float32(1.0) / math.sqrt(ss / d + eps)
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        zz = z[r, i]
+        out[r, i] = ((x[r, i] * inv) * w[i]) * (zz / (1.0 + math.exp(-zz)))

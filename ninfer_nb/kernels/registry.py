@@ -1,0 +1,61 @@
+"""Kernel registry: every kernel with its explicit signatures and compile options.
+
+Kernels are plain Python functions registered with `@kernel(...)`; the numba dispatcher is
+built lazily on first launch (an explicit signature compiles eagerly, which needs a GPU), so
+importing kernels/ needs no driver. `all_specs()` lets the compile test see every kernel.
+In the simulator, `get()` returns the simulator kernel and ignores signatures.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from numba import config, cuda
+
+MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "conv1d", "gdn", "moe",
+           "sampling")
+
+_SPECS: dict[str, "KernelSpec"] = {}
+
+
+@dataclass
+class KernelSpec:
+    name: str
+    fn: Callable[..., None]
+    sigs: tuple[Any, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+    sim: bool = True  # runs in the CUDA simulator (no warp shuffles, no inline PTX)
+    _disp: Any = None
+
+    def get(self) -> Any:
+        if self._disp is None:
+            if config.ENABLE_CUDASIM:
+                self._disp = cuda.jit(self.fn)
+            else:
+                self._disp = cuda.jit(list(self.sigs), cache=True, **self.options)(self.fn)
+        return self._disp
+
+    def __getitem__(self, cfg: Any) -> Any:
+        return self.get()[cfg]
+
+    def compile_ptx(self, sig: Any, cc: tuple[int, int]) -> str:
+        ptx, _ = cuda.compile_ptx(self.fn, sig, cc=cc, **self.options)
+        return ptx
+
+
+def kernel(*sigs: Any, sim: bool = True, **options: Any) -> Callable[[Callable[..., None]], KernelSpec]:
+    def deco(fn: Callable[..., None]) -> KernelSpec:
+        spec = KernelSpec(fn.__name__, fn, tuple(sigs), options, sim)
+        if spec.name in _SPECS:
+            raise ValueError(f"duplicate kernel name {spec.name}")
+        _SPECS[spec.name] = spec
+        return spec
+
+    return deco
+
+
+def all_specs() -> dict[str, KernelSpec]:
+    for m in MODULES:
+        importlib.import_module(f"ninfer_nb.kernels.{m}")
+    return dict(_SPECS)

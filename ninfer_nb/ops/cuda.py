@@ -1,0 +1,380 @@
+"""CUDA backend of the op interface: same names and signatures as `ops/cpu.py`, over device
+Tensors (fp32 activations, bf16 or fp32 weights, fp32 GDN/conv state, fp32 or bf16 KV cache).
+
+`CudaOps(scratch, stream)` is the `ops` object a model receives: outputs come from the
+per-step `ScratchArena` (reset by the runner at the start of each step, so addresses repeat
+and the step is graph-capturable), kernels launch on the engine stream. Index inputs (ids,
+positions) must be int32 device tensors. Functions documented in ops/cpu.py as in-place
+(kv_store, causal_conv1d state, gated_delta_rule state) are in place here too.
+Extras beyond ops/cpu.py: add_rms_norm, argmax, sample, apply_penalties, count_tokens,
+empty/zeros/from_numpy/to_numpy, and `upload_weights`.
+Under NUMBA_ENABLE_CUDASIM=1, pass a `HostArena` and `SimStream`: tensors are NumPy arrays and
+kernels that need warp shuffles / inline PTX are replaced by their simulator-safe siblings.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from numba import config
+
+from ninfer_nb.kernels import attention as K_attn
+from ninfer_nb.kernels import conv1d as K_conv
+from ninfer_nb.kernels import elementwise as K_ew
+from ninfer_nb.kernels import embedding as K_emb
+from ninfer_nb.kernels import gdn as K_gdn
+from ninfer_nb.kernels import linear as K_lin
+from ninfer_nb.kernels import moe as K_moe
+from ninfer_nb.kernels import norm as K_norm
+from ninfer_nb.kernels import rope as K_rope
+from ninfer_nb.kernels import sampling as K_smp
+from ninfer_nb.runtime.tensor import Tensor, bfloat16
+
+SIM = bool(config.ENABLE_CUDASIM)
+DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
+F32 = np.dtype(np.float32)
+I32 = np.dtype(np.int32)
+
+
+def _kv(t: Any) -> Any:
+    """Kernel-facing view: NumPy bf16 arrays become uint16 (Tensors already export '<u2')."""
+    if isinstance(t, np.ndarray) and t.dtype == bfloat16:
+        return t.view(np.uint16)
+    return t
+
+
+def _ptr(t: Any) -> int:
+    return t.ptr if isinstance(t, Tensor) else int(t.ctypes.data)
+
+
+def _rows(t: Any, d: int) -> Any:
+    return t.reshape(-1, d)
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+class SimStream:
+    """Stand-in for runtime.stream.Stream under the CUDA simulator."""
+
+    numba = 0
+
+    def synchronize(self) -> None:
+        pass
+
+
+class CudaOps:
+    def __init__(self, scratch: Any, stream: Any, persistent: Any = None) -> None:
+        self.scratch = scratch
+        self.stream = stream
+        self.persistent = persistent
+
+    # --- buffers ---------------------------------------------------------------------
+    def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
+        return self.scratch.empty(tuple(shape) if not isinstance(shape, int) else (shape,), dtype)
+
+    def zeros(self, shape: Any, dtype: Any = np.float32, persistent: bool = False) -> Any:
+        arena = self.persistent if persistent else self.scratch
+        t = arena.empty(tuple(shape) if not isinstance(shape, int) else (shape,), dtype)
+        if isinstance(t, np.ndarray):
+            t[...] = 0
+        else:
+            from ninfer_nb.runtime._drv import check, driver
+
+            n = t.nbytes
+            if n:
+                check(driver().cuMemsetD8Async(t.ptr, 0, n, self.stream.cu))
+        return t
+
+    def from_numpy(self, arr: np.ndarray, dtype: Any = None, persistent: bool = True) -> Any:
+        a = np.ascontiguousarray(arr if dtype is None else np.asarray(arr).astype(dtype))
+        arena = self.persistent if (persistent and self.persistent is not None) else self.scratch
+        t = arena.empty(a.shape, a.dtype)
+        if isinstance(t, np.ndarray):
+            t[...] = a
+        else:
+            t.copy_from_numpy(a, self.stream)
+        return t
+
+    def to_numpy(self, t: Any) -> np.ndarray:
+        return np.array(t) if isinstance(t, np.ndarray) else t.numpy(self.stream)
+
+    def _go(self, spec: Any, grid: Any, block: int, *args: Any) -> None:
+        spec[grid, block, self.stream.numba](*[_kv(a) for a in args])
+
+    # --- elementwise / norms ---------------------------------------------------------
+    def embedding(self, table: Any, ids: Any) -> Any:
+        _need(ids.dtype == I32, "embedding: ids must be int32")
+        t, h = ids.shape[0], table.shape[1]
+        out = self.empty((t, h))                                     # [T, H] fp32
+        if t:
+            spec = K_emb.embedding_f32_kernel if table.dtype == F32 else K_emb.embedding_bf16_kernel
+            self._go(spec, ((h + 255) // 256, t), 256, table, ids, out)
+        return out
+
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        d = x.shape[-1]
+        out = self.empty(x.shape)
+        rows = x.size // d if d else 0
+        if rows:
+            self._go(K_norm.rms_norm_kernel, rows, K_norm.BLOCK, _rows(x, d), weight, _rows(out, d), np.float32(eps))
+        return out
+
+    def add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+        """(rms_norm(x + residual) * weight, x + residual) in one kernel."""
+        d = x.shape[-1]
+        out = self.empty(x.shape)
+        res = self.empty(x.shape)
+        rows = x.size // d if d else 0
+        if rows:
+            self._go(K_norm.add_rms_norm_kernel, rows, K_norm.BLOCK, _rows(x, d), _rows(residual, d), weight,
+                     _rows(out, d), _rows(res, d), np.float32(eps))
+        return out, res
+
+    def _unary(self, spec: Any, x: Any) -> Any:
+        out = self.empty(x.shape)
+        n = x.size
+        if n:
+            self._go(spec, K_ew.grid_for(n), K_ew.BLOCK, x.reshape(-1), out.reshape(-1))
+        return out
+
+    def add(self, x: Any, y: Any) -> Any:
+        _need(tuple(x.shape) == tuple(y.shape), f"add: shapes differ {x.shape} vs {y.shape}")
+        out = self.empty(x.shape)
+        n = x.size
+        if n:
+            self._go(K_ew.add_kernel, K_ew.grid_for(n), K_ew.BLOCK, x.reshape(-1), y.reshape(-1), out.reshape(-1))
+        return out
+
+    def silu(self, x: Any) -> Any:
+        return self._unary(K_ew.silu_kernel, x)
+
+    def sigmoid(self, x: Any) -> Any:
+        return self._unary(K_ew.sigmoid_kernel, x)
+
+    def swiglu(self, gate_up: Any) -> Any:
+        two_i = gate_up.shape[-1]
+        inter = two_i // 2
+        out = self.empty(tuple(gate_up.shape[:-1]) + (inter,))
+        n = out.size
+        if n:
+            self._go(K_ew.swiglu_kernel, K_ew.grid_for(n), K_ew.BLOCK, _rows(gate_up, two_i), _rows(out, inter))
+        return out
+
+    def sigmoid_mul(self, x: Any, gate: Any) -> Any:
+        out = self.empty(x.shape)
+        n = x.size
+        if n:
+            self._go(K_ew.sigmoid_mul_kernel, K_ew.grid_for(n), K_ew.BLOCK, x.reshape(-1), gate.reshape(-1),
+                     out.reshape(-1))
+        return out
+
+    def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:
+        d = x.shape[-1]
+        out = self.empty(x.shape)
+        rows = x.size // d if d else 0
+        if rows:
+            self._go(K_norm.gated_rms_norm_kernel, rows, K_norm.BLOCK, _rows(x, d), _rows(z, d), weight,
+                     _rows(out, d), np.float32(eps))
+        return out
+
+    # --- linear ----------------------------------------------------------------------
+    def linear(self, x: Any, weight: Any, bias: Any = None) -> Any:
+        n, k = weight.shape
+        _need(x.shape[-1] == k, f"linear: x {x.shape} vs weight {weight.shape}")
+        x2 = _rows(x, k)
+        t = x2.shape[0]
+        out = self.empty(tuple(x.shape[:-1]) + (n,))
+        if t == 0 or n == 0:
+            return out
+        out2 = _rows(out, n)
+        has_bias = np.int32(bias is not None)
+        b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
+        if weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
+            vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
+            grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
+            self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias, vec)
+        else:
+            grid = ((n + K_lin.BN - 1) // K_lin.BN, (t + K_lin.BM - 1) // K_lin.BM)
+            self._go(K_lin.gemm_kernel, grid, 256, x2, weight, b, out2, has_bias)
+        return out
+
+    # --- rotary + attention ----------------------------------------------------------
+    def rope(self, x: Any, positions: Any, rotary_dim: int, theta: float) -> Any:
+        _need(positions.dtype == I32, "rope: positions must be int32")
+        t, heads, _ = x.shape
+        out = self.empty(x.shape)
+        if t:
+            self._go(K_rope.rope_kernel, (heads, t), 128, x, positions, out, np.int32(rotary_dim), np.float64(theta))
+        return out
+
+    def kv_store(self, k_cache: Any, v_cache: Any, k: Any, v: Any, positions: Any) -> None:
+        _need(positions.dtype == I32, "kv_store: positions must be int32")
+        t, hkv, _ = k.shape
+        if t:
+            self._go(K_attn.kv_store_kernel, (hkv, t), 128, k_cache, v_cache, k, v, positions)
+
+    def attention(self, q: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float) -> Any:
+        _need(positions.dtype == I32, "attention: positions must be int32")
+        t, hq, d = q.shape
+        _need(d <= K_attn.MAX_D, f"attention: head_dim {d} > {K_attn.MAX_D}")
+        _need(hq % k_cache.shape[1] == 0, "attention: Hq must be a multiple of Hkv")
+        out = self.empty((t, hq, d))                                     # [T, Hq, D]
+        if t == 0:
+            return out
+        if t <= DECODE_MAX_T and not SIM:
+            s_len = k_cache.shape[0]
+            n_split = max(1, (s_len + K_attn.SPLIT_LEN - 1) // K_attn.SPLIT_LEN)
+            part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
+            part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
+            self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
+                     positions, np.float32(scale), np.int32(K_attn.SPLIT_LEN), part_o, part_ml)
+            self._go(K_attn.attn_combine_kernel, (hq, t), 256, part_o, part_ml, out)
+        else:
+            grid = ((t + K_attn.BQ - 1) // K_attn.BQ, hq)
+            self._go(K_attn.attn_prefill_kernel, grid, K_attn.PRE_THREADS, q, k_cache, v_cache, positions,
+                     np.float32(scale), out)
+        return out
+
+    # --- Gated DeltaNet --------------------------------------------------------------
+    def causal_conv1d(self, x: Any, conv_state: Any, weight: Any) -> Any:
+        t, c = x.shape
+        _need(weight.shape[1] <= K_conv.MAX_K, f"causal_conv1d: kernel width > {K_conv.MAX_K}")
+        out = self.empty((t, c))
+        if t:
+            self._go(K_conv.causal_conv1d_kernel, (c + 127) // 128, 128, x, conv_state, weight, out)
+        return out
+
+    def gdn_gates(self, a: Any, b: Any, a_log: Any, dt_bias: Any) -> tuple[Any, Any]:
+        g = self.empty(a.shape)
+        beta = self.empty(a.shape)
+        n = a.size
+        if n:
+            self._go(K_gdn.gdn_gates_kernel, K_ew.grid_for(n), K_ew.BLOCK, a, b, a_log, dt_bias, g, beta)
+        return g, beta
+
+    def gated_delta_rule(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> Any:
+        t, hv, dv = v.shape
+        dk = k.shape[2]
+        _need(dk % 32 == 0 and dk <= 32 * K_gdn.MAX_KPL, f"gated_delta_rule: Dk={dk} must be a multiple of 32, <= 256")
+        out = self.empty((t, hv, dv))                                    # [T, Hv, Dv]
+        if t:
+            grid = (hv, (dv + K_gdn.GDR_ROWS_PER_BLOCK - 1) // K_gdn.GDR_ROWS_PER_BLOCK)
+            self._go(K_gdn.gdr_recurrent_kernel, grid, 32 * K_gdn.GDR_WARPS, q, k, v, g, beta, state, out)
+        return out
+
+    def gated_delta_rule_chunked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any,
+                                 chunk: int = 64) -> Any:
+        """Same contract as gated_delta_rule (the recurrent kernel walks the chunk in one launch)."""
+        return self.gated_delta_rule(q, k, v, g, beta, state)
+
+    # --- mixture of experts ----------------------------------------------------------
+    def moe_route(self, logits: Any, top_k: int, renormalize: bool = True) -> tuple[Any, Any]:
+        t, _ = logits.shape
+        _need(0 < top_k <= K_moe.MAX_TOPK, f"moe_route: top_k must be in 1..{K_moe.MAX_TOPK}")
+        ids = self.empty((t, top_k), np.int32)
+        w = self.empty((t, top_k))
+        if t:
+            self._go(K_moe.moe_route_kernel, t, K_moe.ROUTE_BLOCK, logits, np.int32(top_k), np.int32(renormalize),
+                     ids, w)
+        return ids, w
+
+    def moe_experts(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any) -> Any:
+        t, hid = x.shape
+        top_k = ids.shape[1]
+        inter = gate_up.shape[1] // 2
+        _need(gate_up.dtype == bfloat16 and down.dtype == bfloat16, "moe_experts: expert weights must be bf16")
+        out = self.empty((t, hid))
+        if t == 0:
+            return out
+        h = self.empty((t * top_k, inter))                               # [T*k, I]
+        vec = np.int32(hid % 8 == 0 and inter % 8 == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down, h)))
+        w8 = K_moe.MOE_WARPS
+        self._go(K_moe.moe_gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h, vec)
+        self._go(K_moe.moe_down_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out, vec)
+        return out
+
+    # --- sampling --------------------------------------------------------------------
+    def argmax(self, logits: Any, threads: int = 1024) -> Any:
+        out = self.empty((logits.shape[0],), np.int32)
+        self._go(K_smp.argmax_kernel, logits.shape[0], threads, logits, out)
+        return out
+
+    def apply_penalties(self, logits: Any, counts: Any, rep: Any, freq: Any, pres: Any) -> None:
+        b, v = logits.shape
+        self._go(K_smp.penalties_kernel, ((v + 255) // 256, b), 256, logits, counts, rep, freq, pres)
+
+    def count_tokens(self, counts: Any, tokens: Any) -> None:
+        self._go(K_smp.count_tokens_kernel, 1, max(32, tokens.shape[0]), counts, tokens)
+
+    def sample(self, logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any, seeds: Any,
+               offsets: Any, threads: int = 1024) -> Any:
+        """Per-row parameters are device vectors [B]; offsets [B] int64 advance by one."""
+        b, v = logits.shape
+        probs = self.empty((b, v))                                       # [B, V] scratch
+        out = self.empty((b,), np.int32)
+        self._go(K_smp.sample_kernel, b, threads, logits, temperature, top_k, top_p, min_p, seeds, offsets,
+                 probs, out)
+        return out
+
+
+# --- weights -----------------------------------------------------------------------------
+
+def default_keep_fp32(name: str, arr: np.ndarray) -> bool:
+    """Small parameters stay fp32: vectors (norms, biases, A_log, dt_bias) and conv1d weights."""
+    return arr.ndim < 2 or "conv1d" in name
+
+
+def upload_weights(weights: dict[str, np.ndarray], dtype: Any = bfloat16, *, arena: Any, stream: Any,
+                   progress: Callable[[int, int, str], None] | None = None,
+                   keep_fp32: Callable[[str, np.ndarray], bool] = default_keep_fp32) -> dict[str, Any]:
+    """Upload host arrays into `arena`: matrices as `dtype` (bf16 by default), small parameters
+    (per `keep_fp32`) as fp32, through a pinned staging buffer. progress(done_bytes, total, name)."""
+    from ninfer_nb.runtime.pinned import PinnedStaging
+
+    items = []
+    total = 0
+    for name, a in weights.items():
+        want = np.dtype(np.float32) if (keep_fp32(name, a) or a.dtype == np.int32) else np.dtype(dtype)
+        if a.dtype in (np.int32, np.int64):
+            want = np.dtype(a.dtype)
+        items.append((name, a, want))
+        total += int(np.prod(a.shape, dtype=np.int64)) * want.itemsize
+    out: dict[str, Any] = {}
+    if isinstance(arena, _HostLike):
+        for name, a, want in items:
+            out[name] = np.ascontiguousarray(np.asarray(a).astype(want))
+        return out
+    staging = PinnedStaging(min(64 << 20, max(total, 1 << 20)))
+    done = 0
+    try:
+        for name, a, want in items:
+            host = np.ascontiguousarray(np.asarray(a).astype(want, copy=False))
+            t = arena.empty(host.shape, want)
+            staging.upload(t, host, stream)
+            out[name] = t
+            done += host.nbytes
+            if progress is not None:
+                progress(done, total, name)
+    finally:
+        staging.close()
+    return out
+
+
+class _HostLike:
+    """Marker base for host arenas (simulator)."""
+
+
+class HostArena(_HostLike):
+    """Simulator stand-in for ScratchArena: NumPy arrays, `reset()` does nothing."""
+
+    def empty(self, shape: Any, dtype: Any = np.float32) -> np.ndarray:
+        return np.full(shape, np.nan, dtype=dtype) if np.dtype(dtype).kind == "f" else np.zeros(shape, dtype)
+
+    def reset(self) -> None:
+        pass
+
+
+__all__ = ["CudaOps", "HostArena", "SimStream", "upload_weights", "default_keep_fp32", "DECODE_MAX_T"]
