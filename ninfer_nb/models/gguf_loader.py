@@ -108,8 +108,11 @@ def load_gguf(path: str | Path, *, show_progress: bool = False) -> LoadedCheckpo
 def _open(path: Path) -> GGUFReader:
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {path}")
-    with path.open("rb") as fh:
-        magic = fh.read(4)
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelFormatError(f"cannot read {path}: {exc.strerror or exc}") from None
     if magic != b"GGUF":
         raise ModelFormatError(f"{path} is not a GGUF file (bad magic {magic!r})")
     try:
@@ -151,9 +154,10 @@ def _hf_config(
         kv_heads = kv_heads[0]
     head_dim = int(get("attention.key_length", hidden // heads))
     rope_dims = int(get("rope.dimension_count", head_dim))
-    vocab = fields.get(f"{arch}.vocab_size") or len(fields.get("tokenizer.ggml.tokens") or ())
-    if not vocab and "token_embd.weight" in tensors:
+    if "token_embd.weight" in tensors:          # the embedding is the truth (vocab may be padded)
         vocab = int(tensors["token_embd.weight"].shape[-1])
+    else:
+        vocab = fields.get(f"{arch}.vocab_size") or len(fields.get("tokenizer.ggml.tokens") or ())
     eos = [fields.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                    "tokenizer.ggml.eom_token_id")]
     return {
@@ -212,4 +216,26 @@ def _load_weights(
     bar.close()
     if "model.embed_tokens.weight" not in weights:
         raise ModelFormatError(f"{path.name}: GGUF file has no token_embd.weight tensor")
+    _check_shapes(path, weights, config)
     return weights, unmapped
+
+
+def _check_shapes(path: Path, weights: dict[str, np.ndarray], config: ModelConfig) -> None:
+    """The attention and embedding shapes the metadata promises (others fail in the model)."""
+    c = config
+    expected = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}.self_attn."
+        expected |= {
+            p + "q_proj.weight": (c.num_heads * c.head_dim, c.hidden_size),
+            p + "k_proj.weight": (c.num_kv_heads * c.head_dim, c.hidden_size),
+            p + "v_proj.weight": (c.num_kv_heads * c.head_dim, c.hidden_size),
+        }
+    for name, shape in expected.items():
+        if name not in weights:
+            raise ModelFormatError(f"{path.name}: tensor {name} is missing")
+        if weights[name].shape != shape:
+            raise ModelFormatError(
+                f"{path.name}: tensor {name} has shape {weights[name].shape}, "
+                f"the metadata implies {shape}"
+            )

@@ -256,3 +256,16 @@ def test_missing_metadata_key(tmp_path: Path, write_gguf, hf_to_gguf) -> None:
     path = write_gguf(tmp_path / "m.gguf", "llama", meta, tensors)
     with pytest.raises(ModelFormatError, match=r"llama\.block_count"):
         load_gguf(path)
+
+
+def test_shapes_must_match_metadata(tmp_path: Path, write_gguf, hf_to_gguf) -> None:
+    tensors = hf_to_gguf(tiny_weights(np.random.default_rng(8)), arch="llama",
+                         n_heads=HEADS, n_kv_heads=KV_HEADS)
+    meta = metadata(**{"llama.attention.head_count_kv": 4})   # k_proj has rows for 2
+    path = write_gguf(tmp_path / "m.gguf", "llama", meta, tensors)
+    with pytest.raises(ModelFormatError, match=r"k_proj\.weight has shape \(128, 256\)"):
+        load_gguf(path)
+    del tensors["blk.1.attn_v.weight"]
+    path = write_gguf(tmp_path / "m2.gguf", "llama", metadata(), tensors)
+    with pytest.raises(ModelFormatError, match=r"layers\.1\.self_attn\.v_proj\.weight is missing"):
+        load_gguf(path)
