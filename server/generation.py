@@ -93,7 +93,7 @@ def chat_job(engine: ChatEngine, job: ChatJob) -> Callable[[threading.Event], It
         )
         started = False
         final: StreamEvent | None = None
-        last_token: int | None = None
+        tail: list[int] = []  # the last generated ids, to name a matched stop string
         reasoning: list[str] = []
         n_calls = 0
         for ev in stream:
@@ -104,7 +104,7 @@ def chat_job(engine: ChatEngine, job: ChatJob) -> Callable[[threading.Event], It
                 if ev.finished:
                     final = ev
                 elif ev.token_id is not None:
-                    last_token = ev.token_id
+                    tail = [*tail[-63:], ev.token_id]
                 continue
             if ev.kind == "reasoning":
                 reasoning.append(ev.text)
@@ -117,7 +117,7 @@ def chat_job(engine: ChatEngine, job: ChatJob) -> Callable[[threading.Event], It
         if not started:
             yield Started(prompt_tokens)
         yield _finished(
-            engine, params, prompt_tokens, final, last_token, "".join(reasoning), n_calls
+            engine, params, prompt_tokens, final, tail, "".join(reasoning), n_calls
         )
 
     return run
@@ -128,7 +128,7 @@ def _finished(
     params: SamplingParams,
     prompt_tokens: int,
     final: StreamEvent | None,
-    last_token: int | None,
+    tail: list[int],
     reasoning: str,
     n_calls: int,
 ) -> Finished:
@@ -139,7 +139,7 @@ def _finished(
     completion = timings.completion_tokens if timings else 0
     stop_sequence = None
     if reason == "stop" and final is not None:
-        stop_sequence = _matched_stop(engine, params, final.token_id or last_token)
+        stop_sequence = _matched_stop(engine, params, tail)
     return Finished(
         reason="tool_calls" if n_calls and reason == "stop" else reason,  # type: ignore[arg-type]
         prompt_tokens=timings.prompt_tokens if timings and timings.prompt_tokens else prompt_tokens,
@@ -151,20 +151,17 @@ def _finished(
     )
 
 
-def _matched_stop(engine: ChatEngine, params: SamplingParams, token_id: int | None) -> str | None:
-    """Which stop string ended the output, judged from the last token (its text is withheld)."""
-    if not params.stop or token_id is None:
+def _matched_stop(engine: ChatEngine, params: SamplingParams, tail: list[int]) -> str | None:
+    """Which stop string ended the output. Its text is withheld, so decode the last tokens:
+    the first stop found there is the one that fired (an earlier hit would have fired first)."""
+    if not params.stop or not tail:
         return None
-    if token_id in engine.tokenizer.eos_token_ids or token_id in params.stop_token_ids:
+    if tail[-1] in engine.tokenizer.eos_token_ids or tail[-1] in params.stop_token_ids:
         return None
-    if len(params.stop) == 1:
-        return params.stop[0]
-    piece = engine.tokenizer.decode([token_id])
-
-    def overlap(stop: str) -> int:
-        return max((k for k in range(1, len(piece) + 1) if stop.endswith(piece[:k])), default=0)
-
-    return max(params.stop, key=overlap)
+    window = max(len(s) for s in params.stop) + 2  # every token holds >= 1 character
+    text = engine.tokenizer.decode(tail[-window:])
+    hits = [(text.find(s), i) for i, s in enumerate(params.stop) if s in text]
+    return params.stop[min(hits)[1]] if hits else params.stop[0]
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-SSE_RESPONSE = "ninfer_sse_response"  # request key: the prepared stream, if any
+SSE_RESPONSE = web.RequestKey("ninfer_sse_response", web.StreamResponse)  # once prepared
 
 
 class SSEWriter:

@@ -24,8 +24,8 @@ from .request_log import RequestLog
 from .response_store import ResponseStore
 from .telemetry import RequestTrace
 
-TRACE = "ninfer_trace"          # request key: this request's RequestTrace
-REQUEST_ID = "ninfer_request_id"
+TRACE = web.RequestKey("ninfer_trace", RequestTrace)
+REQUEST_ID = web.RequestKey("ninfer_request_id", str)
 
 
 @dataclass
@@ -83,4 +83,4 @@ def new_id(prefix: str, hex_chars: int = 16) -> str:
 
 
 def trace_of(request: web.Request) -> RequestTrace:
-    return request[TRACE]  # type: ignore[no-any-return]
+    return request[TRACE]

@@ -13,6 +13,8 @@ import anthropic
 import openai
 import pytest
 
+from ninfer_nb.chat import Tokenizer
+
 from server import ServerConfig
 from tests.server.harness import LiveServer
 from tests.server.scripted_engine import ScriptedEngine
@@ -43,20 +45,25 @@ def real_server(real_llm: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield srv
 
 
+@pytest.fixture(scope="session")
+def qwen_tokenizer(tiny_qwen35_dir: Path) -> Tokenizer:
+    return Tokenizer.from_dir(tiny_qwen35_dir)
+
+
 @pytest.fixture()
-def scripted(tiny_qwen35_dir: Path) -> Callable[..., LiveServer]:
+def scripted(qwen_tokenizer: Tokenizer) -> Iterator[Callable[..., LiveServer]]:
     """Factory: a live server over a ScriptedEngine replaying `reply` (closed after the test)."""
     servers: list[LiveServer] = []
 
     def make(reply: Any, *, engine_kw: dict[str, Any] | None = None,
              **config: Any) -> LiveServer:
-        engine = ScriptedEngine(tiny_qwen35_dir, reply, model_id=MODEL_ID,
+        engine = ScriptedEngine(qwen_tokenizer, reply, model_id=MODEL_ID,
                                 **(engine_kw or {}))
         srv = LiveServer(engine, base_config(**config)).start()
         servers.append(srv)
         return srv
 
-    yield make  # type: ignore[misc]
+    yield make
     for srv in servers:
         srv.stop()
 

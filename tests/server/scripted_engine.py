@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from ninfer_nb.chat import (
@@ -32,7 +31,7 @@ Reply = Callable[[list[dict[str, Any]], str], str]
 class ScriptedEngine:
     def __init__(
         self,
-        tokenizer_dir: Path,
+        tokenizer: Tokenizer,
         reply: Reply | str,
         *,
         model_id: str = "scripted-qwen",
@@ -40,7 +39,7 @@ class ScriptedEngine:
         token_delay_s: float = 0.0,
         enable_thinking: bool = True,
     ) -> None:
-        self.tokenizer = Tokenizer.from_dir(tokenizer_dir)
+        self.tokenizer = tokenizer
         self.reply: Reply = reply if callable(reply) else (lambda _m, _p, r=reply: r)
         self.model_id = model_id
         self.max_context = max_context

@@ -1,0 +1,78 @@
+"""`ninfer-serve` command line → ServerConfig (+ engine settings). Parsing only; no I/O.
+
+Flags follow serving-api.md §14; sampling flags set the server-wide defaults that request
+fields override.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from .config import SamplingDefaults, ServerConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ninfer-serve",
+        description="Serve a model over OpenAI Chat Completions / Responses and Anthropic "
+                    "Messages. With no MODEL, serves the default embedded model.",
+    )
+    p.add_argument("model", nargs="?", default=None,
+                   help="Hugging Face checkpoint directory or .gguf file")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--model-id", default=None, help="served model name (default: the model's)")
+    p.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` or `x-api-key: KEY`")
+    p.add_argument("--max-context", type=int, default=4096, help="tokens per request")
+    p.add_argument("--prefill-chunk", type=int, default=1024)
+    p.add_argument("--default-max-tokens", type=int, default=8192,
+                   help="output limit when a request gives none")
+    p.add_argument("--max-pending", type=int, default=16,
+                   help="requests allowed to wait behind the running one (then 429)")
+    p.add_argument("--max-request-mib", type=float, default=384.0, help="request body limit")
+    p.add_argument("--cors", action="store_true", help="allow any origin (OPTIONS → 204)")
+    p.add_argument("--no-thinking", action="store_true", help="thinking off by default")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--request-log", default=None, metavar="FILE",
+                   help="append one JSON line per request event")
+    p.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up request")
+    s = SamplingDefaults()
+    p.add_argument("--temperature", type=float, default=s.temperature)
+    p.add_argument("--top-p", type=float, default=s.top_p)
+    p.add_argument("--top-k", type=int, default=s.top_k)
+    p.add_argument("--min-p", type=float, default=s.min_p)
+    p.add_argument("--presence-penalty", type=float, default=s.presence_penalty)
+    p.add_argument("--frequency-penalty", type=float, default=s.frequency_penalty)
+    p.add_argument("--seed", type=int, default=None)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if not 0 <= a.port < 65536:
+        parser.error(f"--port must be in 0..65535 (0 = any free port), got {a.port}")
+    for name in ("max_context", "default_max_tokens", "prefill_chunk"):
+        if getattr(a, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.max_pending < 0:
+        parser.error("--max-pending must be >= 0")
+    if a.max_request_mib <= 0:
+        parser.error("--max-request-mib must be > 0")
+    sampling = SamplingDefaults(
+        temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p,
+        presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty, seed=a.seed,
+    )
+    try:
+        sampling.params(1).validate()
+    except Exception as exc:
+        parser.error(str(exc))
+    return ServerConfig(
+        model=a.model, model_id=a.model_id, host=a.host, port=a.port, api_key=a.api_key,
+        device=a.device, max_context=a.max_context, prefill_chunk=a.prefill_chunk,
+        default_max_tokens=a.default_max_tokens, max_pending=a.max_pending,
+        max_request_bytes=int(a.max_request_mib * 1024 * 1024), cors=a.cors,
+        enable_thinking=not a.no_thinking, request_log=a.request_log,
+        warmup=not a.no_warmup, sampling=sampling,
+    )
