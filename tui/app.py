@@ -20,11 +20,11 @@ from .conversation import Conversation, Message, title_from
 from .events import ModelInfo, TokenTick
 from .palette import ChatCommands
 from .screens.help import HelpScreen
-from .settings import ChatSettings, SettingError, TuiConfig
+from .settings import ChatSettings, TuiConfig
+from .slash import SlashCommandsMixin
 from .store import HistoryStore
 from .streaming import stream_turn
 from .sysmon import SystemProbe
-from .transcript import to_markdown
 from .turn import Turn
 from .widgets.chat_log import ChatLog
 from .widgets.history import HistoryList
@@ -33,7 +33,7 @@ from .widgets.prompt import PromptArea
 from .widgets.status import StatusLine
 
 
-class NinferApp(App[None]):
+class NinferApp(SlashCommandsMixin):
     """Chat with a ninfer_nb model and watch the engine while it answers."""
 
     TITLE = "ninfer-tui"
@@ -78,8 +78,8 @@ class NinferApp(App[None]):
             with Vertical(id="main"):
                 yield ChatLog(id="chat")
                 yield PromptArea(id="prompt")
-                yield StatusLine(id="status")
             yield PerfPanel(id="perf")
+        yield StatusLine(id="status")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -267,86 +267,3 @@ class NinferApp(App[None]):
         if self.conversation.id == event.conversation_id:
             await self._open(Conversation())
         self._refresh_history()
-
-    # --- slash commands (also reached from the palette) -----------------------------------
-    def prefill_prompt(self, text: str) -> None:
-        prompt = self.query_one(PromptArea)
-        prompt.load_text(text)
-        prompt.move_cursor(prompt.document.end)
-        prompt.focus()
-
-    def run_slash(self, text: str) -> None:
-        self.run_worker(self._apply(text), group="slash")
-
-    async def _apply(self, text: str) -> None:
-        log = self.query_one(ChatLog)
-        try:
-            c = cmd.parse(text)
-            note = await self._apply_command(c)
-        except SettingError as exc:
-            await log.add_note(str(exc), error=True)
-            return
-        if note:
-            await log.add_note(note)
-        self._refresh_status()
-
-    async def _apply_command(self, c: cmd.Command) -> str | None:
-        s = self.settings
-        if isinstance(c, cmd.SetSystem):
-            self.settings = s.with_system(c.text)
-            return "System prompt set." if c.text else "System prompt cleared."
-        if isinstance(c, cmd.SetTemperature):
-            self.settings = s.with_temperature(c.value)
-            return f"temperature = {c.value:g}"
-        if isinstance(c, cmd.SetTopP):
-            self.settings = s.with_top_p(c.value)
-            return f"top_p = {c.value:g}"
-        if isinstance(c, cmd.SetMaxTokens):
-            self.settings = s.with_max_tokens(c.value)
-            return f"max_tokens = {c.value}"
-        if isinstance(c, cmd.SetThinking):
-            on_ = (not s.thinking) if c.on is None else c.on
-            self.settings = s.with_thinking(on_)
-            return f"thinking {'on' if on_ else 'off'}"
-        if isinstance(c, cmd.Clear):
-            await self.action_new_chat()
-            return None
-        if isinstance(c, cmd.Save):
-            return self._save_transcript(c.path)
-        if isinstance(c, cmd.ShowModel):
-            return self._model_text()
-        if isinstance(c, cmd.TogglePerf):
-            self.action_toggle_perf()
-        elif isinstance(c, cmd.ToggleHistory):
-            self.action_toggle_history()
-        elif isinstance(c, cmd.ShowHelp):
-            self.action_help()
-        return None
-
-    def _save_transcript(self, path: str | None) -> str:
-        if not self.conversation.messages:
-            raise SettingError("nothing to save yet")
-        self._save()
-        if path:
-            target = Path(path).expanduser()
-        else:
-            target = self.config.data_dir / "transcripts" / f"chat-{self.conversation.id}.md"
-        model = self.info.model_id if self.info else ""
-        text = to_markdown(self.conversation, model=model, system=self.settings.system)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise SettingError(f"could not save to {target}: {exc.strerror or exc}") from exc
-        return f"Saved transcript to {target}"
-
-    def _model_text(self) -> str:
-        if self.info is None:
-            return f"No model loaded ({self.client.description}); state: {self.state}"
-        i = self.info
-        rows = [("model", i.model_id), ("backend", i.backend), ("device", i.device or "—")]
-        if i.max_context:
-            rows.append(("max context", str(i.max_context)))
-        rows += list(i.details)
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

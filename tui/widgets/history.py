@@ -39,6 +39,7 @@ class HistoryList(OptionList):
             self.add_option(Option("(no saved chats)", id="none", disabled=True))
             return
         self.add_options(Option(s.title, id=str(s.id)) for s in items)
+        self.highlighted = 0
         if current is not None:
             try:
                 self.highlighted = self.get_option_index(str(current))

@@ -109,11 +109,13 @@ class PerfPanel(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.view = PerfView()
+        self._spark = Sparkline([], id="tok-spark")
+        self._rows = Static(id="perf-rows")
 
     def compose(self) -> ComposeResult:
         yield Static("Engine monitor", classes="title")
-        yield Sparkline([], id="tok-spark")
-        yield Static(id="perf-rows")
+        yield self._spark
+        yield self._rows
 
     def show(self) -> None:
         """Re-render from `self.view`."""
@@ -122,5 +124,5 @@ class PerfPanel(Vertical):
         table.add_column(overflow="fold")
         for label, value in perf_rows(self.view):
             table.add_row(label, value)
-        self.query_one("#perf-rows", Static).update(table)
-        self.query_one(Sparkline).data = list(self.view.history)
+        self._rows.update(table)
+        self._spark.data = list(self.view.history)

@@ -1,0 +1,23 @@
+"""Small waiting helpers for Pilot tests: poll a condition while the app keeps running."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from textual.pilot import Pilot
+
+
+async def wait_for(pilot: Pilot[None], cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await pilot.pause(0.02)
+        await asyncio.sleep(0)
+
+
+async def type_text(pilot: Pilot[None], text: str) -> None:
+    """Type `text` into the focused widget, key by key (spaces included)."""
+    keys = ["space" if ch == " " else ch for ch in text]
+    await pilot.press(*keys)
