@@ -21,6 +21,7 @@ class Backend(Protocol):
     device_name: str
     ops: Any
 
+    def begin_step(self) -> None: ...
     def zeros(self, shape: tuple[int, ...]) -> Any: ...
     def upload(self, weights: ModelWeights) -> ModelWeights: ...
     def ids(self, tokens: list[int], start: int) -> tuple[Any, Any]: ...
@@ -33,6 +34,9 @@ class CpuBackend:
     name = "cpu"
     device_name = "cpu"
     ops = cpu
+
+    def begin_step(self) -> None:
+        """Nothing to reset: NumPy allocates per op."""
 
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, dtype=np.float32)
@@ -74,7 +78,7 @@ def create_backend(device: str) -> Backend:
             return CpuBackend()
         if not usable:
             raise DeviceError(f"--device {device}: no usable NVIDIA GPU / CUDA driver found")
-        from ..runtime.backend import CudaBackend  # type: ignore[import-not-found]
+        from .cuda_backend import CudaBackend
 
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         return CudaBackend(index)

@@ -96,6 +96,7 @@ class Generator:
         for end in cuts:
             for c0 in range(len(self.tokens), end, self.prefill_chunk):
                 chunk = prompt[c0 : min(c0 + self.prefill_chunk, end)]
+                self.backend.begin_step()
                 ids, pos = self.backend.ids(chunk, c0)
                 logits = self.decoder.forward(self.backend.ops, ids, pos, self.state)
                 self.tokens.extend(chunk)
@@ -110,6 +111,7 @@ class Generator:
         """Feed one sampled token; returns the next logits [V]."""
         if len(self.tokens) >= self.max_context:
             raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
+        self.backend.begin_step()
         ids, pos = self.backend.ids([token], len(self.tokens))
         logits = self.decoder.forward(self.backend.ops, ids, pos, self.state)
         self.tokens.append(token)
@@ -126,6 +128,7 @@ class Generator:
         out = []
         for c0 in range(0, len(prompt), self.prefill_chunk):
             chunk = prompt[c0 : c0 + self.prefill_chunk]
+            self.backend.begin_step()
             ids, pos = self.backend.ids(chunk, c0)
             out.append(self.backend.to_host(
                 self.decoder.forward(self.backend.ops, ids, pos, self.state, all_logits=True)))

@@ -1,0 +1,73 @@
+"""The GPU backend: the decoder's ops as Numba kernels on one device (ops/cuda.py).
+
+One device arena is taken at start; weights (bf16 matrices, fp32 vectors), caches and the GDN
+state live in it, and a scratch region is reset at the start of every model step, so a step
+allocates the same addresses each time (graph-capturable). Knows nothing about requests.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..models.weights import ModelWeights, map_arrays
+
+# Share of the free device memory taken at start, and the part of it kept for per-step scratch.
+ARENA_FRACTION = 0.90
+SCRATCH_FRACTION = 0.25
+SCRATCH_MAX = 24 << 30
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, index: int = 0, *, arena_bytes: int | None = None) -> None:
+        from ..ops.cuda import CudaOps
+        from ..runtime import device as dev
+        from ..runtime.arena import DeviceArena
+        from ..runtime.stream import Stream
+
+        info = dev.select(index)
+        self.device_name = info.name
+        self.stream = Stream()
+        free, _ = dev.mem_info()
+        size = arena_bytes or int(free * ARENA_FRACTION)
+        self.arena = DeviceArena(size)
+        self.scratch = self.arena.carve(min(int(size * SCRATCH_FRACTION), SCRATCH_MAX))
+        self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena)
+
+    def begin_step(self) -> None:
+        self.scratch.reset()
+
+    def zeros(self, shape: tuple[int, ...]) -> Any:
+        return self.ops.zeros(shape, np.float32, persistent=True)
+
+    def upload(self, weights: ModelWeights) -> ModelWeights:
+        from ..runtime.tensor import bfloat16
+
+        def put(a: np.ndarray) -> Any:
+            small = a.ndim < 2 or min(a.shape[-2:]) <= 8      # norms, conv taps, A_log, gates
+            return self.ops.from_numpy(a, np.float32 if small else bfloat16)
+
+        out = map_arrays(weights, put)
+        self.stream.synchronize()
+        return out
+
+    def ids(self, tokens: list[int], start: int) -> tuple[Any, Any]:
+        ids = np.asarray(tokens, dtype=np.int32)
+        pos = np.arange(start, start + len(tokens), dtype=np.int32)
+        return (self.ops.from_numpy(ids, persistent=False), self.ops.from_numpy(pos, persistent=False))
+
+    def to_host(self, x: Any) -> np.ndarray:
+        return self.ops.to_numpy(x)
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        from ..runtime._drv import check, driver
+
+        check(driver().cuMemcpyDtoDAsync(dst.ptr, src.ptr, src.nbytes, self.stream.cu))
+
+    def memory_info(self) -> tuple[int | None, int | None]:
+        from ..runtime import device as dev
+
+        free, total = dev.mem_info()
+        return total - free, total

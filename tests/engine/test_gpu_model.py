@@ -1,0 +1,50 @@
+"""The whole engine on the GPU against the CPU backend: tiny checkpoints' logits, greedy decode
+of the real SmolLM2, and the Paris answer through the CLI."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer_nb import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen35_dir", "tiny_qwen35_moe_dir", "tiny_llama_dir"])
+def test_tiny_logits_match_cpu(fixture: str, request: pytest.FixtureRequest) -> None:
+    path: Path = request.getfixturevalue(fixture)
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, 248000, 48)]
+    cpu = LLM(str(path), device="cpu", max_context=128, prefill_chunk=32).logits(ids)
+    gpu = LLM(str(path), device="cuda", max_context=128, prefill_chunk=32).logits(ids)
+    assert np.isfinite(gpu).all()
+    assert np.abs(gpu - cpu).max() <= 2e-2 * np.abs(cpu).max()
+
+
+def test_tiny_incremental_decode_matches_cpu(tiny_qwen35_dir: Path) -> None:
+    p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ids = [int(t) for t in np.random.default_rng(4).integers(0, 248000, 20)]
+    cpu = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128).generate(ids, p).token_ids
+    gpu = LLM(str(tiny_qwen35_dir), device="cuda", max_context=128).generate(ids, p).token_ids
+    assert gpu == cpu
+
+
+def test_smollm_greedy_64_tokens_match_cpu() -> None:
+    msgs = [{"role": "user", "content": "Write a short poem about the ocean."}]
+    p = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    cpu = LLM(None, device="cpu").chat(msgs, params=p).result.token_ids
+    gpu = LLM(None, device="cuda").chat(msgs, params=p).result.token_ids
+    assert gpu == cpu
+
+
+def test_cli_paris_on_gpu() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ninfer_nb", "--device", "cuda", "--greedy",
+                           "--prompt", "What is the capital of France?"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    assert "TTFT" in proc.stderr
+    print(proc.stderr.splitlines()[-1])
