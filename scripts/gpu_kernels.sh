@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The one command for the GPU machine: install the carried wheels (.whl/, see
+# shared/device/README.md), then run the GPU kernel + runtime tests with logs under $OUT.
+#   device run: carry [".whl"], command: bash scripts/gpu_kernels.sh [extra pytest args]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import numpy, numba, numba.cuda; print('numpy', numpy.__version__, 'numba', numba.__version__)" | tee -a "$OUT/gpu.txt"
+python3 -m pytest -m gpu tests/kernels tests/runtime -q -p no:cacheprovider --durations=15 \
+  --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log"
+rc=${PIPESTATUS[0]}
+echo "pytest exit code: $rc" | tee -a "$OUT/pytest.log"
+exit "$rc"

@@ -1,0 +1,72 @@
+"""Helpers for the GPU kernel tests: one device arena per session, NaN-filled scratch."""
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+BF16 = ml_dtypes.bfloat16
+
+
+class GpuEnv:
+    def __init__(self, arena_bytes: int = 24 << 30, scratch_bytes: int = 8 << 30) -> None:
+        from ninfer_nb.ops.cuda import CudaOps
+        from ninfer_nb.runtime import device
+        from ninfer_nb.runtime.arena import DeviceArena
+        from ninfer_nb.runtime.stream import Stream
+
+        device.select("cuda:0")
+        self.arena = DeviceArena(arena_bytes)
+        self.scratch = self.arena.carve(scratch_bytes)
+        self.mark = self.arena.offset
+        self.stream = Stream()
+        self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena)
+
+    def fresh(self) -> Any:
+        """Reset scratch + persistent allocations and fill the scratch with NaN sentinels."""
+        from ninfer_nb.runtime._drv import check, driver
+
+        self.stream.synchronize()
+        self.scratch.reset()
+        self.arena.offset = self.mark
+        check(driver().cuMemsetD32Async(self.scratch.base, 0x7FC00000, self.scratch.capacity // 4, self.stream.cu))
+        return self.ops
+
+    def up(self, a: np.ndarray, dtype: Any = None) -> Any:
+        return self.ops.from_numpy(a, dtype=dtype, persistent=True)
+
+    def host(self, t: Any) -> np.ndarray:
+        return self.ops.to_numpy(t)
+
+
+def rnd(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32)
+
+
+def rnd_bf16(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    """Random bf16 values with |x| in [2^-7, 1) and random sign, built from random bits (fast)."""
+    r = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
+    exp = (np.uint16(120) + (r >> np.uint16(7)) % np.uint16(7)).astype(np.uint16)
+    bits = (r & np.uint16(0x807F)) | (exp << np.uint16(7))
+    return bits.view(BF16)
+
+
+def close(a: np.ndarray, b: np.ndarray, tol: float) -> float:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert np.isfinite(a).all(), f"{int((~np.isfinite(a)).sum())} non-finite outputs (NaN sentinel left?)"
+    err = float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-30))
+    assert err <= tol, f"relative error {err:.3e} > {tol}"
+    return err
+
+
+class F32Experts:
+    """Lazily widens one expert of a bf16 [E, ...] array to fp32 (for ops.cpu.moe_experts)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __getitem__(self, e: Any) -> np.ndarray:
+        return self.a[e].astype(np.float32)

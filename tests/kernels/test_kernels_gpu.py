@@ -1,0 +1,235 @@
+"""Every CUDA op vs ops.cpu on fresh random inputs, at small and real model dims (GPU only).
+
+Outputs are checked for NaN: the scratch arena is filled with NaN before each op, so an
+unwritten element fails. bf16 weights are compared against the fp32 reference run on the same
+bf16-rounded values (so the tolerance measures the kernel, not the rounding).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_nb.kernels import sampling as S
+from ninfer_nb.ops import cpu
+from tests.kernels.gpu_util import BF16, F32Experts, GpuEnv, close, rnd, rnd_bf16
+
+pytestmark = pytest.mark.gpu
+TOL32 = 1e-5
+TOL16 = 1e-2
+
+
+@pytest.fixture(scope="module")
+def env() -> GpuEnv:
+    return GpuEnv()
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(request.node.name)) % (2**32))
+
+
+@pytest.mark.parametrize("t,h", [(1, 5120), (7, 2048), (33, 5120)])
+def test_elementwise(env, rng, t, h):
+    ops = env.fresh()
+    x, y = rnd(rng, t, h), rnd(rng, t, h)
+    X, Y = env.up(x), env.up(y)
+    close(env.host(ops.add(X, Y)), cpu.add(x, y), TOL32)
+    close(env.host(ops.silu(X)), cpu.silu(x), TOL32)
+    close(env.host(ops.sigmoid(X)), cpu.sigmoid(x), TOL32)
+    close(env.host(ops.sigmoid_mul(X, Y)), cpu.sigmoid_mul(x, y), TOL32)
+    gu = rnd(rng, t, 2 * 17408)
+    close(env.host(ops.swiglu(env.up(gu))), cpu.swiglu(gu), TOL32)
+
+
+@pytest.mark.parametrize("shape", [(1, 5120), (9, 2048), (3, 48, 128), (2, 24, 256)])
+def test_norms(env, rng, shape):
+    ops = env.fresh()
+    x, r, z = rnd(rng, *shape), rnd(rng, *shape), rnd(rng, *shape)
+    w = rnd(rng, shape[-1])
+    X, R, Z, W = env.up(x), env.up(r), env.up(z), env.up(w)
+    close(env.host(ops.rms_norm(X, W, 1e-6)), cpu.rms_norm(x, w, 1e-6), TOL32)
+    o, res = ops.add_rms_norm(X, R, W, 1e-6)
+    close(env.host(res), x + r, TOL32)
+    close(env.host(o), cpu.rms_norm(x + r, w, 1e-6), TOL32)
+    close(env.host(ops.gated_rms_norm(X, Z, W, 1e-6)), cpu.gated_rms_norm(x, z, w, 1e-6), TOL32)
+
+
+@pytest.mark.parametrize("n,k", [(17408, 5120), (5120, 17408), (2048, 4096), (1000, 100), (77, 40)])
+@pytest.mark.parametrize("t", [1, 4, 7, 16, 17, 100])
+def test_linear(env, rng, n, k, t):
+    if n * k > 40_000_000 and t not in (1, 7, 100):
+        pytest.skip("big shapes at a subset of T")
+    ops = env.fresh()
+    w = rnd_bf16(rng, n, k)
+    x, b = rnd(rng, t, k), rnd(rng, n)
+    W, X, B = env.up(w), env.up(x), env.up(b)
+    ref = cpu.linear(x, w.astype(np.float32), b)
+    close(env.host(ops.linear(X, W, B)), ref, TOL32 * 10)
+    close(env.host(ops.linear(X, W)), ref - b, TOL32 * 10)
+
+
+def test_linear_fp32_weight(env, rng):
+    ops = env.fresh()
+    w, x = rnd(rng, 300, 130), rnd(rng, 5, 130)
+    close(env.host(ops.linear(env.up(x), env.up(w))), cpu.linear(x, w), TOL32)
+
+
+@pytest.mark.parametrize("t", [1, 4])
+def test_lm_head_and_embedding_vocab(env, rng, t):
+    """Vocab-size GEMV 248320 x 5120 (2.5 GB bf16) and the tied embedding gather."""
+    ops = env.fresh()
+    v, h = 248320, 5120
+    w = rnd_bf16(rng, v, h)
+    W = env.up(w)
+    x = rnd(rng, t, h)
+    y = env.host(ops.linear(env.up(x), W))
+    assert np.isfinite(y).all()
+    rows = rng.choice(v, 4096, replace=False)
+    rows[:2] = [0, v - 1]
+    close(y[:, rows], x @ w[rows].astype(np.float32).T, TOL32 * 10)
+    ids = rng.integers(0, v, 13).astype(np.int32)
+    ids[:2] = [0, v - 1]
+    close(env.host(ops.embedding(W, env.up(ids))), w[ids].astype(np.float32), 0)
+
+
+def test_embedding_fp32(env, rng):
+    ops = env.fresh()
+    table = rnd(rng, 1000, 2048)
+    ids = rng.integers(0, 1000, 9).astype(np.int32)
+    close(env.host(ops.embedding(env.up(table), env.up(ids))), cpu.embedding(table, ids), 0)
+
+
+@pytest.mark.parametrize("t,heads,d,rd", [(5, 24, 256, 64), (3, 4, 128, 128), (70, 16, 256, 64)])
+def test_rope(env, rng, t, heads, d, rd):
+    ops = env.fresh()
+    x = rnd(rng, t, heads, d)
+    pos = rng.integers(0, 262144, t).astype(np.int32)
+    close(env.host(ops.rope(env.up(x), env.up(pos), rd, 1e7)), cpu.rope(x, pos, rd, 1e7), TOL32)
+
+
+def _attn_case(env, rng, cdtype, s, hq, hkv, d, start, t):
+    ops = env.fresh()
+    kc = rnd(rng, s, hkv, d).astype(cdtype)
+    vc = rnd(rng, s, hkv, d).astype(cdtype)
+    kc_ref, vc_ref = kc.astype(np.float32), vc.astype(np.float32)
+    KC, VC = env.up(kc), env.up(vc)
+    pos = np.arange(start, start + t, dtype=np.int32)
+    k, v = rnd(rng, t, hkv, d), rnd(rng, t, hkv, d)
+    P = env.up(pos)
+    ops.kv_store(KC, VC, env.up(k), env.up(v), P)
+    cpu.kv_store(kc_ref, vc_ref, k.astype(cdtype).astype(np.float32), v.astype(cdtype).astype(np.float32), pos)
+    close(env.host(KC).astype(np.float32), kc_ref, 0)
+    close(env.host(VC).astype(np.float32), vc_ref, 0)
+    q = rnd(rng, t, hq, d)
+    o = env.host(ops.attention(env.up(q), KC, VC, P, d ** -0.5))
+    return close(o, cpu.attention(q, kc_ref, vc_ref, pos, d ** -0.5), TOL32 * 10)
+
+
+@pytest.mark.parametrize("cdtype", [np.float32, BF16])
+@pytest.mark.parametrize("start,t", [(0, 1), (4000, 1), (700, 3), (0, 300), (300, 77)])
+def test_attention_qwen_dims(env, rng, cdtype, start, t):
+    """24 q heads / 4 kv heads x 256 (decode split-K for T <= 4, tiled prefill above)."""
+    _attn_case(env, rng, cdtype, 4096, 24, 4, 256, start, t)
+
+
+@pytest.mark.parametrize("d,t,start", [(64, 1, 37), (128, 20, 5), (96, 2, 600)])
+def test_attention_small_heads(env, rng, d, t, start):
+    _attn_case(env, rng, np.float32, 1024, 8, 2, d, start, t)
+
+
+@pytest.mark.parametrize("t,c,kw", [(1, 10240, 4), (100, 10240, 4), (7, 300, 3)])
+def test_causal_conv1d(env, rng, t, c, kw):
+    ops = env.fresh()
+    x, w, st = rnd(rng, t, c), rnd(rng, c, kw), rnd(rng, kw - 1, c)
+    ST = env.up(st)
+    st_ref = st.copy()
+    close(env.host(ops.causal_conv1d(env.up(x), ST, env.up(w))), cpu.causal_conv1d(x, st_ref, w), TOL32)
+    close(env.host(ST), st_ref, 0)
+
+
+@pytest.mark.parametrize("t,hv", [(1, 48), (100, 32)])
+def test_gdn_gates(env, rng, t, hv):
+    ops = env.fresh()
+    a, b = rnd(rng, t, hv, scale=10.0), rnd(rng, t, hv)
+    al, dtb = rnd(rng, hv), rnd(rng, hv)
+    g, beta = ops.gdn_gates(env.up(a), env.up(b), env.up(al), env.up(dtb))
+    gr, br = cpu.gdn_gates(a, b, al, dtb)
+    close(env.host(g), gr, TOL32)
+    close(env.host(beta), br, TOL32)
+
+
+@pytest.mark.parametrize("t,hk,hv,dk,dv", [(1, 16, 48, 128, 128), (64, 16, 48, 128, 128), (1, 16, 32, 128, 128),
+                                           (37, 2, 4, 64, 96), (5, 1, 1, 256, 32)])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_gated_delta_rule(env, rng, t, hk, hv, dk, dv, chunked):
+    ops = env.fresh()
+    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
+    g = -np.abs(rnd(rng, t, hv, scale=0.5))
+    beta = 1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))
+    st = rnd(rng, hv, dv, dk, scale=0.1)
+    ST = env.up(st)
+    st_ref = st.copy()
+    fn = ops.gated_delta_rule_chunked if chunked else ops.gated_delta_rule
+    o = env.host(fn(env.up(q), env.up(k), env.up(v), env.up(g), env.up(beta.astype(np.float32)), ST))
+    ref = cpu.gated_delta_rule(q, k, v, g, beta.astype(np.float32), st_ref)
+    close(o, ref, TOL32 * 10)
+    close(env.host(ST), st_ref, TOL32 * 10)
+
+
+@pytest.mark.parametrize("t,e,k", [(5, 256, 8), (1, 128, 8), (3, 60, 4)])
+def test_moe_route(env, rng, t, e, k):
+    ops = env.fresh()
+    logits = rnd(rng, t, e, scale=2.0)
+    logits[0, 10] = logits[0, 3] = logits[0].max() + 0.5
+    for renorm in (True, False):
+        ids, w = ops.moe_route(env.up(logits), k, renorm)
+        ir, wr = cpu.moe_route(logits, k, renorm)
+        np.testing.assert_array_equal(env.host(ids), ir)
+        close(env.host(w), wr, TOL32)
+
+
+@pytest.mark.parametrize("t,e,k,i,h", [(1, 256, 8, 512, 2048), (4, 256, 8, 512, 2048), (3, 16, 4, 36, 100)])
+def test_moe_experts(env, rng, t, e, k, i, h):
+    ops = env.fresh()
+    gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
+    x = rnd(rng, t, h)
+    ids = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
+    w = rng.random((t, k), dtype=np.float32)
+    out = env.host(ops.moe_experts(env.up(x), env.up(ids), env.up(w), env.up(gu), env.up(dn)))
+    ref = cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn))
+    close(out, ref, TOL32 * 10)
+
+
+@pytest.mark.parametrize("b,v", [(4, 248320), (3, 1000)])
+def test_sampling(env, rng, b, v):
+    ops = env.fresh()
+    logits = rnd(rng, b, v, scale=3.0)
+    logits[0, 5] = logits[0, 17] = logits[0].max() + 1.0
+    L = env.up(logits)
+    np.testing.assert_array_equal(env.host(ops.argmax(L)), np.argmax(logits, axis=1))
+    counts = rng.integers(0, 3, (b, v)).astype(np.int32)
+    rep = np.linspace(0.8, 1.3, b).astype(np.float32)
+    freq = np.linspace(0.0, 0.5, b).astype(np.float32)
+    pres = np.linspace(0.3, 0.0, b).astype(np.float32)
+    LP = env.up(logits)
+    ops.apply_penalties(LP, env.up(counts), env.up(rep), env.up(freq), env.up(pres))
+    close(env.host(LP), S.penalties_ref(logits, counts, rep, freq, pres), TOL32)
+    temp = np.array([0.0, 0.7, 1.0, 1.3][:b], np.float32)
+    top_k = np.array([0, 50, 0, 20][:b], np.int32)
+    top_p = np.array([1.0, 0.9, 0.8, 1.0][:b], np.float32)
+    min_p = np.array([0.0, 0.0, 0.02, 0.1][:b], np.float32)
+    seeds = rng.integers(0, 2**62, b).astype(np.int64)
+    offs = rng.integers(0, 1000, b).astype(np.int64)
+    OFF = env.up(offs)
+    for step in range(3):
+        tok = env.host(ops.sample(L, env.up(temp), env.up(top_k), env.up(top_p), env.up(min_p), env.up(seeds), OFF))
+        for r in range(b):
+            ref, kept, _ = S.sample_ref(logits[r], temp[r], top_k[r], top_p[r], min_p[r], seeds[r], offs[r] + step, r)
+            assert kept[tok[r]], (step, r, tok[r])
+            assert tok[r] == ref, (step, r, tok[r], ref)
+    np.testing.assert_array_equal(env.host(OFF), offs + 3)
+    CNT = env.up(counts)
+    ops.count_tokens(CNT, env.up(tok))
+    exp = counts.copy()
+    exp[np.arange(b), tok] += 1
+    np.testing.assert_array_equal(env.host(CNT), exp)

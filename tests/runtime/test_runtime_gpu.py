@@ -1,0 +1,108 @@
+"""Runtime on a real GPU: transfers, pinned upload, events, and CUDA graph capture/replay of
+ops identical to eager execution (with per-step inputs changed in device buffers)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_nb.ops import cpu
+from tests.kernels.gpu_util import GpuEnv, close, rnd, rnd_bf16
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def env() -> GpuEnv:
+    return GpuEnv(arena_bytes=4 << 30, scratch_bytes=1 << 30)
+
+
+def test_device_info(env) -> None:
+    from ninfer_nb.runtime import device
+
+    inf = device.info()
+    free, total = device.mem_info()
+    assert inf.name and inf.compute_capability >= (8, 0) and 0 < free <= total
+
+
+def test_roundtrip_pinned_and_events(env) -> None:
+    from ninfer_nb.runtime.events import Timer
+    from ninfer_nb.runtime.pinned import PinnedStaging
+
+    env.fresh()
+    rng = np.random.default_rng()
+    a = rnd(rng, 1000, 333)
+    t = env.arena.empty(a.shape, np.float32)
+    st = PinnedStaging(1 << 16)                   # forces many chunks
+    with Timer(env.stream) as tm:
+        st.upload(t, a, env.stream)
+    st.close()
+    np.testing.assert_array_equal(t.numpy(env.stream), a)
+    assert tm.ms >= 0.0
+    b = rnd_bf16(rng, 17, 40)
+    np.testing.assert_array_equal(env.up(b).numpy().view(np.uint16), b.view(np.uint16))
+
+
+def test_upload_weights(env) -> None:
+    from ninfer_nb.ops.cuda import upload_weights
+    from ninfer_nb.runtime.tensor import bfloat16
+
+    env.fresh()
+    rng = np.random.default_rng()
+    w = {"a.weight": rnd(rng, 64, 32), "a.norm": rnd(rng, 32), "x.conv1d.weight": rnd(rng, 16, 4)}
+    seen = []
+    out = upload_weights(w, arena=env.arena, stream=env.stream, progress=lambda d, t, n: seen.append(n))
+    assert out["a.weight"].dtype == bfloat16 and out["a.norm"].dtype == np.float32
+    assert out["x.conv1d.weight"].dtype == np.float32 and seen == list(w)
+    np.testing.assert_array_equal(out["a.weight"].numpy(), w["a.weight"].astype(bfloat16))
+
+
+def test_graph_capture_replay_matches_eager(env) -> None:
+    from ninfer_nb.runtime.graph import CudaGraph
+
+    ops = env.fresh()
+    rng = np.random.default_rng()
+    h, hq, hkv, d, s = 2048, 8, 2, 128, 512
+    w = rnd_bf16(rng, hq * d, h)
+    nw = rnd(rng, h)
+    kc, vc = rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
+    W, NW, KC, VC = env.up(w), env.up(nw), env.up(kc), env.up(vc)
+    X = env.up(rnd(rng, 1, h))                    # per-step input buffer
+    P = env.up(np.array([100], np.int32))         # per-step position buffer
+
+    def step():
+        env.scratch.reset()
+        y = ops.rms_norm(X, NW, 1e-6)
+        q = ops.linear(y, W).reshape(1, hq, d)
+        q = ops.rope(q, P, 64, 1e6)
+        return ops.attention(q, KC, VC, P, d ** -0.5)
+
+    graph = CudaGraph(env.stream)
+    step()                                         # warm: compile + load every kernel
+    out = graph.capture(step)
+    for pos in (100, 7, 400):
+        x = rnd(rng, 1, h)
+        X.copy_from_numpy(x, env.stream)
+        P.copy_from_numpy(np.array([pos], np.int32), env.stream)
+        graph.replay()
+        got = out.numpy(env.stream)
+        eager = step().numpy(env.stream)
+        np.testing.assert_array_equal(got, eager)
+        q_ref = cpu.rope((cpu.rms_norm(x, nw, 1e-6) @ w.astype(np.float32).T).reshape(1, hq, d),
+                         np.array([pos]), 64, 1e6)
+        close(got, cpu.attention(q_ref, kc, vc, np.array([pos]), d ** -0.5), 1e-4)
+    graph.close()
+
+
+def test_capture_ends_when_launch_raises(env) -> None:
+    from ninfer_nb.runtime.graph import CudaGraph
+
+    env.fresh()
+    graph = CudaGraph(env.stream)
+
+    def bad():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        graph.capture(bad)
+    env.stream.synchronize()                       # would fail if capture were still open
+    assert not graph.ready
