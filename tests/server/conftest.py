@@ -33,7 +33,8 @@ def real_llm(tiny_qwen35_dir: Path) -> Any:
 def base_config(**changes: Any) -> ServerConfig:
     defaults: dict[str, Any] = dict(model_id=MODEL_ID, api_key=API_KEY, max_context=384,
                                     default_max_tokens=8, keepalive_s=0.5,
-                                    shutdown_timeout_s=10.0)
+                                    shutdown_timeout_s=10.0,
+                                    max_request_bytes=256 * 1024)
     defaults.update(changes)
     return ServerConfig(**defaults)
 
