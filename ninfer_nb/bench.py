@@ -1,0 +1,156 @@
+"""`ninfer bench`: prefill / decode speed against the memory-bandwidth limit and a peer.
+
+In one run: the device's copy bandwidth, then for each prompt length a cold prefill (TTFT,
+prefill tok/s) and a steady-state decode (after warm-up), the bytes read per decode token and
+the achieved fraction of the measured bandwidth; `--peer hf` runs Hugging Face transformers on
+the same weights in the same process. A table prints last; `--json` keeps every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from .params import SamplingParams
+
+
+def copy_bandwidth(device: str, nbytes: int = 256 << 20) -> float:
+    """Bytes/s moved (read + write) by a large device-local copy, best of 5."""
+    if device == "cpu":
+        src = np.ones(nbytes // 4, dtype=np.float32)
+        dst = np.empty_like(src)
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            np.copyto(dst, src)
+            best = min(best, time.perf_counter() - t)
+        return 2 * nbytes / best
+    from .runtime._drv import check, driver
+    from .runtime.arena import DeviceArena
+    from .runtime.events import Event
+    from .runtime.stream import Stream
+
+    stream, arena = Stream(), DeviceArena(2 * nbytes + (1 << 20))
+    a, b = arena.empty((nbytes,), np.uint8), arena.empty((nbytes,), np.uint8)
+    best = float("inf")
+    for _ in range(6):
+        e0, e1 = Event().record(stream), None
+        check(driver().cuMemcpyDtoDAsync(b.ptr, a.ptr, nbytes, stream.cu))
+        e1 = Event().record(stream)
+        e1.synchronize()
+        best = min(best, e0.elapsed_ms(e1) / 1e3)
+    arena.close()
+    return 2 * nbytes / best
+
+
+def decode_bytes(llm: Any, context: int) -> int:
+    """Bytes one decode token must read: every weight but the embedding table (one row), the
+    KV cache up to `context`, and the GDN state (read and written)."""
+    from .models.weights import map_arrays
+
+    total = [0]
+    w = llm._generator.decoder.weights
+    map_arrays(w, lambda a: total.__setitem__(0, total[0] + int(a.nbytes)) or a)
+    embed = int(w.embed.nbytes)
+    total[0] -= embed if w.lm_head is not w.embed else 0
+    state = llm._generator.state
+    kv = state.kv_bytes() * context // max(state.max_context, 1)
+    gdn = state.nbytes() - state.kv_bytes()
+    return total[0] + kv + 2 * gdn
+
+
+def run_ours(llm: Any, prompt_len: int, gen: int) -> dict[str, float]:
+    rng = np.random.default_rng(prompt_len)
+    vocab = min(llm.model_config.vocab_size, llm.tokenizer.vocab_size)
+    ids = [int(t) for t in rng.integers(100, vocab - 1, prompt_len)]
+    params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
+    llm.generate(ids[: min(32, prompt_len)], params.replace(max_tokens=4))       # warm-up
+    ids[0] = (ids[0] + 1) % vocab                                                # defeat reuse
+    res = llm.generate(ids, params)
+    t = res.timings
+    return {"prompt_tokens": prompt_len, "ttft_ms": t.ttft_s * 1e3, "prefill_tok_s": t.prefill_tok_s,
+            "decode_tok_s": t.decode_tok_s, "generated": t.completion_tokens}
+
+
+def run_peer_hf(llm: Any, prompt_len: int, gen: int) -> dict[str, float]:
+    import torch
+    import transformers as tf
+
+    from .models.loader import load_checkpoint
+
+    ckpt = load_checkpoint(llm.engine_config.model)
+    c = ckpt.config
+    if c.architecture != "llama":
+        model = tf.AutoModelForCausalLM.from_pretrained(ckpt.source, dtype=torch.float32)
+    else:
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(
+            vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+            num_key_value_heads=c.num_kv_heads, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+            tie_word_embeddings=c.tie_word_embeddings))
+        model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v, np.float32))
+                               for k, v in ckpt.weights.items()}, strict=False)
+        model.tie_weights()
+    model.eval()
+    ids = torch.tensor([np.random.default_rng(prompt_len).integers(100, 40000, prompt_len).tolist()])
+    with torch.no_grad():
+        model.generate(ids[:, :16], max_new_tokens=4, do_sample=False)          # warm-up
+        t0 = time.perf_counter()
+        out = model(ids, use_cache=True)
+        tok = out.logits[:, -1:].argmax(-1)
+        t1 = time.perf_counter()
+        past = out.past_key_values
+        for _ in range(gen - 1):
+            out = model(tok, past_key_values=past, use_cache=True)
+            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        t2 = time.perf_counter()
+    return {"prompt_tokens": prompt_len, "ttft_ms": (t1 - t0) * 1e3,
+            "prefill_tok_s": prompt_len / (t1 - t0), "decode_tok_s": (gen - 1) / (t2 - t1),
+            "generated": gen}
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="ninfer bench", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")
+    p.add_argument("--gen", type=int, default=128)
+    p.add_argument("--peer", choices=["hf"], default=None)
+    p.add_argument("--json", default=None, help="write every figure to this file")
+    args = p.parse_args(list(argv))
+    from .api import LLM
+
+    lens = [int(x) for x in args.prompt_len.split(",")]
+    llm = LLM(args.model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True)
+    sys.stderr.write(f"bench: {llm.model_id} on {llm.device_name}\n")
+    bw = copy_bandwidth(llm.backend.name)
+    rows = []
+    for n in lens:
+        sys.stderr.write(f"bench: prompt {n}, generate {args.gen} ...\n")
+        ours = run_ours(llm, n, args.gen)
+        nbytes = decode_bytes(llm, n + args.gen // 2)
+        limit = bw / 2 / nbytes            # copy moves read+write; reads alone at bw/2 is conservative
+        row: dict[str, Any] = {"engine": "ninfer_nb", **ours, "bytes_per_token": nbytes,
+                               "limit_tok_s": limit, "fraction_of_limit": ours["decode_tok_s"] / limit}
+        rows.append(row)
+        if args.peer == "hf":
+            sys.stderr.write("bench: peer transformers ...\n")
+            peer = run_peer_hf(llm, n, args.gen)
+            rows.append({"engine": "transformers", **peer})
+            row["decode_vs_peer"] = ours["decode_tok_s"] / peer["decode_tok_s"]
+    report = {"model": llm.model_id, "device": llm.device_name, "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write)")
+    print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
+          f"{'limit t/s':>10}{'of limit':>9}{'vs peer':>8}")
+    for r in rows:
+        print(f"{r['engine']:<13}{r['prompt_tokens']:>7}{r['ttft_ms']:>9.1f}{r['prefill_tok_s']:>12.1f}"
+              f"{r['decode_tok_s']:>11.1f}{r.get('limit_tok_s', float('nan')):>10.1f}"
+              f"{r.get('fraction_of_limit', float('nan')):>9.2f}{r.get('decode_vs_peer', float('nan')):>8.2f}")
+    return 0
