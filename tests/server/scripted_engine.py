@@ -46,7 +46,7 @@ class ScriptedEngine:
         self.token_delay_s = token_delay_s
         self.enable_thinking = enable_thinking
         self.prompts: list[str] = []          # every rendered prompt, in order
-        self.cancelled = 0                    # generations stopped by their cancel event
+        self.cancelled = 0                    # generations stopped early by a cancel
         self.stats_calls = 0
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
@@ -88,25 +88,29 @@ class ScriptedEngine:
         eos = set(self.tokenizer.eos_token_ids)
         t0 = time.perf_counter()
         finish, n = "length", 0
-        for token in ids:
-            if cancel is not None and cancel.is_set():
-                finish = "cancelled"
-                self.cancelled += 1
-                break
-            time.sleep(self.token_delay_s)
-            n += 1
-            if token in eos:
-                finish = "stop"
-                yield StreamEvent(token_id=token, text="")
-                break
-            text = stops.push(detok.push(token))
-            yield from parser.push(text) if text else ()
-            yield StreamEvent(token_id=token, text=text)
-            if stops.stopped:
-                finish = "stop"
-                break
-            if n >= budget:
-                break
+        try:
+            for token in ids:
+                if cancel is not None and cancel.is_set():
+                    finish = "cancelled"
+                    self.cancelled += 1
+                    break
+                time.sleep(self.token_delay_s)
+                n += 1
+                if token in eos:
+                    finish = "stop"
+                    yield StreamEvent(token_id=token, text="")
+                    break
+                text = stops.push(detok.push(token))
+                yield from parser.push(text) if text else ()
+                yield StreamEvent(token_id=token, text=text)
+                if stops.stopped:
+                    finish = "stop"
+                    break
+                if n >= budget:
+                    break
+        except GeneratorExit:  # the worker closed us after a cancel: stopped at this step
+            self.cancelled += 1
+            raise
         tail = "" if stops.stopped else stops.push(detok.flush()) + stops.flush()
         if tail:
             yield from parser.push(tail)
