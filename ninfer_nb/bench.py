@@ -95,18 +95,24 @@ def run_peer_hf(llm: Any, prompt_len: int, gen: int) -> dict[str, float]:
         model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v, np.float32))
                                for k, v in ckpt.weights.items()}, strict=False)
         model.tie_weights()
-    model.eval()
-    ids = torch.tensor([np.random.default_rng(prompt_len).integers(100, 40000, prompt_len).tolist()])
+    dev = "cuda" if llm.backend.name == "cuda" else "cpu"
+    model = model.to(dev, dtype=torch.bfloat16 if dev == "cuda" else torch.float32).eval()
+    ids = torch.tensor([np.random.default_rng(prompt_len).integers(100, 40000, prompt_len).tolist()],
+                       device=dev)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     with torch.no_grad():
         model.generate(ids[:, :16], max_new_tokens=4, do_sample=False)          # warm-up
+        sync()
         t0 = time.perf_counter()
         out = model(ids, use_cache=True)
         tok = out.logits[:, -1:].argmax(-1)
+        sync()
         t1 = time.perf_counter()
         past = out.past_key_values
         for _ in range(gen - 1):
             out = model(tok, past_key_values=past, use_cache=True)
             past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        sync()
         t2 = time.perf_counter()
     return {"prompt_tokens": prompt_len, "ttft_ms": (t1 - t0) * 1e3,
             "prefill_tok_s": prompt_len / (t1 - t0), "decode_tok_s": (gen - 1) / (t2 - t1),
