@@ -68,7 +68,7 @@ class NinferApp(SlashCommandsMixin):
         self.store = HistoryStore(config.data_dir)
         self.info: ModelInfo | None = None
         self.turn: Turn | None = None
-        self.state = "loading model…" if not config.remote else "connecting…"
+        self.state = "connecting…" if client.remote else "loading model…"
         self._probe: SystemProbe | None = None
 
     # --- layout & lifecycle ------------------------------------------------------------
@@ -112,7 +112,7 @@ class NinferApp(SlashCommandsMixin):
         try:
             self.info = await self.client.start()
         except ClientError as exc:
-            self.state = "offline" if self.config.remote else "error: no model"
+            self.state = "offline" if self.client.remote else "error: no model"
             self._refresh_status()
             await self.query_one(ChatLog).add_note(exc.message, error=True)
             return False

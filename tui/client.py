@@ -23,6 +23,9 @@ class ClientError(Exception):
 
 
 class EngineClient(Protocol):
+    remote: bool
+    """True when the engine runs elsewhere (a server), so local probes don't describe it."""
+
     @property
     def description(self) -> str:
         """Where the engine is: 'in-process: MODEL' or the server URL. Known before start."""

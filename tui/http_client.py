@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 
 from .client import ClientError
-from .events import ChatEvent, EngineStats, Failed, ModelInfo
+from .events import (
+    ChatEvent, ContentDelta, Done, EngineStats, Failed, ModelInfo, ReasoningDelta, TurnTimings,
+)
 from .prom import parse_metrics, stats_from_metrics
 from .rate import RateMeter
 from .settings import ChatSettings
@@ -53,7 +55,42 @@ def _error_body(status: int, body: bytes) -> str:
     return f"server returned HTTP {status}: {text[:200] or 'no details'}"
 
 
+class _Clock:
+    """Client-side timings for servers that report none: TTFT to the first text delta,
+    decode rate over the span of text deltas (network jitter included)."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def delta(self, now: float) -> None:
+        if self.first is None:
+            self.first = now
+        self.last = now
+
+    def fill(self, done: Done) -> Done:
+        t = done.timings
+        if self.first is None or self.last is None:
+            return done
+        ttft = t.ttft_s if t.ttft_s is not None else self.first - self.start
+        decode = t.decode_tok_s
+        span = self.last - self.first
+        if decode is None and t.completion_tokens and t.completion_tokens > 1 and span > 0:
+            decode = (t.completion_tokens - 1) / span
+        prefill = t.prefill_tok_s
+        if prefill is None and t.prompt_tokens and ttft > 0:
+            prefill = (t.prompt_tokens - (t.cached_tokens or 0)) / ttft
+        timings = TurnTimings(
+            t.prompt_tokens, t.cached_tokens, t.completion_tokens, ttft, prefill, decode,
+            t.draft_tokens, t.draft_accepted,
+        )
+        return Done(done.finish_reason, timings)
+
+
 class HttpClient:
+    remote = True
+
     def __init__(
         self,
         url: str,
@@ -87,10 +124,12 @@ class HttpClient:
             data = []
         first = data[0] if data and isinstance(data[0], dict) else {}
         model_id = self.model or str(first.get("id") or "unknown")
+        meta = first.get("meta")
+        flat = {**first, **(meta if isinstance(meta, dict) else {})}
         details = tuple(
             (str(k), str(v))
-            for k, v in first.items()
-            if k not in ("id", "object") and isinstance(v, (str, int, float))
+            for k, v in flat.items()
+            if k not in ("id", "object", "created") and isinstance(v, (str, int, float))
         )
         max_ctx = first.get("max_model_len") or first.get("max_context")
         self.info = ModelInfo(
@@ -127,6 +166,7 @@ class HttpClient:
             await self.start()  # raises ClientError -> Failed, with the reason
         reader = ChunkReader()
         meter = RateMeter()
+        clock = _Clock(time.monotonic())
         async with self._http.stream(
             "POST", "/v1/chat/completions", json=self._body(messages, settings)
         ) as resp:
@@ -139,6 +179,8 @@ class HttpClient:
                     continue
                 before = reader.chunks
                 for ev in reader.feed(payload):
+                    if isinstance(ev, (ContentDelta, ReasoningDelta)):
+                        clock.delta(time.monotonic())
                     yield ev
                     if isinstance(ev, Failed):
                         return
@@ -153,7 +195,7 @@ class HttpClient:
             yield Failed(f"lost the connection to the server at {self.url}")
             return
         for ev in reader.finish():
-            yield ev
+            yield clock.fill(ev) if isinstance(ev, Done) else ev
 
     async def stats(self) -> EngineStats:
         try:

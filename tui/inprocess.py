@@ -33,6 +33,8 @@ def describe_error(exc: BaseException) -> str | None:
 
 
 class InProcessClient:
+    remote = False
+
     def __init__(
         self,
         model: str | None,

@@ -42,9 +42,9 @@ def footer_for(reason: str, timings: TurnTimings) -> str:
 async def stream_turn(turn: Turn, widget: AssistantMessage, on_tick: OnTick) -> TurnOutcome:
     async for ev in turn:
         if isinstance(ev, ReasoningDelta):
-            await widget.append_reasoning(ev.text)
+            widget.append_reasoning(ev.text)
         elif isinstance(ev, ContentDelta):
-            await widget.append_content(ev.text)
+            widget.append_content(ev.text)
         elif isinstance(ev, ToolCallDelta):
             await widget.add_tool_call(ev.call)
         elif isinstance(ev, TokenTick):

@@ -34,6 +34,8 @@ FIXED_SYSTEM = SystemStats(
 
 
 class ScriptedClient:
+    remote = False
+
     def __init__(
         self,
         scripts: Sequence[Sequence[ChatEvent]],

@@ -1,9 +1,10 @@
 """Chat message widgets: the user's prompt, the assistant's streamed answer (collapsible
 reasoning, Markdown content, tool calls, a timings footer) and info/error notes.
 
-Streaming goes through Textual's `MarkdownStream`, which coalesces fragments when the widget
-falls behind; `finish()` replaces the streamed document with one full render so the final
-Markdown is exactly what a full parse gives. Knows nothing about engines or storage.
+Deltas are buffered and flushed on a short timer (`FLUSH_S`) into Textual's `MarkdownStream`,
+which coalesces further when the widget falls behind, so a fast engine never makes the UI
+re-parse per token; `finish()` replaces the streamed document with one full render so the
+final Markdown is exactly what a full parse gives. Knows nothing about engines or storage.
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def tool_call_text(call: ToolCall) -> str:
     return f"⚙ tool call  {call.name}({args})"
 
 
+FLUSH_S = 1 / 30
+
+
 class AssistantMessage(Vertical):
     DEFAULT_CSS = """
     AssistantMessage { height: auto; margin: 1 0 0 0; }
@@ -86,6 +90,9 @@ class AssistantMessage(Vertical):
         self._footer = Static(footer, markup=False, classes="footer")
         self._reasoning_stream: MarkdownStream | None = None
         self._content_stream: MarkdownStream | None = None
+        self._pending_reasoning = ""
+        self._pending_content = ""
+        self._flush_scheduled = False
 
     def compose(self):  # type: ignore[no-untyped-def]
         with self._reasoning_box:
@@ -99,23 +106,39 @@ class AssistantMessage(Vertical):
         self._reasoning_box.display = bool(self.reasoning)
         self._footer.display = bool(self.footer_text)
 
-    async def append_reasoning(self, text: str) -> None:
+    def append_reasoning(self, text: str) -> None:
         if not self.reasoning:
             self._reasoning_box.display = True
             self._reasoning_box.title = "Reasoning…"
         self.reasoning += text
-        if self._reasoning_stream is None:
-            self._reasoning_stream = Markdown.get_stream(self._reasoning_md)
-        await self._reasoning_stream.write(text)
+        self._pending_reasoning += text
+        self._schedule_flush()
 
-    async def append_content(self, text: str) -> None:
+    def append_content(self, text: str) -> None:
         if not self.content and self.reasoning:
             self._reasoning_box.collapsed = True   # thinking is over: fold it away
             self._reasoning_box.title = "Reasoning"
         self.content += text
-        if self._content_stream is None:
-            self._content_stream = Markdown.get_stream(self._content_md)
-        await self._content_stream.write(text)
+        self._pending_content += text
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.set_timer(FLUSH_S, self._flush)
+
+    async def _flush(self) -> None:
+        self._flush_scheduled = False
+        reasoning, content = self._pending_reasoning, self._pending_content
+        self._pending_reasoning = self._pending_content = ""
+        if reasoning:
+            if self._reasoning_stream is None:
+                self._reasoning_stream = Markdown.get_stream(self._reasoning_md)
+            await self._reasoning_stream.write(reasoning)
+        if content:
+            if self._content_stream is None:
+                self._content_stream = Markdown.get_stream(self._content_md)
+            await self._content_stream.write(content)
 
     async def add_tool_call(self, call: ToolCall) -> None:
         self.tool_calls.append(call)
@@ -124,6 +147,7 @@ class AssistantMessage(Vertical):
 
     async def finish(self, footer: str, *, error: bool = False) -> None:
         """End streaming: one full render of both documents, then show the footer."""
+        self._pending_reasoning = self._pending_content = ""
         for stream in (self._reasoning_stream, self._content_stream):
             if stream is not None:
                 await stream.stop()

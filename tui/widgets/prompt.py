@@ -27,7 +27,7 @@ class PromptArea(TextArea):
     BINDINGS = [
         Binding("enter", "submit", "Send", priority=True),
         Binding("shift+enter,ctrl+j", "newline", "Newline", show=False, priority=True),
-        Binding("question_mark", "app.help", "Help", show=False, priority=True),
+        Binding("question_mark", "help", "Help", show=False, priority=True),
     ]
 
     @dataclass
@@ -43,9 +43,12 @@ class PromptArea(TextArea):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # '?' is help only on an empty prompt; returning False lets the key type a '?'
-        if action == "app.help" or action == "help":
+        if action == "help":
             return not self.text
         return True
+
+    async def action_help(self) -> None:
+        await self.app.run_action("help")
 
     def action_submit(self) -> None:
         text = self.text.strip()
