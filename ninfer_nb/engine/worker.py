@@ -22,6 +22,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 JobFn = Callable[[threading.Event], "Iterator[T]"]
+CANCEL_GRACE_STEPS = 4
 
 
 class WorkerClosedError(NinferError):
@@ -268,12 +269,17 @@ class EngineWorker:
         it: Iterator[Any] | None = None
         try:
             it = iter(job.fn(job.cancel_event))
+            after_cancel = 0
             for item in it:
                 if not job._deliver(item):
                     break
                 self._run_calls()
                 if job.cancel_event.is_set():
-                    break
+                    # A few more steps let the job end through its own cancel path (clean
+                    # state, a final event); a job that ignores the event is closed.
+                    after_cancel += 1
+                    if after_cancel > CANCEL_GRACE_STEPS:
+                        break
         except BaseException as exc:  # the job fails, the worker lives on
             job._deliver(_Failure(exc))
             return

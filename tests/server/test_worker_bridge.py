@@ -140,3 +140,25 @@ async def test_next_timeout_keeps_job_alive() -> None:
     gate.set()
     assert await stream.next(timeout=5) == "late"
     assert worker.close(5)
+
+
+async def test_job_ignoring_cancel_is_closed_after_grace() -> None:
+    worker = EngineWorker()
+    produced: list[int] = []
+    closed = threading.Event()
+
+    def stubborn(cancel: threading.Event) -> Iterator[int]:
+        try:
+            for i in range(100_000):
+                produced.append(i)
+                time.sleep(0.001)
+                yield i
+        finally:
+            closed.set()
+
+    stream = worker.submit_stream(stubborn)
+    await stream.next()
+    stream.cancel()
+    assert await asyncio.get_running_loop().run_in_executor(None, closed.wait, 5)
+    assert len(produced) < 100
+    assert worker.close(5)
