@@ -42,7 +42,8 @@ def load_engine(config: ServerConfig) -> ChatEngine:
             pass
         print(f"ninfer-serve: warm-up done in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr, flush=True)
-    return llm  # type: ignore[return-value]
+    engine: ChatEngine = llm
+    return engine
 
 
 async def serve(engine: ChatEngine, config: ServerConfig) -> None:

@@ -64,7 +64,9 @@ class Fields:
             raise self._bad(key, "a boolean")
         return v
 
-    def integer(self, key: str, default: int | None = None, *, minimum: int | None = None) -> int | None:
+    def integer(
+        self, key: str, default: int | None = None, *, minimum: int | None = None
+    ) -> int | None:
         if not self.has(key):
             return default
         v = self.obj[key]

@@ -108,7 +108,7 @@ def chat_job(engine: ChatEngine, job: ChatJob) -> Callable[[threading.Event], It
                 continue
             if ev.kind == "reasoning":
                 reasoning.append(ev.text)
-            if ev.kind == "tool_call":
+            if ev.kind == "tool_call" and ev.tool_call is not None:
                 n_calls += 1
                 call = ev.tool_call
                 yield Delta("tool_call", "", ToolCallOut(call.name, dict(call.arguments)))
@@ -141,7 +141,7 @@ def _finished(
     if reason == "stop" and final is not None:
         stop_sequence = _matched_stop(engine, params, tail)
     return Finished(
-        reason="tool_calls" if n_calls and reason == "stop" else reason,  # type: ignore[arg-type]
+        reason="tool_calls" if n_calls and reason == "stop" else reason,
         prompt_tokens=timings.prompt_tokens if timings and timings.prompt_tokens else prompt_tokens,
         completion_tokens=completion,
         reasoning_tokens=len(engine.tokenizer.encode(reasoning)) if reasoning else 0,
@@ -178,7 +178,9 @@ class Generation:
     async def __aenter__(self) -> Generation:
         return self
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: Any) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: Any
+    ) -> None:
         self.stream.cancel()
         if e is not None and not isinstance(e, (ConnectionError, asyncio.CancelledError)):
             self.trace.failed(e)
@@ -205,7 +207,7 @@ class Generation:
                 self.trace.failed(exc)
                 raise
             idle_since = time.monotonic()
-            if isinstance(ev, Delta) and self.first_token_at is None:
+            if isinstance(ev, Started):  # sent after the first token is sampled
                 self.first_token_at = time.monotonic()
             if isinstance(ev, Finished):
                 self.finished = ev

@@ -61,13 +61,13 @@ async def handle_request(request: web.Request, handler: Handler) -> web.StreamRe
         return web.Response(status=204)
     try:
         _check_request(request)
-        response = await handler(request)
+        response: web.StreamResponse = await handler(request)
     except asyncio.CancelledError:
         trace.aborted()
         raise
     except ConnectionError:
         trace.aborted()
-        prepared = request.get(SSE_RESPONSE)
+        prepared: web.StreamResponse | None = request.get(SSE_RESPONSE)
         return prepared if prepared is not None else web.Response(status=499)
     except Exception as exc:
         if not isinstance(exc, (NinferError, web.HTTPException)):

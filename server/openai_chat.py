@@ -70,7 +70,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return web.json_response(body)
 
 
-async def _stream(request: web.Request, gen: Generation, options: ChatOptions) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, gen: Generation, options: ChatOptions
+) -> web.StreamResponse:
     sse = SSEWriter(request)
     head = {"id": new_id("chatcmpl-"), "object": "chat.completion.chunk",
             "created": int(time.time()), "model": options.model}

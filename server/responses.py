@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from . import messages as m
+from .engine import Message
 from .errors import BadRequest, HttpError, to_api_error
 from .fields import read_json
 from .generation import ChatJob, Delta, Finished, KeepAlive, Started, ToolCallOut
@@ -20,8 +21,8 @@ from .sse import SSEWriter
 from .state import STATE, ServerState, new_id, trace_of
 
 
-def _conversation(state: ServerState, req: ResponsesRequest) -> list[m.Message]:
-    prior: list[m.Message] = []
+def _conversation(state: ServerState, req: ResponsesRequest) -> list[Message]:
+    prior: list[Message] = []
     if req.previous_response_id:
         stored = state.responses.get(req.previous_response_id)
         if stored is None:
@@ -31,7 +32,7 @@ def _conversation(state: ServerState, req: ResponsesRequest) -> list[m.Message]:
     return [*prior, *req.input_messages]
 
 
-def _job(req: ResponsesRequest, conversation: list[m.Message]) -> ChatJob:
+def _job(req: ResponsesRequest, conversation: list[Message]) -> ChatJob:
     head = [m.system(req.instructions)] if req.instructions else []
     msgs = leading_system([*head, *conversation])
     if not any(msg["role"] != "system" for msg in msgs):
@@ -39,7 +40,7 @@ def _job(req: ResponsesRequest, conversation: list[m.Message]) -> ChatJob:
     return ChatJob(msgs, req.tools, req.params, req.enable_thinking)
 
 
-def _store(state: ServerState, req: ResponsesRequest, conversation: list[m.Message],
+def _store(state: ServerState, req: ResponsesRequest, conversation: list[Message],
            builder: ResponseBuilder) -> None:
     if not req.store or builder.status not in ("completed", "incomplete"):
         return

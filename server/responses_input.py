@@ -8,13 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ninfer_nb.params import SamplingParams
+
 from . import messages as m
 from .engine import Message, Tool
 from .errors import BadRequest
 from .fields import Fields, as_object
 from .openai_input import content_text
 from .state import ServerState
-from ninfer_nb.params import SamplingParams
 
 
 @dataclass(frozen=True)

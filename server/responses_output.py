@@ -138,13 +138,17 @@ class ResponseBuilder:
         self.output.append(item)
         index = len(self.output) - 1
         at = {"item_id": item["id"], "output_index": index}
-        events = [self._event("response.output_item.added", output_index=index, item=copy.deepcopy(item)),
-                  self._event("response.function_call_arguments.delta", **at, delta=args)]
+        events = [
+            self._event("response.output_item.added", output_index=index,
+                        item=copy.deepcopy(item)),
+            self._event("response.function_call_arguments.delta", **at, delta=args),
+        ]
         item.update(arguments=args, status="completed")
         self.calls.append(item)
         events += [self._event("response.function_call_arguments.done", **at, name=call.name,
                                arguments=args),
-                   self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item))]
+                   self._event("response.output_item.done", output_index=index,
+                               item=copy.deepcopy(item))]
         return events
 
     # --- terminal -------------------------------------------------------------------------

@@ -56,18 +56,20 @@ class RequestTrace:
         decode_s = t.decode_s if t else (now - first_token_at if first_token_at else 0.0)
         prefill_s = t.prefill_s if t else ((first_token_at or now) - started)
         ttft_s = (first_token_at - self.t0) if first_token_at else None
-        fields = dict(
-            finish_reason=fin.reason, prompt_tokens=fin.prompt_tokens,
-            completion_tokens=fin.completion_tokens, reasoning_tokens=fin.reasoning_tokens,
-            cached_tokens=fin.cached_tokens, queue_s=started - stream.submitted_at,
-            ttft_s=ttft_s, prefill_s=prefill_s, decode_s=decode_s, e2e_s=now - self.t0,
+        queue_s, e2e_s = started - stream.submitted_at, now - self.t0
+        self.metrics.observe_success(
+            _METRIC_REASON[fin.reason], prompt_tokens=fin.prompt_tokens,
+            cached_tokens=fin.cached_tokens, completion_tokens=fin.completion_tokens,
+            queue_s=queue_s, ttft_s=ttft_s, prefill_s=prefill_s, decode_s=decode_s, e2e_s=e2e_s,
         )
-        self.metrics.observe_success(_METRIC_REASON[fin.reason], **{
-            k: v for k, v in fields.items() if k not in ("finish_reason", "reasoning_tokens")
-        })
         if self.log is not None:
-            self.log.write("request_done", request_id=self.request_id, status=200,
-                           **self.notes, **fields)
+            self.log.write(
+                "request_done", request_id=self.request_id, status=200, **self.notes,
+                finish_reason=fin.reason, prompt_tokens=fin.prompt_tokens,
+                completion_tokens=fin.completion_tokens, reasoning_tokens=fin.reasoning_tokens,
+                cached_tokens=fin.cached_tokens, queue_s=queue_s, ttft_s=ttft_s,
+                prefill_s=prefill_s, decode_s=decode_s, e2e_s=e2e_s,
+            )
 
     def aborted(self, stream: JobStream[Any] | None = None) -> None:
         """The client went away before the end (metrics: client_disconnected)."""

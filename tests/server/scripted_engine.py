@@ -54,7 +54,8 @@ class ScriptedEngine:
         thinking = self.enable_thinking if enable_thinking is None else enable_thinking
         return format_chat(self.tokenizer, messages, tools, thinking)
 
-    def count_tokens(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    def count_tokens(self, messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]] | None = None,
                      *, enable_thinking: bool | None = None) -> int:
         return len(self.tokenizer.encode(self.render_chat(messages, tools,
                                                           enable_thinking=enable_thinking)))

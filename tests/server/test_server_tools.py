@@ -135,7 +135,8 @@ def test_responses_tool_round_trip_with_chaining(scripted) -> None:
 def test_thinking_toggle_per_request(scripted) -> None:
     srv = scripted(lambda m, p: "Plain answer.", default_max_tokens=50)
     client = openai_client(srv)
-    off = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "q"}],
+    q: list[Any] = [{"role": "user", "content": "q"}]
+    off = client.chat.completions.create(model=MODEL_ID, messages=q,
                                          extra_body={"enable_thinking": False})
     assert off.choices[0].message.content == "Plain answer."
     assert srv.engine.prompts[-1].endswith("<think>\n\n</think>\n\n")
