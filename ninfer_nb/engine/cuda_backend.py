@@ -18,6 +18,13 @@ SCRATCH_FRACTION = 0.25
 SCRATCH_MAX = 24 << 30
 
 
+def bf16_exact(a: np.ndarray) -> bool:
+    """True when every value is a bfloat16 (HF bf16 checkpoints): uploading as bf16 loses
+    nothing. Dequantized GGUF or fp32 weights stay fp32 so the GPU computes what the CPU does."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return not bool(np.any(bits & 0xFFFF))
+
+
 class CudaBackend:
     name = "cuda"
 
@@ -47,7 +54,9 @@ class CudaBackend:
 
         def put(a: np.ndarray) -> Any:
             small = a.ndim < 2 or min(a.shape[-2:]) <= 8      # norms, conv taps, A_log, gates
-            return self.ops.from_numpy(a, np.float32 if small else bfloat16)
+            if a.ndim == 3:                                     # expert stacks: the MoE kernels read bf16
+                return self.ops.from_numpy(a, bfloat16)
+            return self.ops.from_numpy(a, np.float32 if small or not bf16_exact(a) else bfloat16)
 
         out = map_arrays(weights, put)
         self.stream.synchronize()

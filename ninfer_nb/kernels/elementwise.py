@@ -8,7 +8,7 @@ import math
 
 from numba import cuda
 
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2
+from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32
 from ninfer_nb.kernels.registry import kernel
 
 BLOCK = 256
@@ -46,12 +46,13 @@ def sigmoid_kernel(x, out):
         i += stride
 
 
-@kernel((f32_1, f32_1, f32_1))
-def sigmoid_mul_kernel(x, gate, out):
+@kernel((f32_1, f32_1, f32_1, i32))
+def sigmoid_mul_kernel(x, gate, out, group):
+    """out[i] = x[i] * sigmoid(gate[i // group]); group > 1 broadcasts a per-row gate [T, 1]."""
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     while i < out.shape[0]:
-        out[i] = x[i] * (1.0 / (1.0 + math.exp(-gate[i])))
+        out[i] = x[i] * (1.0 / (1.0 + math.exp(-gate[i // group])))
         i += stride
 
 

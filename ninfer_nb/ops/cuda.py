@@ -164,11 +164,13 @@ class CudaOps:
         return out
 
     def sigmoid_mul(self, x: Any, gate: Any) -> Any:
+        """x * sigmoid(gate); gate may be [T, 1] against x [T, N] (per-row gate, broadcast)."""
+        _need(gate.size > 0 and x.size % gate.size == 0, f"sigmoid_mul: gate {gate.shape} vs x {x.shape}")
         out = self.empty(x.shape)
         n = x.size
         if n:
             self._go(K_ew.sigmoid_mul_kernel, K_ew.grid_for(n), K_ew.BLOCK, x.reshape(-1), gate.reshape(-1),
-                     out.reshape(-1))
+                     out.reshape(-1), np.int32(x.size // gate.size))
         return out
 
     def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:
