@@ -47,6 +47,11 @@ def _check_request(request: web.Request) -> None:
             raise HttpError(401, "invalid API key", code="invalid_api_key")
 
 
+def _prepared(request: web.Request) -> web.StreamResponse | None:
+    """The SSE response already sent to this client, if any."""
+    return request.get(SSE_RESPONSE)
+
+
 @web.middleware
 async def handle_request(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE]
@@ -67,13 +72,13 @@ async def handle_request(request: web.Request, handler: Handler) -> web.StreamRe
         raise
     except ConnectionError:
         trace.aborted()
-        prepared: web.StreamResponse | None = request.get(SSE_RESPONSE)
+        prepared = _prepared(request)
         return prepared if prepared is not None else web.Response(status=499)
     except Exception as exc:
         if not isinstance(exc, (NinferError, web.HTTPException)):
             log.exception("request %s failed", request_id)
         trace.failed(exc)
-        prepared = request.get(SSE_RESPONSE)
+        prepared = _prepared(request)
         if prepared is not None:  # already streaming: the handler sent what it could
             return prepared
         return error_response(to_api_error(exc), protocol_for(request.path), request_id)

@@ -38,6 +38,7 @@ class ScriptedEngine:
         max_context: int = 4096,
         token_delay_s: float = 0.0,
         enable_thinking: bool = True,
+        fail_after: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.reply: Reply = reply if callable(reply) else (lambda _m, _p, r=reply: r)
@@ -45,6 +46,7 @@ class ScriptedEngine:
         self.max_context = max_context
         self.token_delay_s = token_delay_s
         self.enable_thinking = enable_thinking
+        self.fail_after = fail_after              # raise inside the engine after N tokens
         self.prompts: list[str] = []          # every rendered prompt, in order
         self.cancelled = 0                    # generations stopped early by a cancel
         self.stats_calls = 0
@@ -96,6 +98,8 @@ class ScriptedEngine:
                     self.cancelled += 1
                     break
                 time.sleep(self.token_delay_s)
+                if self.fail_after is not None and n >= self.fail_after:
+                    raise RuntimeError("scripted engine failure mid-stream")
                 n += 1
                 if token in eos:
                     finish = "stop"

@@ -191,3 +191,30 @@ async def test_overload_429_and_529(scripted) -> None:
         assert (await first).status_code == 200 and (await second).status_code == 200
     after = openai_client(srv).chat.completions.create(**CHAT)  # the queue drained
     assert after.choices[0].finish_reason == "length"
+
+
+def test_mid_stream_failure_in_each_protocol(scripted) -> None:
+    srv = scripted("a b c d e f g h", engine_kw={"fail_after": 3}, enable_thinking=False,
+                   default_max_tokens=20)
+    msgs = [{"role": "user", "content": "x"}]
+
+    def stream(path: str, body: dict[str, Any]) -> str:
+        with httpx.stream("POST", srv.url + path, json=body, headers=AUTH, timeout=30) as r:
+            assert r.status_code == 200
+            return r.read().decode()
+
+    chat = stream("/v1/chat/completions", {"model": MODEL_ID, "stream": True, "messages": msgs})
+    last = [line for line in chat.splitlines() if line.startswith("data:")][-1]
+    assert json.loads(last[5:])["error"]["code"] == "internal_error"
+    claude = stream("/v1/messages", {"model": "m", "stream": True, "max_tokens": 20,
+                                     "messages": msgs})
+    assert "event: error" in claude and '"api_error"' in claude
+    assert "message_stop" not in claude
+    resp = stream("/v1/responses", {"model": MODEL_ID, "stream": True, "input": "x"})
+    assert "event: response.failed" in resp and '"internal_error"' in resp
+    with pytest.raises(openai.APIError):
+        list(openai_client(srv).chat.completions.create(model=MODEL_ID, messages=msgs,
+                                                        stream=True))
+    srv.engine.fail_after = None  # the same server keeps serving
+    ok = openai_client(srv).chat.completions.create(model=MODEL_ID, messages=msgs)
+    assert ok.choices[0].message.content == "a b c d e f g h"
