@@ -43,11 +43,11 @@ class ChatResult:
 
 class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
-                 prefill_chunk: int = 1024, enable_thinking: bool = True,
+                 prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
                  show_progress: bool = False, config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
-                                     show_progress=show_progress)
+                                     cuda_graphs=cuda_graphs, show_progress=show_progress)
         if cfg.max_context < 2:
             raise InvalidRequestError(f"max_context must be >= 2, got {cfg.max_context}")
         self.engine_config = cfg
@@ -63,7 +63,8 @@ class LLM:
         del ckpt
         self.max_context = min(cfg.max_context, max(self.model_config.max_position_embeddings, 2))
         self._generator = Generator(self.model_config, Decoder(self.model_config, weights),
-                                    self.backend, self.max_context, cfg.prefill_chunk)
+                                    self.backend, self.max_context, cfg.prefill_chunk,
+                                    use_graphs=cfg.cuda_graphs)
         self.device_name = self.backend.device_name
         # Ids the sampler may produce: the tokenizer's, never the LM head's padding rows.
         self._valid_vocab = min(self.model_config.vocab_size, self.tokenizer.vocab_size)

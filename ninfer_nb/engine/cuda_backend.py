@@ -6,7 +6,7 @@ allocates the same addresses each time (graph-capturable). Knows nothing about r
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -42,9 +42,37 @@ class CudaBackend:
         self.arena = DeviceArena(size)
         self.scratch = self.arena.carve(min(int(size * SCRATCH_FRACTION), SCRATCH_MAX))
         self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena)
+        self._inputs: tuple[Any, Any] | None = None
+        self._graph: Any = None
+        self._graph_logits: Any = None
+        self._warm_steps = 0
 
     def begin_step(self) -> None:
         self.scratch.reset()
+
+    def decode_step(self, forward: Callable[[Any, Any], Any], token: int, position: int) -> np.ndarray:
+        """One decode step by CUDA-graph replay. The first step runs eagerly on the persistent
+        input buffers (compiling every kernel); the second captures `forward` once (capture
+        records, it does not execute) and every step from then on is one replay. Token and
+        position are written into device buffers the graph reads."""
+        from ..runtime.graph import CudaGraph
+
+        if self._inputs is None:
+            self._inputs = (self.ops.zeros((1,), np.int32, persistent=True),
+                            self.ops.zeros((1,), np.int32, persistent=True))
+        ids, pos = self._inputs
+        ids.copy_from_numpy(np.array([token], np.int32), self.stream)
+        pos.copy_from_numpy(np.array([position], np.int32), self.stream)
+        self.scratch.reset()
+        if self._warm_steps == 0:
+            self._warm_steps = 1
+            return self.to_host(forward(ids, pos))[-1]
+        if self._graph is None:
+            graph = CudaGraph(self.stream)
+            self._graph_logits = graph.capture(lambda: forward(ids, pos))
+            self._graph = graph
+        self._graph.replay()
+        return self.to_host(self._graph_logits)[-1]
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
         return self.ops.zeros(shape, np.float32, persistent=True)

@@ -21,8 +21,10 @@ from .backend import Backend
 
 class Generator:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, max_context: int,
-                 prefill_chunk: int) -> None:
+                 prefill_chunk: int, use_graphs: bool = True) -> None:
         self.cfg, self.decoder, self.backend = cfg, decoder, backend
+        # Decode by graph replay where the backend offers it (CUDA); eager otherwise.
+        self.use_graphs = use_graphs and hasattr(backend, "decode_step")
         self.max_context = max_context
         self.prefill_chunk = max(1, prefill_chunk)
         self.state: SequenceState = new_state(cfg, max_context, backend.zeros)
@@ -111,11 +113,18 @@ class Generator:
         """Feed one sampled token; returns the next logits [V]."""
         if len(self.tokens) >= self.max_context:
             raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
+        position = len(self.tokens)
+        if self.use_graphs:
+            ops = self.backend.ops
+            logits = self.backend.decode_step(  # type: ignore[attr-defined]
+                lambda ids, pos: self.decoder.forward(ops, ids, pos, self.state), token, position)
+            self.tokens.append(token)
+            return logits
         self.backend.begin_step()
-        ids, pos = self.backend.ids([token], len(self.tokens))
-        logits = self.decoder.forward(self.backend.ops, ids, pos, self.state)
+        ids, pos = self.backend.ids([token], position)
+        out = self.decoder.forward(self.backend.ops, ids, pos, self.state)
         self.tokens.append(token)
-        return self.backend.to_host(logits)[-1]
+        return self.backend.to_host(out)[-1]
 
     def logits_all(self, prompt: list[int]) -> np.ndarray:
         """Logits at every position of `prompt` ([T, V]), computed from an empty cache."""
