@@ -118,6 +118,12 @@ class NinferApp(SlashCommandsMixin):
             return False
         self._probe = self.client.system_probe()
         self.state = "ready"
+        i = self.info
+        where = f" on {i.device}" if i.device else ""
+        ctx = f" · context {i.max_context}" if i.max_context else ""
+        await self.query_one(ChatLog).add_note(
+            f"{Path(i.model_id).name} ready{where}{ctx} · /help lists commands"
+        )
         panel = self.query_one(PerfPanel)
         panel.view.info = self.info
         panel.show()
@@ -178,18 +184,19 @@ class NinferApp(SlashCommandsMixin):
         self.turn = self.client.chat(self.conversation.api_messages(self.settings.system), self.settings)
         self.state = "generating… (Esc to stop)"
         self._refresh_status()
+        self.refresh_bindings()   # show "Stop" in the footer
         outcome = await stream_turn(self.turn, widget, self._on_tick)
         self.turn = None
+        self.refresh_bindings()
         panel.view.generating = False
         if outcome.timings is not None:
             panel.view.last = outcome.timings
         panel.show()
         if outcome.message is not None:
             self.conversation.messages.append(outcome.message)
-            self.state = "ready"
         else:
             self._drop_failed_turn(text)
-            self.state = f"error: {outcome.error}" if outcome.error else "ready"
+        self.state = f"error: {outcome.error}" if outcome.error else "ready"
         self._save()
         self._refresh_status()
         await self._poll_stats()

@@ -134,3 +134,20 @@ async def test_live_ticks_feed_the_sparkline(make_app: MakeApp) -> None:
         view = app.query_one(PerfPanel).view
         assert list(view.history) == [11.0, 12.0, 13.0, 14.0, 15.0]
         assert list(app.query_one("#tok-spark").data) == [11.0, 12.0, 13.0, 14.0, 15.0]  # type: ignore[attr-defined]
+
+
+async def test_resizes_cleanly(make_app: MakeApp) -> None:
+    app = make_app(ScriptedClient([THINK_AND_CALL]))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.info is not None)
+        app.query_one(PromptArea).insert("hi")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.conversation.messages) == 2)
+        for w, h in [(60, 18), (120, 40), (80, 24)]:
+            await pilot.resize_terminal(w, h)
+            await pilot.pause(0.05)
+            prompt = app.query_one(PromptArea).region
+            status = app.query_one("#status").region
+            assert app.screen.size == (w, h)
+            assert prompt.right <= w and prompt.bottom <= h - 2 and prompt.height >= 3
+            assert status.y == h - 2 and status.width == w

@@ -132,3 +132,43 @@ async def test_server_not_there(make_app: MakeApp) -> None:
         prompt.insert("/temp 0.2")                        # still usable
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.settings.temperature == 0.2)
+
+
+async def test_lost_connection_mid_stream(make_app: MakeApp) -> None:
+    """A server that dies after two chunks: the partial answer stays, the error is explained."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "flaky", "max_model_len": 512}]})
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"delta":{"content":"Partial "}}]}\n\n')
+        await resp.write(b'data: {"choices":[{"delta":{"content":"answer"}}]}\n\n')
+        assert request.transport is not None
+        request.transport.close()                          # the server goes away mid-answer
+        return resp
+
+    app_ = web.Application()
+    app_.router.add_get("/v1/models", models)
+    app_.router.add_post("/v1/chat/completions", chat)
+    server = TestServer(app_, host="127.0.0.1")
+    await server.start_server()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        app = make_app(HttpClient(url), chat=GREEDY)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.info is not None)
+            app.query_one(PromptArea).insert("hi")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.state.startswith("error"))
+            assert "lost the connection" in app.state
+            widget = app.query_one(AssistantMessage)
+            assert widget.content == "Partial answer"
+            # what the user saw is kept, with the error attached
+            assert [m.content for m in app.conversation.messages] == ["hi", "Partial answer"]
+            assert "lost the connection" in app.conversation.messages[1].footer
+    finally:
+        await server.close()

@@ -22,6 +22,13 @@ from .scripted import ScriptedClient
 from .test_app_scripted import THINK_AND_CALL
 
 
+async def _settle(pilot: Pilot[None]) -> None:
+    """Let every worker finish and stop the prompt's cursor blinking (a clock on screen)."""
+    pilot.app.query_one(PromptArea).cursor_blink = False
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause(0.1)
+
+
 def test_chat_with_reasoning_tool_call_and_monitor(snap_compare: Any, make_app: MakeApp) -> None:
     app = make_app(ScriptedClient([THINK_AND_CALL]))
 
@@ -30,14 +37,20 @@ def test_chat_with_reasoning_tool_call_and_monitor(snap_compare: Any, make_app: 
         app.query_one(PromptArea).insert("What's the weather in Paris?")
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(app.conversation.messages) == 2)
-        await pilot.pause(0.1)
+        await _settle(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
 
 
 def test_help_screen(snap_compare: Any, make_app: MakeApp) -> None:
     app = make_app(ScriptedClient([THINK_AND_CALL]))
-    assert snap_compare(app, press=["f1"], terminal_size=(80, 24))
+
+    async def run_before(pilot: Pilot[None]) -> None:
+        await _settle(pilot)
+        await pilot.press("f1")
+        await pilot.pause(0.1)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
 
 
 def test_history_sidebar(snap_compare: Any, make_app: MakeApp, data_dir: Path) -> None:
@@ -52,7 +65,7 @@ def test_history_sidebar(snap_compare: Any, make_app: MakeApp, data_dir: Path) -
         await pilot.press("ctrl+b", "down", "enter")
         await wait_for(pilot, lambda: app.conversation.title == "Paris weather")
         await pilot.press("ctrl+b", "ctrl+b")
-        await pilot.pause(0.1)
+        await _settle(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
 
@@ -66,6 +79,6 @@ def test_in_process_engine_ready(
 
     async def run_before(pilot: Pilot[None]) -> None:
         await wait_for(pilot, lambda: app.info is not None, timeout=60)
-        await pilot.pause(0.1)
+        await _settle(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

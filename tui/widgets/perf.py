@@ -83,7 +83,7 @@ def perf_rows(v: PerfView) -> list[tuple[str, str]]:
         rows.append(("GPU util", f"{s.gpu.utilization}%" if s.gpu.utilization is not None else DASH))
     else:
         rows.append(("GPU", s.gpu_note or DASH))
-        if e.device_memory_total:
+        if e.device_memory_total and device != "cpu":   # on the CPU it is just RAM again
             used_mem = _bytes(e.device_memory_used or 0)
             rows.append(("dev mem", f"{used_mem}/{_bytes(e.device_memory_total)}"))
     if s.cpu_percent is not None:

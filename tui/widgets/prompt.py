@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from textual import events
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
@@ -24,10 +25,11 @@ class PromptArea(TextArea):
     PromptArea:focus { border: round $primary; }
     """
 
+    # Display only: the keys are handled in `on_key`, in order with the typed text, because
+    # bindings run when the key reaches the app, before earlier keys have reached the widget.
     BINDINGS = [
-        Binding("enter", "submit", "Send", priority=True),
-        Binding("shift+enter,ctrl+j", "newline", "Newline", show=False, priority=True),
-        Binding("question_mark", "help", "Help", show=False, priority=True),
+        Binding("enter", "submit", "Send"),
+        Binding("shift+enter,ctrl+j", "newline", "Newline", show=False),
     ]
 
     @dataclass
@@ -39,16 +41,19 @@ class PromptArea(TextArea):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus")
-        self.border_title = "Message  (Enter send · Shift+Enter/Ctrl+J newline · ? help)"
+        self.border_title = "Enter send · Shift+Enter newline · ? help"
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # '?' is help only on an empty prompt; returning False lets the key type a '?'
-        if action == "help":
-            return not self.text
-        return True
-
-    async def action_help(self) -> None:
-        await self.app.run_action("help")
+    async def on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            self.action_submit()
+        elif event.key in ("shift+enter", "ctrl+j"):
+            self.action_newline()
+        elif event.key == "question_mark" and not self.text:
+            await self.app.run_action("help")
+        else:
+            return
+        event.stop()
+        event.prevent_default()
 
     def action_submit(self) -> None:
         text = self.text.strip()
