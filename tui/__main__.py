@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default="", help="system prompt")
     p.add_argument("--no-perf", action="store_true", help="start with the monitor hidden")
     p.add_argument("--history", action="store_true", help="start with the history sidebar open")
+    p.add_argument("--no-blink", action="store_true", help="steady (non-blinking) cursor")
     return p
 
 
@@ -60,6 +61,7 @@ def config_from_args(args: argparse.Namespace, data_dir: Path) -> TuiConfig:
         chat=chat,
         show_perf=not args.no_perf,
         show_history=args.history,
+        cursor_blink=not args.no_blink,
     )
 
 

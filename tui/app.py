@@ -77,7 +77,7 @@ class NinferApp(SlashCommandsMixin):
             yield HistoryList(id="history")
             with Vertical(id="main"):
                 yield ChatLog(id="chat")
-                yield PromptArea(id="prompt")
+                yield PromptArea(id="prompt", cursor_blink=self.config.cursor_blink)
             yield PerfPanel(id="perf")
         yield StatusLine(id="status")
         yield Footer()

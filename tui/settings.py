@@ -69,6 +69,7 @@ class TuiConfig:
     perf_interval_s: float = 1.0            # 0 disables periodic stats polling (tests)
     show_perf: bool = True
     show_history: bool = False
+    cursor_blink: bool = True
 
     @property
     def remote(self) -> bool:

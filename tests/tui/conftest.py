@@ -71,7 +71,7 @@ def make_app(data_dir: Path) -> MakeApp:
         config = TuiConfig(
             data_dir=data_dir, model=str(model) if model else None, device="cpu",
             max_context=max_context, chat=chat, perf_interval_s=perf_interval_s,
-            show_perf=show_perf,
+            show_perf=show_perf, cursor_blink=False,   # no clock on screen in snapshots
         )
         return NinferApp(config, client)
 

@@ -23,8 +23,7 @@ from .test_app_scripted import THINK_AND_CALL
 
 
 async def _settle(pilot: Pilot[None]) -> None:
-    """Let every worker finish and stop the prompt's cursor blinking (a clock on screen)."""
-    pilot.app.query_one(PromptArea).cursor_blink = False
+    """Let every worker finish (make_app already turned the cursor blink off)."""
     await pilot.app.workers.wait_for_complete()
     await pilot.pause(0.1)
 

@@ -39,8 +39,9 @@ class PromptArea(TextArea):
         prompt: PromptArea
         text: str
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None, cursor_blink: bool = True) -> None:
         super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus")
+        self.cursor_blink = cursor_blink
         self.border_title = "Enter send · Shift+Enter newline · ? help"
 
     async def on_key(self, event: events.Key) -> None:
