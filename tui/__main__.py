@@ -21,7 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ninfer-tui",
         description="Chat with a ninfer_nb model in the terminal and watch the engine work.",
     )
-    p.add_argument("model", nargs="?", help="HF directory, GGUF file or preset (default: SmolLM2-135M)")
+    p.add_argument(
+        "model", nargs="?", help="HF directory, GGUF file or preset (default: SmolLM2-135M)"
+    )
     p.add_argument("--url", help="talk to a running ninfer-serve at this base URL instead")
     p.add_argument("--api-key", help="bearer token for --url")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (in-process)")

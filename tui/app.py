@@ -181,7 +181,8 @@ class NinferApp(SlashCommandsMixin):
         panel = self.query_one(PerfPanel)
         panel.view.generating, panel.view.live_tok_s = True, None
         panel.view.history.clear()
-        self.turn = self.client.chat(self.conversation.api_messages(self.settings.system), self.settings)
+        messages = self.conversation.api_messages(self.settings.system)
+        self.turn = self.client.chat(messages, self.settings)
         self.state = "generating… (Esc to stop)"
         self._refresh_status()
         self.refresh_bindings()   # show "Stop" in the footer

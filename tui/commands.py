@@ -6,7 +6,6 @@ screen and the command palette, so all three always agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from .settings import SettingError
 
@@ -88,10 +87,10 @@ class ShowHelp:
     pass
 
 
-Command = Union[
-    SetSystem, SetTemperature, SetTopP, SetMaxTokens, SetThinking, Clear, Save, ShowModel,
-    TogglePerf, ToggleHistory, ShowHelp,
-]
+Command = (
+    SetSystem | SetTemperature | SetTopP | SetMaxTokens | SetThinking | Clear | Save | ShowModel
+    | TogglePerf | ToggleHistory | ShowHelp
+)
 
 
 def is_command(text: str) -> bool:

@@ -6,7 +6,6 @@ deltas/ticks that ends with exactly one `Done` or `Failed`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +115,6 @@ class ModelInfo:
     details: tuple[tuple[str, str], ...] = ()
 
 
-ChatEvent = Union[
-    ReasoningDelta, ContentDelta, ToolCallDelta, TokenTick, StatsUpdate, Done, Failed
-]
+ChatEvent = (
+    ReasoningDelta | ContentDelta | ToolCallDelta | TokenTick | StatsUpdate | Done | Failed
+)

@@ -15,7 +15,14 @@ import httpx
 
 from .client import ClientError
 from .events import (
-    ChatEvent, ContentDelta, Done, EngineStats, Failed, ModelInfo, ReasoningDelta, TurnTimings,
+    ChatEvent,
+    ContentDelta,
+    Done,
+    EngineStats,
+    Failed,
+    ModelInfo,
+    ReasoningDelta,
+    TurnTimings,
 )
 from .prom import parse_metrics, stats_from_metrics
 from .rate import RateMeter

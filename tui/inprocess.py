@@ -15,8 +15,15 @@ from ninfer_nb.errors import NinferError
 
 from .client import ClientError
 from .events import (
-    ChatEvent, ContentDelta, Done, EngineStats, ModelInfo, ReasoningDelta, ToolCall,
-    ToolCallDelta, TurnTimings,
+    ChatEvent,
+    ContentDelta,
+    Done,
+    EngineStats,
+    ModelInfo,
+    ReasoningDelta,
+    ToolCall,
+    ToolCallDelta,
+    TurnTimings,
 )
 from .rate import RateMeter
 from .settings import ChatSettings

@@ -54,4 +54,5 @@ class ChatCommands(Provider):
         for title, help_text, text, now in palette_entries():
             score = matcher.match(title + " " + help_text)
             if score > 0:
-                yield Hit(score, matcher.highlight(title), partial(self._run, text, now), help=help_text)
+                run = partial(self._run, text, now)
+                yield Hit(score, matcher.highlight(title), run, help=help_text)

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .events import (
-    ChatEvent, ContentDelta, Done, Failed, ReasoningDelta, ToolCall, ToolCallDelta, TurnTimings,
+    ChatEvent,
+    ContentDelta,
+    Done,
+    Failed,
+    ReasoningDelta,
+    ToolCall,
+    ToolCallDelta,
+    TurnTimings,
 )
 
 
@@ -44,8 +51,12 @@ def timings_from(usage: dict[str, Any], timings: dict[str, Any]) -> TurnTimings:
         ms = _num(timings, "ttft_ms", "prompt_ms")
         ttft = ms / 1000 if ms is not None else None
     return TurnTimings(
-        prompt_tokens=_int(_num(usage, "prompt_tokens") or _num(timings, "prompt_n", "prompt_tokens")),
-        cached_tokens=_int(cached if cached is not None else _num(timings, "cache_n", "cached_tokens")),
+        prompt_tokens=_int(
+            _num(usage, "prompt_tokens") or _num(timings, "prompt_n", "prompt_tokens")
+        ),
+        cached_tokens=_int(
+            cached if cached is not None else _num(timings, "cache_n", "cached_tokens")
+        ),
         completion_tokens=_int(
             _num(usage, "completion_tokens") or _num(timings, "predicted_n", "completion_tokens")
         ),

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 from .conversation import Message
 from .events import (
-    ContentDelta, Done, Failed, ReasoningDelta, StatsUpdate, TokenTick, ToolCallDelta,
+    ContentDelta,
+    Done,
+    Failed,
+    ReasoningDelta,
+    StatsUpdate,
+    TokenTick,
+    ToolCallDelta,
     TurnTimings,
 )
 from .turn import Turn
@@ -65,12 +71,12 @@ async def stream_turn(turn: Turn, widget: AssistantMessage, on_tick: OnTick) -> 
         elif isinstance(ev, Failed):
             await widget.finish(f"⚠ {ev.message}", error=True)
             kept = bool(widget.content or widget.tool_calls)
-            msg = (
+            kept_msg = (
                 Message("assistant", widget.content, widget.reasoning, tuple(widget.tool_calls),
                         f"⚠ {ev.message}")
                 if kept
                 else None
             )
-            return TurnOutcome(msg, "error", None, ev.message)
+            return TurnOutcome(kept_msg, "error", None, ev.message)
     await widget.finish("⚠ the answer ended unexpectedly", error=True)
     return TurnOutcome(None, "error", None, "the answer ended unexpectedly")

@@ -28,7 +28,9 @@ def _tiny(request: pytest.FixtureRequest, factory: pytest.TempPathFactory, kind:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model_dir(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """The tiny random Qwen3.5 hybrid checkpoint."""
     return _tiny(request, tmp_path_factory, "qwen35")
 

@@ -61,7 +61,7 @@ async def test_follow_up_turn_reuses_the_shared_prefix(
         for n, text in enumerate(["first question", "second question"], start=1):
             app.query_one(PromptArea).insert(text)
             await pilot.press("enter")
-            await wait_for(pilot, lambda: len(app.conversation.messages) == 2 * n)
+            await wait_for(pilot, lambda n=n: len(app.conversation.messages) == 2 * n)
         last = app.query_one(PerfPanel).view.last
         assert last is not None and last.prompt_tokens is not None
         assert 0 < (last.cached_tokens or 0) < last.prompt_tokens
@@ -179,7 +179,9 @@ async def test_slash_commands(make_app: MakeApp, tiny_model_dir: Path, tmp_path:
         assert app.conversation.messages == [] and not app.query(UserMessage)
 
 
-async def test_history_persists_reloads_and_deletes(make_app: MakeApp, tiny_model_dir: Path) -> None:
+async def test_history_persists_reloads_and_deletes(
+    make_app: MakeApp, tiny_model_dir: Path
+) -> None:
     app = make_app(model=tiny_model_dir)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.info is not None)

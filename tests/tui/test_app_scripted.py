@@ -6,7 +6,14 @@ from textual.command import CommandPalette
 from textual.widgets import Collapsible
 
 from tui.events import (
-    ContentDelta, Done, Failed, ReasoningDelta, TokenTick, ToolCall, ToolCallDelta, TurnTimings,
+    ContentDelta,
+    Done,
+    Failed,
+    ReasoningDelta,
+    TokenTick,
+    ToolCall,
+    ToolCallDelta,
+    TurnTimings,
 )
 from tui.screens.help import HelpScreen
 from tui.widgets.messages import AssistantMessage, NoteMessage, UserMessage

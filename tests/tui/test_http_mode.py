@@ -79,7 +79,7 @@ async def test_url_mode_chats_and_reads_metrics(make_app: MakeApp, server_url: s
         for n, text in enumerate(["hello server", "and once more"], start=1):
             app.query_one(PromptArea).insert(text)
             await pilot.press("enter")
-            await wait_for(pilot, lambda: len(app.conversation.messages) == 2 * n)
+            await wait_for(pilot, lambda n=n: len(app.conversation.messages) == 2 * n)
         answer = app.conversation.messages[3]
         assert (answer.reasoning + answer.content).strip()
         widget = app.query(AssistantMessage).last()

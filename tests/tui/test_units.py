@@ -12,8 +12,16 @@ import pytest
 from tui import commands as cmd
 from tui.conversation import Conversation, Message
 from tui.events import (
-    ChatEvent, ContentDelta, Done, EngineStats, Failed, ReasoningDelta, TokenTick, ToolCall,
-    ToolCallDelta, TurnTimings,
+    ChatEvent,
+    ContentDelta,
+    Done,
+    EngineStats,
+    Failed,
+    ReasoningDelta,
+    TokenTick,
+    ToolCall,
+    ToolCallDelta,
+    TurnTimings,
 )
 from tui.prom import metric, parse_metrics, stats_from_metrics
 from tui.rate import RateMeter
@@ -74,8 +82,9 @@ def test_sse_chunks_to_events_with_usage_and_timings() -> None:
         {"choices": [{"delta": {"reasoning_content": "hmm"}}]},
         {"choices": [{"delta": {"content": "Hi"}}]},
         "not json",
-        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c1", "type": "function",
-                                               "function": {"name": "get", "arguments": "{\"a\""}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{
+            "index": 0, "id": "c1", "type": "function",
+            "function": {"name": "get", "arguments": "{\"a\""}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}}]},
         {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
         {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 4,

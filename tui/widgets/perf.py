@@ -63,7 +63,8 @@ def perf_rows(v: PerfView) -> list[tuple[str, str]]:
     else:
         rows.append(("context", f"{DASH}/{max_ctx}" if max_ctx else DASH))
     if e.kv_cache_bytes:
-        rows.append(("KV cache", f"{_bytes(e.kv_cache_used_bytes or 0)}/{_bytes(e.kv_cache_bytes)}"))
+        used_kv = _bytes(e.kv_cache_used_bytes or 0)
+        rows.append(("KV cache", f"{used_kv}/{_bytes(e.kv_cache_bytes)}"))
     elif e.kv_usage is not None:
         rows.append(("KV cache", f"{100 * e.kv_usage:.0f}% used"))
     else:
@@ -80,7 +81,8 @@ def perf_rows(v: PerfView) -> list[tuple[str, str]]:
     if s.gpu is not None:
         rows.append(("GPU", s.gpu.name))
         rows.append(("VRAM", f"{_bytes(s.gpu.memory_used)}/{_bytes(s.gpu.memory_total)}"))
-        rows.append(("GPU util", f"{s.gpu.utilization}%" if s.gpu.utilization is not None else DASH))
+        util = s.gpu.utilization
+        rows.append(("GPU util", f"{util}%" if util is not None else DASH))
     else:
         rows.append(("GPU", s.gpu_note or DASH))
         if e.device_memory_total and device != "cpu":   # on the CPU it is just RAM again
