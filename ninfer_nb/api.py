@@ -25,6 +25,9 @@ from .engine.sampler import Sampler
 from .errors import ContextLengthExceededError, InvalidRequestError
 from .models import Decoder, build_weights
 from .models.loader import load_checkpoint
+from .models.presets import preset_config
+
+RANDOM_PREFIX = "random:"
 from .outputs import GenerationResult, StreamEvent, Timings
 from .params import SamplingParams
 from .stops import StopStringMatcher
@@ -52,23 +55,33 @@ class LLM:
             raise InvalidRequestError(f"max_context must be >= 2, got {cfg.max_context}")
         self.engine_config = cfg
         self.backend = create_backend(cfg.device)
-        ckpt = load_checkpoint(cfg.model, show_progress=cfg.show_progress)
-        if ckpt.tokenizer is None:
-            raise InvalidRequestError(f"{ckpt.source}: no tokenizer found")
-        self.tokenizer = ckpt.tokenizer
-        self.model_config = ckpt.config
-        self.model_id = ckpt.name
-        self.source = ckpt.source
-        weights = self.backend.upload(build_weights(ckpt.config, ckpt.weights, ckpt.source))
-        del ckpt
+        if cfg.model is not None and cfg.model.startswith(RANDOM_PREFIX):
+            # Benchmark shapes with random weights built on the device; token ids only.
+            preset = cfg.model[len(RANDOM_PREFIX):]
+            self.model_config = preset_config(preset)
+            self.tokenizer = None  # type: ignore[assignment]
+            self.model_id = self.source = cfg.model
+            weights = self.backend.random_weights(self.model_config, seed=cfg.seed or 0)
+        else:
+            ckpt = load_checkpoint(cfg.model, show_progress=cfg.show_progress)
+            if ckpt.tokenizer is None:
+                raise InvalidRequestError(f"{ckpt.source}: no tokenizer found")
+            self.tokenizer = ckpt.tokenizer
+            self.model_config = ckpt.config
+            self.model_id = ckpt.name
+            self.source = ckpt.source
+            weights = self.backend.upload(build_weights(ckpt.config, ckpt.weights, ckpt.source))
+            del ckpt
         self.max_context = min(cfg.max_context, max(self.model_config.max_position_embeddings, 2))
         self._generator = Generator(self.model_config, Decoder(self.model_config, weights),
                                     self.backend, self.max_context, cfg.prefill_chunk,
                                     use_graphs=cfg.cuda_graphs)
         self.device_name = self.backend.device_name
         # Ids the sampler may produce: the tokenizer's, never the LM head's padding rows.
-        self._valid_vocab = min(self.model_config.vocab_size, self.tokenizer.vocab_size)
-        stop_ids = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
+        tok_vocab = self.tokenizer.vocab_size if self.tokenizer else self.model_config.vocab_size
+        self._valid_vocab = min(self.model_config.vocab_size, tok_vocab)
+        tok_eos = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
+        stop_ids = tok_eos | set(self.model_config.eos_token_ids)
         self._eos_ids = frozenset(i for i in stop_ids if i is not None)
 
     # --- chat text ---------------------------------------------------------------------
@@ -91,6 +104,8 @@ class LLM:
     # --- generation --------------------------------------------------------------------
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError(f"{self.model_id} has no tokenizer: pass token ids")
             if not prompt.strip():
                 raise InvalidRequestError("prompt is empty")
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
@@ -118,7 +133,7 @@ class LLM:
     def _turn_start(self, ids: list[int]) -> int | None:
         """Where the last chat turn starts (the last <|im_start|>): the next turn of the same
         conversation shares everything before it, so the engine snapshots state there."""
-        marker = self.tokenizer.token_to_id("<|im_start|>")
+        marker = self.tokenizer.token_to_id("<|im_start|>") if self.tokenizer else None
         if marker is None:
             return None
         for i in range(len(ids) - 1, 0, -1):
@@ -131,7 +146,7 @@ class LLM:
         gen = self._generator
         timings = Timings(prompt_tokens=len(ids))
         sampler = Sampler(params, self._valid_vocab, seed=self.engine_config.seed)
-        detok = IncrementalDetokenizer(self.tokenizer)
+        detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
         stops = StopStringMatcher(params.stop)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._eos_ids))
         budget = min(params.max_tokens, self.max_context - len(ids))
@@ -155,7 +170,7 @@ class LLM:
                     finish = "stop"
                     yield StreamEvent(token_id=token, text="")
                     break
-                text = stops.push(detok.push(token))
+                text = stops.push(detok.push(token)) if detok else ""
                 yield StreamEvent(token_id=token, text=text)
                 if stops.stopped:
                     finish = "stop"
@@ -171,7 +186,7 @@ class LLM:
         except BaseException:
             gen.forget()
             raise
-        tail = "" if stops.stopped else stops.push(detok.flush()) + stops.flush()
+        tail = "" if stops.stopped or detok is None else stops.push(detok.flush()) + stops.flush()
         timings.completion_tokens = n
         timings.decode_s = time.perf_counter() - t_first if n > 1 else 0.0
         yield StreamEvent(token_id=None, text=tail, finished=True, finish_reason=finish,  # type: ignore[arg-type]

@@ -50,13 +50,18 @@ def copy_bandwidth(device: str, nbytes: int = 256 << 20) -> float:
 def decode_bytes(llm: Any, context: int) -> int:
     """Bytes one decode token must read: every weight but the embedding table (one row), the
     KV cache up to `context`, and the GDN state (read and written)."""
-    from .models.weights import map_arrays
+    from .models.weights import MoEWeights, map_arrays
 
     total = [0]
     w = llm._generator.decoder.weights
     map_arrays(w, lambda a: total.__setitem__(0, total[0] + int(a.nbytes)) or a)
     embed = int(w.embed.nbytes)
     total[0] -= embed if w.lm_head is not w.embed else 0
+    for layer in w.layers:                     # MoE: only the routed experts are read
+        ffn = layer.ffn
+        if isinstance(ffn, MoEWeights):
+            experts = int(ffn.gate_up.nbytes + ffn.down.nbytes)
+            total[0] -= int(experts * (1.0 - ffn.top_k / ffn.gate_up.shape[0]))
     state = llm._generator.state
     kv = state.kv_bytes() * context // max(state.max_context, 1)
     gdn = state.nbytes() - state.kv_bytes()
@@ -65,7 +70,7 @@ def decode_bytes(llm: Any, context: int) -> int:
 
 def run_ours(llm: Any, prompt_len: int, gen: int) -> dict[str, float]:
     rng = np.random.default_rng(prompt_len)
-    vocab = min(llm.model_config.vocab_size, llm.tokenizer.vocab_size)
+    vocab = llm._valid_vocab
     ids = [int(t) for t in rng.integers(100, vocab - 1, prompt_len)]
     params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
     llm.generate(ids[: min(32, prompt_len)], params.replace(max_tokens=4))       # warm-up
@@ -119,9 +124,70 @@ def run_peer_hf(llm: Any, prompt_len: int, gen: int) -> dict[str, float]:
             "generated": gen}
 
 
+class _ProfiledOps:
+    """Wraps a backend's ops: times each call (events on the GPU, a synchronised clock on the
+    CPU) and counts the bytes of its array arguments and results, per op name."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.ops = backend, backend.ops
+        self.stats: dict[str, list[float]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.ops, name)
+
+        def call(*args: Any) -> Any:
+            if self.backend.name == "cuda":
+                from .runtime.events import Event
+
+                e0 = Event().record(self.backend.stream)
+                out = fn(*args)
+                e1 = Event().record(self.backend.stream)
+                e1.synchronize()
+                dt = e0.elapsed_ms(e1) / 1e3
+            else:
+                t0 = time.perf_counter()
+                out = fn(*args)
+                dt = time.perf_counter() - t0
+            outs = out if isinstance(out, tuple) else (out,)
+            if name == "embedding":           # reads one table row per token, not the table
+                nbytes = 2 * sum(int(o.nbytes) for o in outs)
+            elif name == "moe_experts":       # reads only the routed experts' rows
+                x, ids, _, gate_up, down = args
+                frac = min(1.0, ids.shape[0] * ids.shape[1] / gate_up.shape[0])
+                nbytes = int(frac * (gate_up.nbytes + down.nbytes)) + 2 * int(x.nbytes)
+            else:
+                nbytes = sum(int(getattr(a, "nbytes", 0)) for a in (*args, *outs))
+            row = self.stats.setdefault(name, [0.0, 0.0, 0.0])
+            row[0] += dt
+            row[1] += nbytes
+            row[2] += 1
+            return out
+
+        return call
+
+
+def profile_decode_step(llm: Any) -> list[dict[str, Any]]:
+    """One eager decode step, op family by op family (after the timed runs)."""
+    gen = llm._generator
+    prof = _ProfiledOps(gen.backend)
+    gen.backend.begin_step()
+    ids, pos = gen.backend.ids([int(gen.tokens[-1]) if gen.tokens else 1], len(gen.tokens))
+    gen.decoder.forward(prof, ids, pos, gen.state)
+    total = sum(v[0] for v in prof.stats.values())
+    rows = [{"op": k, "calls": int(v[2]), "time_us": v[0] * 1e6, "bytes": int(v[1]),
+             "GBps": v[1] / v[0] / 1e9 if v[0] > 0 else 0.0, "share": v[0] / total}
+            for k, v in prof.stats.items()]
+    return sorted(rows, key=lambda r: -r["time_us"])
+
+
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="ninfer bench", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--random", default=None, metavar="PRESET",
+                   help="random weights of a preset's shapes (qwen3.6-27b, qwen3.6-35b-a3b, tiny-qwen3.5, ...)")
+    p.add_argument("--prefill-chunk", type=int, default=1024)
+    p.add_argument("--no-cuda-graph", action="store_true")
+    p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")
     p.add_argument("--gen", type=int, default=128)
@@ -131,7 +197,9 @@ def main(argv: Sequence[str]) -> int:
     from .api import LLM
 
     lens = [int(x) for x in args.prompt_len.split(",")]
-    llm = LLM(args.model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True)
+    model = f"random:{args.random}" if args.random else args.model
+    llm = LLM(model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
+              prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph)
     sys.stderr.write(f"bench: {llm.model_id} on {llm.device_name}\n")
     bw = copy_bandwidth(llm.backend.name)
     rows = []
@@ -139,7 +207,7 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"bench: prompt {n}, generate {args.gen} ...\n")
         ours = run_ours(llm, n, args.gen)
         nbytes = decode_bytes(llm, n + args.gen // 2)
-        limit = bw / 2 / nbytes            # copy moves read+write; reads alone at bw/2 is conservative
+        limit = bw / nbytes                # HBM/DRAM bandwidth is shared by reads and writes
         row: dict[str, Any] = {"engine": "ninfer_nb", **ours, "bytes_per_token": nbytes,
                                "limit_tok_s": limit, "fraction_of_limit": ours["decode_tok_s"] / limit}
         rows.append(row)
@@ -148,10 +216,16 @@ def main(argv: Sequence[str]) -> int:
             peer = run_peer_hf(llm, n, args.gen)
             rows.append({"engine": "transformers", **peer})
             row["decode_vs_peer"] = ours["decode_tok_s"] / peer["decode_tok_s"]
-    report = {"model": llm.model_id, "device": llm.device_name, "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
+    profile = profile_decode_step(llm) if args.profile else []
+    report = {"model": llm.model_id, "profile": profile, "device": llm.device_name, "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    if profile:
+        print(f"\nOne eager decode step by op ({sum(r['time_us'] for r in profile):.0f} us in all):")
+        print(f"{'op':<26}{'calls':>6}{'time us':>10}{'GB/s':>9}{'share':>7}")
+        for r in profile:
+            print(f"{r['op']:<26}{r['calls']:>6}{r['time_us']:>10.1f}{r['GBps']:>9.1f}{r['share']:>7.1%}")
     print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write)")
     print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
           f"{'limit t/s':>10}{'of limit':>9}{'vs peer':>8}")

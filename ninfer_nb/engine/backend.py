@@ -12,6 +12,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import DeviceError
+from ..config import ModelConfig
+from ..models.presets import random_weights
 from ..models.weights import ModelWeights
 from ..ops import cpu
 
@@ -44,6 +46,11 @@ class CpuBackend:
     def upload(self, weights: ModelWeights) -> ModelWeights:
         return weights
 
+    def random_weights(self, cfg: ModelConfig, seed: int = 0) -> ModelWeights:
+        """Random weights of a preset's shapes (benchmarks), see models/presets.py."""
+        rng = np.random.default_rng(seed)
+        return random_weights(cfg, lambda shape, kind: random_array(rng, shape, kind))
+
     def ids(self, tokens: list[int], start: int) -> tuple[np.ndarray, np.ndarray]:
         """token ids [T] int64 and their positions start..start+T-1."""
         return np.asarray(tokens, dtype=np.int64), np.arange(start, start + len(tokens), dtype=np.int64)
@@ -62,6 +69,21 @@ class CpuBackend:
             return int(rss), int(psutil.virtual_memory().total)
         except Exception:  # psutil missing or restricted /proc: report unknown
             return None, None
+
+
+def random_scale(shape: tuple[int, ...], kind: str) -> tuple[float, float]:
+    """(scale, offset) of the uniform values a random weight of this kind gets: matrices keep
+    activations at unit variance (U(-a, a) with a = sqrt(3 / fan_in)); norms are 1."""
+    if kind in ("matrix", "experts"):
+        return float(np.sqrt(3.0 / shape[-1])), 0.0
+    if kind == "norm":
+        return 0.0, 1.0
+    return 0.5, 0.0
+
+
+def random_array(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.ndarray:
+    scale, offset = random_scale(shape, kind)
+    return (offset + scale * rng.uniform(-1.0, 1.0, shape)).astype(np.float32)
 
 
 def create_backend(device: str) -> Backend:

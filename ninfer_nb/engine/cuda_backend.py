@@ -90,6 +90,29 @@ class CudaBackend:
         self.stream.synchronize()
         return out
 
+    def random_weights(self, cfg: Any, seed: int = 0) -> ModelWeights:
+        """Random weights of a preset built directly in device memory (bf16 matrices)."""
+        from ..kernels.random_fill import fill_uniform_bf16_kernel, fill_uniform_f32_kernel
+        from ..models.presets import random_weights
+        from ..runtime.tensor import bfloat16
+        from .backend import random_scale
+
+        counter = [seed * 1_000_003]
+
+        def make(shape: tuple[int, ...], kind: str) -> Any:
+            scale, offset = random_scale(shape, kind)
+            bf16 = kind in ("matrix", "experts") and min(shape[-2:]) > 8
+            t = self.arena.empty(shape, bfloat16 if bf16 else np.float32)
+            counter[0] += 1
+            spec = fill_uniform_bf16_kernel if bf16 else fill_uniform_f32_kernel
+            spec[1024, 256, self.stream.numba](t.reshape(-1), np.int64(counter[0]),
+                                               np.float32(scale), np.float32(offset))
+            return t
+
+        out = random_weights(cfg, make)
+        self.stream.synchronize()
+        return out
+
     def ids(self, tokens: list[int], start: int) -> tuple[Any, Any]:
         ids = np.asarray(tokens, dtype=np.int32)
         pos = np.arange(start, start + len(tokens), dtype=np.int32)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from numba import config, cuda
 
 MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "conv1d", "gdn", "moe",
-           "sampling")
+           "sampling", "random_fill")
 
 _SPECS: dict[str, "KernelSpec"] = {}
 

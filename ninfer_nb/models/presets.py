@@ -1,0 +1,87 @@
+"""Named model shapes with random weights, for benchmarks: `--model random:qwen3.6-27b`.
+
+Shapes come from the published configs (reference: shared/reference/qwen35-model.md §2).
+`random_weights(cfg, make)` lays out a full `ModelWeights` whose arrays come from
+`make(shape, kind)`, so a backend can build them directly in device memory (the 27B preset is
+54 GB in bf16: it never exists on the host). Knows nothing about devices itself.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Literal
+
+from ..config import ModelConfig
+from ..errors import ModelNotFoundError
+from .weights import (AttentionWeights, GDNWeights, LayerWeights, MLPWeights, ModelWeights,
+                      MoEWeights)
+
+_QWEN36_COMMON: dict[str, Any] = dict(
+    vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_num_key_heads=16, linear_conv_kernel_dim=4, full_attention_interval=4,
+    rms_norm_eps=1e-6, max_position_embeddings=262144, tie_word_embeddings=False,
+    rope_parameters={"rope_theta": 1e7, "partial_rotary_factor": 0.25}, eos_token_id=248046,
+)
+PRESETS: dict[str, dict[str, Any]] = {
+    "qwen3.6-27b": dict(_QWEN36_COMMON, model_type="qwen3_5_text", hidden_size=5120,
+                        num_hidden_layers=64, intermediate_size=17408, num_attention_heads=24,
+                        num_key_value_heads=4, linear_num_value_heads=48),
+    "qwen3.6-35b-a3b": dict(_QWEN36_COMMON, model_type="qwen3_5_moe_text", hidden_size=2048,
+                            num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
+                            linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8,
+                            moe_intermediate_size=512, shared_expert_intermediate_size=512),
+    "tiny-qwen3.5": dict(_QWEN36_COMMON, model_type="qwen3_5_text", hidden_size=256,
+                         num_hidden_layers=4, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+                         linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32),
+    "tiny-qwen3.5-moe": dict(_QWEN36_COMMON, model_type="qwen3_5_moe_text", hidden_size=256,
+                             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                             head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=32, linear_value_head_dim=32, num_experts=16,
+                             num_experts_per_tok=4, moe_intermediate_size=64,
+                             shared_expert_intermediate_size=64),
+}
+
+Kind = Literal["matrix", "norm", "vector", "conv", "experts"]
+Make = Callable[[tuple[int, ...], Kind], Any]
+
+
+def preset_config(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise ModelNotFoundError(f"unknown preset {name!r} (presets: {', '.join(sorted(PRESETS))})")
+    return ModelConfig.from_hf(PRESETS[name])
+
+
+def random_weights(cfg: ModelConfig, make: Make) -> ModelWeights:
+    h, d = cfg.hidden_size, cfg.head_dim
+    layers = []
+    for i in range(cfg.num_layers):
+        if cfg.is_full_attention(i):
+            mixer: AttentionWeights | GDNWeights = AttentionWeights(
+                q=make((cfg.num_heads * d, h), "matrix"), k=make((cfg.num_kv_heads * d, h), "matrix"),
+                v=make((cfg.num_kv_heads * d, h), "matrix"), o=make((h, cfg.num_heads * d), "matrix"),
+                gate=make((cfg.num_heads * d, h), "matrix") if cfg.attn_output_gate else None,
+                q_norm=make((d,), "norm"), k_norm=make((d,), "norm"))
+        else:
+            qk = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+            vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim
+            hv, kw = cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim
+            mixer = GDNWeights(
+                q=make((qk, h), "matrix"), k=make((qk, h), "matrix"), v=make((vd, h), "matrix"),
+                z=make((vd, h), "matrix"), a=make((hv, h), "matrix"), b=make((hv, h), "matrix"),
+                conv_q=make((qk, kw), "conv"), conv_k=make((qk, kw), "conv"),
+                conv_v=make((vd, kw), "conv"), a_log=make((hv,), "vector"),
+                dt_bias=make((hv,), "vector"), norm=make((cfg.linear_value_head_dim,), "norm"),
+                out=make((h, vd), "matrix"))
+        if cfg.is_moe:
+            e, m, s = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+            ffn: MLPWeights | MoEWeights = MoEWeights(
+                router=make((e, h), "matrix"), gate_up=make((e, 2 * m, h), "experts"),
+                down=make((e, h, m), "experts"), top_k=cfg.num_experts_per_tok, renormalize=True,
+                shared=MLPWeights(make((2 * s, h), "matrix"), make((h, s), "matrix")),
+                shared_gate=make((1, h), "matrix"))
+        else:
+            ffn = MLPWeights(make((2 * cfg.intermediate_size, h), "matrix"),
+                             make((h, cfg.intermediate_size), "matrix"))
+        layers.append(LayerWeights(make((h,), "norm"), make((h,), "norm"), mixer, ffn))
+    embed = make((cfg.vocab_size, h), "matrix")
+    return ModelWeights(embed=embed, layers=layers, norm=make((h,), "norm"),
+                        lm_head=embed if cfg.tie_word_embeddings else make((cfg.vocab_size, h), "matrix"))
