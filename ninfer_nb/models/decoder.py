@@ -23,23 +23,25 @@ class Decoder:
         self.weights = weights
 
     def hidden(self, ops: Any, ids: Any, positions: Any, state: SequenceState) -> Any:
-        """ids, positions [T] -> final-normed hidden states [T, H]; advances the caches."""
+        """ids, positions [T] -> final-normed hidden states [T, H]; advances the caches.
+        Each residual add is fused with the norm that follows it (add_rms_norm)."""
         cfg, w = self.cfg, self.weights
+        eps = cfg.rms_norm_eps
         x = ops.embedding(w.embed, ids)
         chunked = ids.shape[0] >= CHUNKED_GDN_MIN_TOKENS
-        for lw, cache in zip(w.layers, state.layers):
-            h = ops.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+        h = ops.rms_norm(x, w.layers[0].input_norm, eps)
+        for i, (lw, cache) in enumerate(zip(w.layers, state.layers)):
             if isinstance(lw.mixer, AttentionWeights):
                 assert isinstance(cache, KVCache)
                 h = attention_block(ops, cfg, lw.mixer, h, positions, cache)
             else:
                 assert isinstance(cache, GDNState)
                 h = gdn_block(ops, cfg, lw.mixer, h, cache, chunked)
-            x = ops.add(x, h)
-            h = ops.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+            h, x = ops.add_rms_norm(h, x, lw.post_norm, eps)
             h = mlp_block(ops, lw.ffn, h) if isinstance(lw.ffn, MLPWeights) else moe_block(ops, lw.ffn, h)
-            x = ops.add(x, h)
-        return ops.rms_norm(x, w.norm, cfg.rms_norm_eps)
+            next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
+            h, x = ops.add_rms_norm(h, x, next_norm, eps)
+        return h
 
     def logits(self, ops: Any, hidden: Any) -> Any:
         """hidden [T, H] -> logits [T, V]."""

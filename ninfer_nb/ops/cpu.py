@@ -31,6 +31,12 @@ def add(x: Array, y: Array) -> Array:
     return x + y
 
 
+def add_rms_norm(x: Array, residual: Array, weight: Array, eps: float) -> tuple[Array, Array]:
+    """Residual add fused with the next norm: (rms_norm(x + residual) * weight, x + residual)."""
+    total = x + residual
+    return rms_norm(total, weight, eps), total
+
+
 def silu(x: Array) -> Array:
     return x / (1.0 + np.exp(-x))
 
