@@ -204,3 +204,25 @@ def gemm_kernel(x, w, bias, out, has_bias):
                     if has_bias != 0:
                         v += bias[gn]
                     out[gm, gn] = v
+
+
+GEMV_F32_WARPS = 8
+
+
+@kernel((f32_2, f32_2, f32_1, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
+def gemv_f32_kernel(x, w, bias, out, has_bias):
+    """fp32 weights, T <= GEMV_MAX_T tokens (exact checkpoints such as dequantized GGUF).
+    x [T, K], w [N, K] -> out [T, N]; one warp per weight row, lanes stride K (coalesced)."""
+    warp = cuda.threadIdx.x // 32
+    lane = cuda.threadIdx.x % 32
+    row = cuda.blockIdx.x * GEMV_F32_WARPS + warp
+    if row >= w.shape[0]:
+        return
+    k = w.shape[1]
+    for t in range(x.shape[0]):
+        acc = float32(0.0)
+        for j in range(lane, k, 32):
+            acc += w[row, j] * x[t, j]
+        acc = warp_sum(acc)
+        if lane == 0:
+            out[t, row] = acc + (bias[row] if has_bias else float32(0.0))

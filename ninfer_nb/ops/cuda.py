@@ -194,7 +194,10 @@ class CudaOps:
         out2 = _rows(out, n)
         has_bias = np.int32(bias is not None)
         b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
-        if weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
+        if weight.dtype == F32 and t <= K_lin.GEMV_MAX_T and not SIM:
+            grid = (n + K_lin.GEMV_F32_WARPS - 1) // K_lin.GEMV_F32_WARPS
+            self._go(K_lin.gemv_f32_kernel, grid, 32 * K_lin.GEMV_F32_WARPS, x2, weight, b, out2, has_bias)
+        elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
             grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
             self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias, vec)
