@@ -43,7 +43,9 @@ def test_prefix_reuse_gives_identical_results(llm: LLM, tiny_qwen35_dir: Path) -
     turn2 = msgs + [{"role": "assistant", "content": first.content},
                     {"role": "user", "content": "And the mountains?"}]
     reused = llm.chat(turn2, params=GREEDY)
-    assert reused.result.timings.cached_tokens > 0
+    first_prompt = llm.encode_chat(msgs)
+    turn_start = max(i for i, t in enumerate(first_prompt) if t == llm.tokenizer.token_to_id("<|im_start|>"))
+    assert reused.result.timings.cached_tokens == turn_start   # everything before the assistant turn
     cold = fresh(tiny_qwen35_dir).chat(turn2, params=GREEDY)
     assert cold.result.timings.cached_tokens == 0
     assert reused.result.token_ids == cold.result.token_ids
