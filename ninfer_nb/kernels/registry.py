@@ -14,7 +14,7 @@ from typing import Any, Callable
 from numba import config, cuda
 
 MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "conv1d", "gdn", "moe",
-           "sampling", "random_fill")
+           "sampling", "random_fill", "gemm_mma")
 
 _SPECS: dict[str, "KernelSpec"] = {}
 

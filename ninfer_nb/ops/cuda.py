@@ -23,6 +23,7 @@ from ninfer_nb.kernels import conv1d as K_conv
 from ninfer_nb.kernels import elementwise as K_ew
 from ninfer_nb.kernels import embedding as K_emb
 from ninfer_nb.kernels import gdn as K_gdn
+from ninfer_nb.kernels import gemm_mma as K_mma
 from ninfer_nb.kernels import linear as K_lin
 from ninfer_nb.kernels import moe as K_moe
 from ninfer_nb.kernels import norm as K_norm
@@ -201,6 +202,13 @@ class CudaOps:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
             grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
             self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias, vec)
+        elif (weight.dtype == bfloat16 and not SIM and k % K_mma.K_ALIGN == 0
+              and _ptr(x2) % 16 == 0 and _ptr(weight) % 16 == 0 and _ptr(out2) % 16 == 0):
+            # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy, then mma.sync GEMM
+            xb = self.empty((t, k), np.uint16)
+            self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * k), K_mma.CVT_THREADS, x2.reshape(-1),
+                     xb.reshape(-1))
+            self._go(K_mma.gemm_mma_kernel, K_mma.gemm_grid(t, n), K_mma.THREADS, xb, weight, b, out2, has_bias)
         else:
             grid = ((n + K_lin.BN - 1) // K_lin.BN, (t + K_lin.BM - 1) // K_lin.BM)
             self._go(K_lin.gemm_kernel, grid, 256, x2, weight, b, out2, has_bias)

@@ -1,0 +1,128 @@
+"""Tensor-core prefill GEMM (kernels/gemm_mma.py) through CudaOps.linear, GPU only.
+
+Reference: NumPy fp32 on the bf16-rounded x and W (the kernel converts x to bf16), so the
+tolerance measures the kernel, not the rounding. The scratch arena is NaN-filled before each
+case, so an unwritten output element fails. `test_gemm_mma_timing` prints TFLOP/s (CUDA events,
+best of 5) against the old CUDA-core `gemm_kernel`, and writes the table to $OUT if set.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from ninfer_nb.kernels import gemm_mma as K_mma
+from ninfer_nb.kernels import linear as K_lin
+from tests.kernels.gpu_util import BF16, GpuEnv, rnd, rnd_bf16
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-2
+
+
+@pytest.fixture(scope="module")
+def env() -> GpuEnv:
+    return GpuEnv(arena_bytes=8 << 30, scratch_bytes=4 << 30)
+
+
+def _spy(ops) -> list[str]:
+    """Record the names of the kernels ops launches (to prove the dispatcher took the MMA path)."""
+    names: list[str] = []
+    go = type(ops)._go
+
+    def rec(self, spec, *a):
+        names.append(spec.name)
+        go(self, spec, *a)
+
+    ops._go = rec.__get__(ops)
+    return names
+
+
+def _rel_fro(a: np.ndarray, b: np.ndarray) -> float:
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert np.isfinite(a).all(), f"{int((~np.isfinite(a)).sum())} non-finite outputs (unwritten?)"
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+@pytest.mark.parametrize("m,n,k,with_bias", [
+    (17, 1001, 128, True),          # just above GEMV_MAX_T, odd N (scalar-store epilogue)
+    (37, 5120, 5120, True),         # ragged M
+    (200, 17408, 5120, False),
+    (300, 136, 64, True),           # K = 64: two k-tiles, ring shorter than the prologue
+    (512, 2 * 4096 + 8, 17408, True),   # ragged N (LM-head-like), long K
+])
+def test_gemm_mma(env, m, n, k, with_bias):
+    ops = env.fresh()
+    rng = np.random.default_rng(m * 7 + n * 3 + k)
+    w = rnd_bf16(rng, n, k)
+    x = rnd(rng, m, k)
+    b = rnd(rng, n) if with_bias else None
+    W, X = env.up(w), env.up(x)
+    B = env.up(b) if with_bias else None
+    names = _spy(ops)
+    try:
+        got = env.host(ops.linear(X, W, B))
+    finally:
+        del ops._go
+    assert "gemm_mma_kernel" in names and "f32_to_bf16_kernel" in names, names
+    ref = x.astype(BF16).astype(np.float32) @ w.astype(np.float32).T
+    if with_bias:
+        ref += b
+    err = _rel_fro(got, ref)
+    print(f"\ngemm_mma M={m} N={n} K={k} bias={with_bias}: rel_fro_err={err:.2e}")
+    assert err <= TOL
+
+
+def _best_ms(env, fn, reps: int = 5) -> float:
+    from ninfer_nb.runtime.events import Timer
+
+    fn()
+    best = 1e30
+    for _ in range(reps):
+        with Timer(env.stream) as t:
+            fn()
+        best = min(best, t.ms)
+    return best
+
+
+def _timing_row(env, ops, W, m: int, n: int, k: int, rng: np.random.Generator) -> str:
+    X = env.up(rnd(rng, m, k))
+    flop = 2.0 * m * n * k
+
+    def lin() -> None:
+        env.scratch.reset()
+        ops.linear(X, W)
+
+    t_lin = _best_ms(env, lin)
+    env.scratch.reset()
+    xb = ops.empty((m, k), np.uint16)
+    out = ops.empty((m, n))
+    ops._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(m * k), K_mma.CVT_THREADS, X.reshape(-1), xb.reshape(-1))
+    t_mma = _best_ms(env, lambda: ops._go(K_mma.gemm_mma_kernel, K_mma.gemm_grid(m, n), K_mma.THREADS,
+                                             xb, W, out.reshape(-1), out, np.int32(0)))
+    grid = ((n + K_lin.BN - 1) // K_lin.BN, (m + K_lin.BM - 1) // K_lin.BM)
+    t_old = _best_ms(env, lambda: ops._go(K_lin.gemm_kernel, grid, 256, X, W, out.reshape(-1), out, np.int32(0)),
+                     reps=2 if m >= 8192 else 5)
+
+    def cell(ms: float) -> str:
+        return f"{flop / ms / 1e9:7.1f} TF/s {ms * 1e3:9.1f} us"
+
+    return f"{m:5d} {n:6d} {k:5d} | {cell(t_lin)} | {cell(t_mma)} | {cell(t_old)}"
+
+
+def test_gemm_mma_timing(env):
+    ops = env.fresh()
+    n, k = 17408, 5120
+    rng = np.random.default_rng(0)
+    W = env.up(rnd_bf16(rng, n, k))
+    head = f"{'M':>5} {'N':>6} {'K':>5} | {'linear (cvt+mma)':>27} | {'mma kernel only':>27} | "
+    rows = [head + f"{'old gemm_kernel':>27}"]
+    rows += [_timing_row(env, ops, W, m, n, k, rng) for m in (512, 2048, 8192)]
+    table = "\n".join(rows)
+    print("\n" + table)
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        with open(os.path.join(out_dir, "gemm_mma_timing.txt"), "w") as f:
+            f.write(table + "\n")
