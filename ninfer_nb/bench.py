@@ -18,6 +18,19 @@ import numpy as np
 from .params import SamplingParams
 
 
+def process_start_time() -> float:
+    """Wall-clock time this process started (the command's start), from /proc when available."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # no psutil / no /proc: fall back to interpreter start of this module
+        return _IMPORTED_AT
+
+
+_IMPORTED_AT = time.time()
+
+
 def copy_bandwidth(device: str, nbytes: int = 256 << 20) -> float:
     """Bytes/s moved (read + write) by a large device-local copy, best of 5."""
     if device == "cpu":
@@ -207,9 +220,15 @@ def main(argv: Sequence[str]) -> int:
 
     lens = [int(x) for x in args.prompt_len.split(",")]
     model = f"random:{args.random}" if args.random else args.model
+    t_load = time.perf_counter()
     llm = LLM(model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
               prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph)
-    sys.stderr.write(f"bench: {llm.model_id} on {llm.device_name}\n")
+    load_s = time.perf_counter() - t_load
+    first = llm.generate([1, 2, 3], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    start_to_first_token = time.time() - process_start_time()
+    sys.stderr.write(f"bench: {llm.model_id} on {llm.device_name}; loaded in {load_s:.1f} s, "
+                     f"first token {start_to_first_token:.1f} s after the command started "
+                     f"({first.timings.ttft_s * 1e3:.0f} ms TTFT, kernels compiled or read from cache)\n")
     bw = copy_bandwidth(llm.backend.name)
     rows = []
     for n in lens:
@@ -226,7 +245,8 @@ def main(argv: Sequence[str]) -> int:
             rows.append({"engine": "transformers", **peer})
             row["decode_vs_peer"] = ours["decode_tok_s"] / peer["decode_tok_s"]
     profile = profile_decode_step(llm) if args.profile else []
-    report = {"model": llm.model_id, "profile": profile, "device": llm.device_name, "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
+    report = {"model": llm.model_id, "profile": profile, "load_s": load_s,
+              "start_to_first_token_s": start_to_first_token, "device": llm.device_name, "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
@@ -235,7 +255,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"{'op':<26}{'calls':>6}{'time us':>10}{'GB/s':>9}{'share':>7}")
         for r in profile:
             print(f"{r['op']:<26}{r['calls']:>6}{r['time_us']:>10.1f}{r['GBps']:>9.1f}{r['share']:>7.1%}")
-    print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write)")
+    print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
+          f"command to first token {start_to_first_token:.1f} s")
     print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
           f"{'limit t/s':>10}{'of limit':>9}{'vs peer':>8}")
     for r in rows:
