@@ -31,6 +31,11 @@ def usage(fin: Finished) -> dict[str, Any]:
     }
 
 
+def timings_json(fin: Finished) -> dict[str, Any] | None:
+    """Engine-side timings (extension, llama.cpp style): network time not included."""
+    return fin.timings.as_dict() if fin.timings is not None else None
+
+
 def tool_calls_json(calls: list[ToolCallOut]) -> list[dict[str, Any]]:
     return [
         {"index": i, "id": new_id("call_"), "type": "function",
@@ -67,6 +72,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                      "finish_reason": _FINISH[out.finished.reason]}],
         "usage": usage(out.finished),
     }
+    if (timings := timings_json(out.finished)) is not None:
+        body["timings"] = timings
     return web.json_response(body)
 
 
@@ -100,7 +107,10 @@ async def _stream(
             elif isinstance(ev, Finished):
                 if calls:
                     await sse.send(chunk({"tool_calls": tool_calls_json(calls)}))
-                await sse.send(chunk({}, _FINISH[ev.reason]))
+                final = chunk({}, _FINISH[ev.reason])
+                if (timings := timings_json(ev)) is not None:
+                    final["timings"] = timings
+                await sse.send(final)
                 if options.include_usage:
                     await sse.send({**head, "choices": [], "usage": usage(ev)})
     except ConnectionError:

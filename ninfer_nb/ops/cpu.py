@@ -8,6 +8,8 @@ weights layout on disk, or requests.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 Array = np.ndarray
@@ -73,12 +75,16 @@ def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
 
 # --- rotary embedding + attention ----------------------------------------------------------
 
+@lru_cache(maxsize=16)
+def _inv_freq(rotary_dim: int, theta: float) -> np.ndarray:
+    return 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
+
+
 def rope(x: Array, positions: Array, rotary_dim: int, theta: float) -> Array:
     """Partial NeoX RoPE on the first `rotary_dim` dims of each head. x [T, heads, D], positions [T]."""
     half = rotary_dim // 2
-    inv_freq = 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
-    ang = positions.astype(np.float64)[:, None] * inv_freq[None, :]        # [T, half]
-    cos = np.cos(ang).astype(np.float32)[:, None, :]
+    ang = positions.astype(np.float64)[:, None] * _inv_freq(rotary_dim, float(theta))[None, :]
+    cos = np.cos(ang).astype(np.float32)[:, None, :]                       # [T, 1, half]
     sin = np.sin(ang).astype(np.float32)[:, None, :]
     out = x.astype(np.float32, copy=True)
     x1 = x[..., :half]

@@ -35,6 +35,8 @@ def test_chat_completion_non_streaming(real_server: LiveServer) -> None:
     assert r.usage is not None and r.usage.completion_tokens == 5
     assert r.usage.prompt_tokens > 5
     assert r.usage.total_tokens == r.usage.prompt_tokens + 5
+    timings = r.model_extra["timings"]  # type: ignore[index]    # engine-side extension
+    assert timings["completion_tokens"] == 5 and timings["ttft_s"] > 0 and timings["decode_tok_s"] > 0
 
 
 def test_chat_completion_streaming_with_usage(real_server: LiveServer) -> None:
@@ -45,6 +47,7 @@ def test_chat_completion_streaming_with_usage(real_server: LiveServer) -> None:
     assert len({c.id for c in chunks}) == 1
     assert all(c.usage is None for c in chunks[:-1])
     assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-2].model_extra["timings"]["completion_tokens"] == 4  # type: ignore[index]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4  # type: ignore[union-attr]
     streamed = "".join((c.choices[0].delta.content or "") +
                        (getattr(c.choices[0].delta, "reasoning_content", None) or "")
