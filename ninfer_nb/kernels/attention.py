@@ -16,8 +16,8 @@ from numba import cuda, float32
 from ninfer_nb.kernels.bf16 import from_f32, widen
 from ninfer_nb.kernels.nbtypes import f32, f32_3, f32_4, i32, i32_1, u16_3
 from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.warp import warp_sum as _warp_sum
 
-FULL = 0xFFFFFFFF
 NEG = -1.0e30
 MAX_D = 256
 SPLIT_WARPS = 4
@@ -33,16 +33,6 @@ def kv_store_kernel(k_cache, v_cache, k, v, positions):
     for d in range(cuda.threadIdx.x, k.shape[2], cuda.blockDim.x):
         k_cache[p, h, d] = from_f32(k_cache, k[t, h, d])
         v_cache[p, h, d] = from_f32(v_cache, v[t, h, d])
-
-
-@cuda.jit(device=True)
-def _warp_sum(v):
-    v += cuda.shfl_xor_sync(FULL, v, 16)
-    v += cuda.shfl_xor_sync(FULL, v, 8)
-    v += cuda.shfl_xor_sync(FULL, v, 4)
-    v += cuda.shfl_xor_sync(FULL, v, 2)
-    v += cuda.shfl_xor_sync(FULL, v, 1)
-    return v
 
 
 _SPLIT_SIGS = [(f32_3, c, c, i32_1, f32, i32, f32_4, f32_4) for c in (f32_3, u16_3)]

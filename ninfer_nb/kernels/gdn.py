@@ -14,8 +14,8 @@ from numba import cuda, float32
 
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, f32_3
 from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.warp import warp_sum as _warp_sum
 
-FULL = 0xFFFFFFFF
 GDR_WARPS = 4
 GDR_ROWS = 4          # state rows (v index) per warp
 GDR_ROWS_PER_BLOCK = GDR_WARPS * GDR_ROWS
@@ -37,16 +37,6 @@ def gdn_gates_kernel(a, b, a_log, dt_bias, g_out, beta_out):
         g_out[t, h] = -math.exp(a_log[h]) * sp
         beta_out[t, h] = 1.0 / (1.0 + math.exp(-b[t, h]))
         i += stride
-
-
-@cuda.jit(device=True)
-def _warp_sum(v):
-    v += cuda.shfl_xor_sync(FULL, v, 16)
-    v += cuda.shfl_xor_sync(FULL, v, 8)
-    v += cuda.shfl_xor_sync(FULL, v, 4)
-    v += cuda.shfl_xor_sync(FULL, v, 2)
-    v += cuda.shfl_xor_sync(FULL, v, 1)
-    return v
 
 
 @kernel((f32_3, f32_3, f32_3, f32_2, f32_2, f32_3, f32_3), sim=False, launch_bounds=(128, 4))

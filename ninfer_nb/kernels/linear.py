@@ -14,12 +14,12 @@ from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, u16_2
 from ninfer_nb.kernels.ptx import as_f32, ldg_stream_v4_u32, ldg_v4_f32
 from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.warp import warp_sum
 
 GEMV_WARPS = 8
 GEMV_ROWS = 2           # weight rows per warp
 GEMV_ROWS_PER_BLOCK = GEMV_WARPS * GEMV_ROWS
 GEMV_MAX_T = 16
-FULL = 0xFFFFFFFF
 HI = 0xFFFF0000
 
 
@@ -35,16 +35,6 @@ def _dot8(w, xa, xb):
     s += as_f32(w[3] << 16) * xb[2]
     s += as_f32(w[3] & HI) * xb[3]
     return s
-
-
-@cuda.jit(device=True)
-def warp_sum(v):
-    v += cuda.shfl_xor_sync(FULL, v, 16)
-    v += cuda.shfl_xor_sync(FULL, v, 8)
-    v += cuda.shfl_xor_sync(FULL, v, 4)
-    v += cuda.shfl_xor_sync(FULL, v, 2)
-    v += cuda.shfl_xor_sync(FULL, v, 1)
-    return v
 
 
 @kernel((f32_2, u16_2, f32_1, f32_2, i32, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
