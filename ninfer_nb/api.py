@@ -47,10 +47,14 @@ class ChatResult:
 class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
-                 show_progress: bool = False, config: EngineConfig | None = None) -> None:
+                 kv_cache: str = "fp32", show_progress: bool = False,
+                 config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
-                                     cuda_graphs=cuda_graphs, show_progress=show_progress)
+                                     cuda_graphs=cuda_graphs, kv_cache=kv_cache,
+                                     show_progress=show_progress)
+        if cfg.kv_cache not in ("fp32", "bf16", "int8"):
+            raise InvalidRequestError(f"kv_cache must be fp32, bf16 or int8, got {cfg.kv_cache!r}")
         if cfg.max_context < 2:
             raise InvalidRequestError(f"max_context must be >= 2, got {cfg.max_context}")
         self.engine_config = cfg
@@ -75,7 +79,7 @@ class LLM:
         self.max_context = min(cfg.max_context, max(self.model_config.max_position_embeddings, 2))
         self._generator = Generator(self.model_config, Decoder(self.model_config, weights),
                                     self.backend, self.max_context, cfg.prefill_chunk,
-                                    use_graphs=cfg.cuda_graphs)
+                                    use_graphs=cfg.cuda_graphs, kv_dtype=cfg.kv_cache)  # type: ignore[arg-type]
         self.device_name = self.backend.device_name
         # Ids the sampler may produce: the tokenizer's, never the LM head's padding rows.
         tok_vocab = self.tokenizer.vocab_size if self.tokenizer else self.model_config.vocab_size

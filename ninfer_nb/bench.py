@@ -209,6 +209,7 @@ def main(argv: Sequence[str]) -> int:
                    help="random weights of a preset's shapes (qwen3.6-27b, qwen3.6-35b-a3b, tiny-qwen3.5, ...)")
     p.add_argument("--prefill-chunk", type=int, default=1024)
     p.add_argument("--no-cuda-graph", action="store_true")
+    p.add_argument("--kv-cache", choices=["fp32", "bf16", "int8"], default="fp32")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")
@@ -222,7 +223,8 @@ def main(argv: Sequence[str]) -> int:
     model = f"random:{args.random}" if args.random else args.model
     t_load = time.perf_counter()
     llm = LLM(model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
-              prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph)
+              prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph,
+              kv_cache=args.kv_cache)
     load_s = time.perf_counter() - t_load
     first = llm.generate([1, 2, 3], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     start_to_first_token = time.time() - process_start_time()

@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-context", type=int, default=4096, help="context window in tokens (default 4096)")
     p.add_argument("--prefill-chunk", type=int, default=1024, help="prefill chunk length (default 1024)")
     p.add_argument("--no-cuda-graph", action="store_true", help="decode with eager kernel launches (debugging)")
+    p.add_argument("--kv-cache", choices=["fp32", "bf16", "int8"], default="fp32",
+                   help="KV cache storage (int8: one scale per 64 values; default fp32)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--top-k", type=int, default=20)
@@ -88,7 +90,7 @@ def run_answer(args: argparse.Namespace) -> int:
                        else ([{"role": "user", "content": args.prompt}], None))
     llm = LLM(args.model, device=args.device, max_context=args.max_context,
               prefill_chunk=args.prefill_chunk, enable_thinking=not args.no_thinking,
-              cuda_graphs=not args.no_cuda_graph, show_progress=not args.quiet)
+              cuda_graphs=not args.no_cuda_graph, kv_cache=args.kv_cache, show_progress=not args.quiet)
     out, err = sys.stdout, sys.stderr
     if args.raw:
         events = llm.stream(args.prompt or "", params)

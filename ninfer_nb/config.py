@@ -165,6 +165,7 @@ class EngineConfig:
     max_context: int = 4096
     prefill_chunk: int = 1024
     cuda_graphs: bool = True
+    kv_cache: str = "fp32"                   # fp32 | bf16 | int8 (one fp32 scale per 64 values)
     enable_thinking: bool = True
     show_progress: bool = True
     seed: int | None = None

@@ -24,7 +24,7 @@ class Backend(Protocol):
     ops: Any
 
     def begin_step(self) -> None: ...
-    def zeros(self, shape: tuple[int, ...]) -> Any: ...
+    def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any: ...
     def upload(self, weights: ModelWeights) -> ModelWeights: ...
     def ids(self, tokens: list[int], start: int) -> tuple[Any, Any]: ...
     def to_host(self, x: Any) -> np.ndarray: ...
@@ -40,8 +40,8 @@ class CpuBackend:
     def begin_step(self) -> None:
         """Nothing to reset: NumPy allocates per op."""
 
-    def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
-        return np.zeros(shape, dtype=np.float32)
+    def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
 
     def upload(self, weights: ModelWeights) -> ModelWeights:
         return weights

@@ -74,8 +74,8 @@ class CudaBackend:
         self._graph.replay()
         return self.to_host(self._graph_logits)[-1]
 
-    def zeros(self, shape: tuple[int, ...]) -> Any:
-        return self.ops.zeros(shape, np.float32, persistent=True)
+    def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
+        return self.ops.zeros(shape, dtype, persistent=True)
 
     def upload(self, weights: ModelWeights) -> ModelWeights:
         from ..runtime.tensor import bfloat16

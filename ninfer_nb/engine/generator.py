@@ -15,19 +15,19 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ContextLengthExceededError
 from ..models.decoder import Decoder
-from ..models.state import GDNState, SequenceState, new_state
+from ..models.state import GDNState, KVDtype, SequenceState, new_state
 from .backend import Backend
 
 
 class Generator:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, max_context: int,
-                 prefill_chunk: int, use_graphs: bool = True) -> None:
+                 prefill_chunk: int, use_graphs: bool = True, kv_dtype: KVDtype = "fp32") -> None:
         self.cfg, self.decoder, self.backend = cfg, decoder, backend
         # Decode by graph replay where the backend offers it (CUDA); eager otherwise.
         self.use_graphs = use_graphs and hasattr(backend, "decode_step")
         self.max_context = max_context
         self.prefill_chunk = max(1, prefill_chunk)
-        self.state: SequenceState = new_state(cfg, max_context, backend.zeros)
+        self.state: SequenceState = new_state(cfg, max_context, backend.zeros, kv_dtype)
         self.tokens: list[int] = []           # ids whose effects are in `state`
         self._has_gdn = any(isinstance(l, GDNState) for l in self.state.layers)
         # GDN snapshots: [prefix length, state copy, logits after it (or None)], at most two:

@@ -1,4 +1,5 @@
-"""KV-cache store and causal GQA attention (fp32 math, caches fp32 or bf16-as-uint16).
+"""KV-cache store and causal GQA attention (fp32 math; caches fp32, bf16-as-uint16, or int8
+codes with one fp32 scale per 64 values, see kvquant.py).
 
 Layouts: q [T, Hq, D]; caches [S, Hkv, D]; positions [T] int32 in device memory; query i sees
 keys 0..positions[i]; q-head h reads kv-head h // (Hq / Hkv). D <= 256.
@@ -13,8 +14,9 @@ import math
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.bf16 import from_f32, widen
-from ninfer_nb.kernels.nbtypes import f32, f32_3, f32_4, i32, i32_1, u16_3
+from ninfer_nb.kernels.bf16 import from_f32
+from ninfer_nb.kernels.kvquant import GROUP, kv_load
+from ninfer_nb.kernels.nbtypes import f32, f32_3, f32_4, i8_3, i32, i32_1, u16_3
 from ninfer_nb.kernels.registry import kernel
 from ninfer_nb.kernels.warp import warp_sum as _warp_sum
 
@@ -35,11 +37,35 @@ def kv_store_kernel(k_cache, v_cache, k, v, positions):
         v_cache[p, h, d] = from_f32(v_cache, v[t, h, d])
 
 
-_SPLIT_SIGS = [(f32_3, c, c, i32_1, f32, i32, f32_4, f32_4) for c in (f32_3, u16_3)]
+@kernel((i8_3, i8_3, f32_3, f32_3, f32_3, f32_3, i32_1))
+def kv_store_int8_kernel(k_codes, v_codes, k_scale, v_scale, k, v, positions):
+    """grid (Hkv, T), block 32: thread g quantises 64-value group g of row positions[t]."""
+    h = cuda.blockIdx.x
+    t = cuda.blockIdx.y
+    p = positions[t]
+    n_groups = k.shape[2] // GROUP
+    for g in range(cuda.threadIdx.x, 2 * n_groups, cuda.blockDim.x):
+        src = k if g < n_groups else v
+        codes = k_codes if g < n_groups else v_codes
+        scales = k_scale if g < n_groups else v_scale
+        gg = g if g < n_groups else g - n_groups
+        amax = float32(0.0)
+        for i in range(GROUP):
+            amax = max(amax, abs(src[t, h, gg * GROUP + i]))
+        sc = amax / float32(127.0)
+        scales[p, h, gg] = sc
+        inv = float32(1.0) / sc if sc > float32(0.0) else float32(0.0)
+        for i in range(GROUP):
+            c = round(src[t, h, gg * GROUP + i] * inv)          # round half to even, like np.rint
+            codes[p, h, gg * GROUP + i] = max(-127, min(127, c))
+
+
+_SPLIT_SIGS = [(f32_3, c, c, f32_3, f32_3, i32_1, f32, i32, f32_4, f32_4) for c in (f32_3, u16_3, i8_3)]
 
 
 @kernel(*_SPLIT_SIGS, sim=False, launch_bounds=(128, 4))
-def attn_split_kernel(q, k_cache, v_cache, positions, scale, split_len, part_o, part_ml):
+def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, split_len, part_o,
+                      part_ml):
     """grid (n_split, Hq, T), block 128. part_o [T, Hq, n_split, D] (unnormalised),
     part_ml [T, Hq, n_split, 2] = (running max, running sum)."""
     sm_m = cuda.shared.array(SPLIT_WARPS, float32)
@@ -68,7 +94,7 @@ def attn_split_kernel(q, k_cache, v_cache, positions, scale, split_len, part_o, 
         for e in range(8):
             d = lane + 32 * e
             if d < d_head:
-                s += qv[e] * widen(k_cache[j, hk, d])
+                s += qv[e] * kv_load(k_cache, k_scale, j, hk, d)
         s = _warp_sum(s)
         m_new = max(m, s)
         corr = math.exp(m - m_new)
@@ -77,7 +103,7 @@ def attn_split_kernel(q, k_cache, v_cache, positions, scale, split_len, part_o, 
         for e in range(8):
             d = lane + 32 * e
             if d < d_head:
-                acc[e] = acc[e] * corr + p * widen(v_cache[j, hk, d])
+                acc[e] = acc[e] * corr + p * kv_load(v_cache, v_scale, j, hk, d)
         m = m_new
     if lane == 0:
         sm_m[warp] = m
@@ -138,11 +164,11 @@ def _tile_max_pos(pos_s):
     return int(mx)
 
 
-_PRE_SIGS = [(f32_3, c, c, i32_1, f32, f32_3) for c in (f32_3, u16_3)]
+_PRE_SIGS = [(f32_3, c, c, f32_3, f32_3, i32_1, f32, f32_3) for c in (f32_3, u16_3, i8_3)]
 
 
 @kernel(*_PRE_SIGS)
-def attn_prefill_kernel(q, k_cache, v_cache, positions, scale, out):
+def attn_prefill_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, out):
     """grid (ceil(T / 16), Hq), block 256. Flash-style online softmax over 16-key tiles."""
     q_s = cuda.shared.array(TILE, float32)
     kv_s = cuda.shared.array(TILE, float32)
@@ -179,7 +205,7 @@ def attn_prefill_kernel(q, k_cache, v_cache, positions, scale, out):
         for i in range(tid, BKEY * d_head, PRE_THREADS):
             r = i // d_head
             d = i - r * d_head
-            kv_s[r * PITCH + d] = widen(k_cache[j0 + r, hk, d]) if j0 + r <= kmax else float32(0.0)
+            kv_s[r * PITCH + d] = kv_load(k_cache, k_scale, j0 + r, hk, d) if j0 + r <= kmax else float32(0.0)
         cuda.syncthreads()
         s = float32(0.0)
         for d in range(d_head):
@@ -205,7 +231,7 @@ def attn_prefill_kernel(q, k_cache, v_cache, positions, scale, out):
         for i in range(tid, BKEY * d_head, PRE_THREADS):
             r = i // d_head
             d = i - r * d_head
-            kv_s[r * PITCH + d] = widen(v_cache[j0 + r, hk, d]) if j0 + r <= kmax else float32(0.0)
+            kv_s[r * PITCH + d] = kv_load(v_cache, v_scale, j0 + r, hk, d) if j0 + r <= kmax else float32(0.0)
         cuda.syncthreads()
         corr = c_s[qi]
         for e in range(ACC_PER_THREAD):

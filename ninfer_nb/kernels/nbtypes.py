@@ -1,5 +1,5 @@
 """Numba array types used in kernel signatures (C-contiguous)."""
-from numba import float32, float64, int32, int64, uint16, uint32
+from numba import float32, float64, int8, int32, int64, uint16, uint32
 
 f32 = float32
 f64 = float64
@@ -16,3 +16,4 @@ u16_3 = uint16[:, :, ::1]
 i32_1 = int32[::1]
 i32_2 = int32[:, ::1]
 i64_1 = int64[::1]
+i8_3 = int8[:, :, ::1]

@@ -29,8 +29,13 @@ def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
         k = ops.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
     q = ops.rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
     k = ops.rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
-    ops.kv_store(cache.k, cache.v, k, v, positions)
-    out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5).reshape(t, cfg.num_heads * d)
+    if cache.k_scale is not None:                                           # int8 KV cache
+        ops.kv_store(cache.k, cache.v, k, v, positions, cache.k_scale, cache.v_scale)
+        out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5, cache.k_scale, cache.v_scale)
+    else:
+        ops.kv_store(cache.k, cache.v, k, v, positions)
+        out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5)
+    out = out.reshape(t, cfg.num_heads * d)
     if w.gate is not None:
         out = ops.sigmoid_mul(out, ops.linear(x, w.gate))
     return ops.linear(out, w.o)

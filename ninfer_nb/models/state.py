@@ -6,17 +6,24 @@ function (NumPy on the CPU, the device arena on the GPU). Knows nothing about we
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal
+
+import numpy as np
 
 from ..config import ModelConfig
+from ..errors import InvalidRequestError
 
-Zeros = Callable[[tuple[int, ...]], Any]
+Zeros = Callable[..., Any]             # zeros(shape, dtype=np.float32)
+KVDtype = Literal["fp32", "bf16", "int8"]
+KV_GROUP = 64                          # int8 cache: one fp32 scale per 64 values
 
 
 @dataclass
 class KVCache:
-    k: Any      # [max_context, kv_heads, head_dim]
-    v: Any      # [max_context, kv_heads, head_dim]
+    k: Any                     # [max_context, kv_heads, head_dim] fp32 / bf16 / int8 codes
+    v: Any                     # [max_context, kv_heads, head_dim]
+    k_scale: Any = None        # [max_context, kv_heads, head_dim / 64] fp32 (int8 caches only)
+    v_scale: Any = None
 
 
 @dataclass
@@ -40,15 +47,35 @@ class SequenceState:
         return total
 
     def kv_bytes(self) -> int:
-        return sum(int(l.k.nbytes + l.v.nbytes) for l in self.layers if isinstance(l, KVCache))
+        total = 0
+        for layer in self.layers:
+            if isinstance(layer, KVCache):
+                total += sum(int(getattr(b, "nbytes", 0)) for b in vars(layer).values())
+        return total
 
 
-def new_state(cfg: ModelConfig, max_context: int, zeros: Zeros) -> SequenceState:
+def _kv_cache(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtype) -> KVCache:
+    shape = (max_context, cfg.num_kv_heads, cfg.head_dim)
+    if kv_dtype == "fp32":
+        return KVCache(k=zeros(shape), v=zeros(shape))
+    if kv_dtype == "bf16":
+        from ml_dtypes import bfloat16
+
+        return KVCache(k=zeros(shape, bfloat16), v=zeros(shape, bfloat16))
+    if kv_dtype == "int8":
+        if cfg.head_dim % KV_GROUP:
+            raise InvalidRequestError(f"int8 KV cache needs head_dim % {KV_GROUP} == 0 (got {cfg.head_dim})")
+        scales = (max_context, cfg.num_kv_heads, cfg.head_dim // KV_GROUP)
+        return KVCache(k=zeros(shape, np.int8), v=zeros(shape, np.int8),
+                       k_scale=zeros(scales), v_scale=zeros(scales))
+    raise InvalidRequestError(f"unknown KV cache type {kv_dtype!r} (fp32, bf16 or int8)")
+
+
+def new_state(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtype = "fp32") -> SequenceState:
     layers: list[KVCache | GDNState] = []
     for i in range(cfg.num_layers):
         if cfg.is_full_attention(i):
-            shape = (max_context, cfg.num_kv_heads, cfg.head_dim)
-            layers.append(KVCache(k=zeros(shape), v=zeros(shape)))
+            layers.append(_kv_cache(cfg, max_context, zeros, kv_dtype))
         else:
             kw = cfg.linear_conv_kernel_dim - 1
             qk = cfg.linear_num_key_heads * cfg.linear_key_head_dim

@@ -94,21 +94,54 @@ def rope(x: Array, positions: Array, rotary_dim: int, theta: float) -> Array:
     return out
 
 
-def kv_store(k_cache: Array, v_cache: Array, k: Array, v: Array, positions: Array) -> None:
-    """Write k, v [T, Hkv, D] into caches [S, Hkv, D] at rows `positions` [T] (in place)."""
+KV_GROUP = 64
+
+
+def kv_quantize_int8(x: Array) -> tuple[Array, Array]:
+    """INT8-G64 with fp32 scales: x [..., D] -> (codes int8 [..., D], scales fp32 [..., D/64]);
+    s = amax / 127 per 64 values, code = clamp(rint(x / s), -127, 127), s = 0 -> codes 0."""
+    g = x.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // KV_GROUP, KV_GROUP)
+    scale = (np.abs(g).max(axis=-1) / np.float32(127.0)).astype(np.float32)
+    inv = np.divide(np.float32(1.0), scale, out=np.zeros_like(scale), where=scale > 0)
+    codes = np.clip(np.rint(g * inv[..., None]), -127, 127).astype(np.int8)
+    return codes.reshape(x.shape), scale
+
+
+def kv_dequantize_int8(codes: Array, scales: Array) -> Array:
+    g = codes.astype(np.float32).reshape(*codes.shape[:-1], scales.shape[-1], KV_GROUP)
+    return (g * scales[..., None]).reshape(codes.shape)
+
+
+def _kv_rows(cache: Array, scales: Array | None, rows: int) -> Array:
+    """The first `rows` cache rows as float32 (dequantized for int8 caches)."""
+    if scales is not None:
+        return kv_dequantize_int8(cache[:rows], scales[:rows])
+    return cache[:rows].astype(np.float32, copy=False)
+
+
+def kv_store(k_cache: Array, v_cache: Array, k: Array, v: Array, positions: Array,
+             k_scale: Array | None = None, v_scale: Array | None = None) -> None:
+    """Write k, v [T, Hkv, D] into caches [S, Hkv, D] at rows `positions` [T] (in place).
+    With scales [S, Hkv, D/64] the caches are int8 codes (kv_quantize_int8)."""
+    if k_scale is not None and v_scale is not None:
+        k_cache[positions], k_scale[positions] = kv_quantize_int8(k)
+        v_cache[positions], v_scale[positions] = kv_quantize_int8(v)
+        return
     k_cache[positions] = k
     v_cache[positions] = v
 
 
-def attention(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float) -> Array:
+def attention(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float,
+              k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
     """Causal GQA attention. q [T, Hq, D] at absolute `positions` [T]; caches [S, Hkv, D] hold
-    every key up to max(positions). Query i sees keys 0..positions[i]. Returns [T, Hq, D]."""
+    every key up to max(positions) (int8 codes when scales are given). Query i sees keys
+    0..positions[i]. Returns [T, Hq, D]."""
     t, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
     s = int(positions.max()) + 1
-    k = k_cache[:s].transpose(1, 0, 2)                                      # [Hkv, S, D]
-    v = v_cache[:s].transpose(1, 0, 2)
+    k = _kv_rows(k_cache, k_scale, s).transpose(1, 0, 2)                    # [Hkv, S, D]
+    v = _kv_rows(v_cache, v_scale, s).transpose(1, 0, 2)
     qg = q.reshape(t, hkv, group, d).transpose(1, 2, 0, 3)                  # [Hkv, G, T, D]
     scores = (qg @ k[:, None].transpose(0, 1, 3, 2)) * scale                # [Hkv, G, T, S]
     mask = np.arange(s)[None, :] > positions[:, None]                       # [T, S]

@@ -223,13 +223,22 @@ class CudaOps:
             self._go(K_rope.rope_kernel, (heads, t), 128, x, positions, out, np.int32(rotary_dim), np.float64(theta))
         return out
 
-    def kv_store(self, k_cache: Any, v_cache: Any, k: Any, v: Any, positions: Any) -> None:
+    def kv_store(self, k_cache: Any, v_cache: Any, k: Any, v: Any, positions: Any,
+                 k_scale: Any = None, v_scale: Any = None) -> None:
+        """Caches fp32 / bf16, or int8 codes when scales [S, Hkv, D/64] are given."""
         _need(positions.dtype == I32, "kv_store: positions must be int32")
-        t, hkv, _ = k.shape
-        if t:
+        t, hkv, d = k.shape
+        if not t:
+            return
+        if k_scale is not None:
+            _need(d % K_attn.GROUP == 0, f"kv_store: int8 cache needs head_dim % {K_attn.GROUP} == 0")
+            self._go(K_attn.kv_store_int8_kernel, (hkv, t), 32, k_cache, v_cache, k_scale, v_scale,
+                     k, v, positions)
+        else:
             self._go(K_attn.kv_store_kernel, (hkv, t), 128, k_cache, v_cache, k, v, positions)
 
-    def attention(self, q: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float) -> Any:
+    def attention(self, q: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float,
+                  k_scale: Any = None, v_scale: Any = None) -> Any:
         _need(positions.dtype == I32, "attention: positions must be int32")
         t, hq, d = q.shape
         _need(d <= K_attn.MAX_D, f"attention: head_dim {d} > {K_attn.MAX_D}")
@@ -237,18 +246,20 @@ class CudaOps:
         out = self.empty((t, hq, d))                                     # [T, Hq, D]
         if t == 0:
             return out
+        ks = k_scale if k_scale is not None else q                       # unused dummies when
+        vs = v_scale if v_scale is not None else q                       # the cache is not int8
         if t <= DECODE_MAX_T and not SIM:
             s_len = k_cache.shape[0]
             n_split = max(1, (s_len + K_attn.SPLIT_LEN - 1) // K_attn.SPLIT_LEN)
             part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
             part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
             self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
-                     positions, np.float32(scale), np.int32(K_attn.SPLIT_LEN), part_o, part_ml)
+                     ks, vs, positions, np.float32(scale), np.int32(K_attn.SPLIT_LEN), part_o, part_ml)
             self._go(K_attn.attn_combine_kernel, (hq, t), 256, part_o, part_ml, out)
         else:
             grid = ((t + K_attn.BQ - 1) // K_attn.BQ, hq)
-            self._go(K_attn.attn_prefill_kernel, grid, K_attn.PRE_THREADS, q, k_cache, v_cache, positions,
-                     np.float32(scale), out)
+            self._go(K_attn.attn_prefill_kernel, grid, K_attn.PRE_THREADS, q, k_cache, v_cache, ks, vs,
+                     positions, np.float32(scale), out)
         return out
 
     # --- Gated DeltaNet --------------------------------------------------------------

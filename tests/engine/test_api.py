@@ -126,3 +126,36 @@ def test_moe_chat_runs(tiny_qwen35_moe_dir: Path) -> None:
     assert out.result.timings.completion_tokens == 12
     stats = moe.stats()
     assert stats["architecture"] == "qwen3_5" and stats["context_tokens"] > 0
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_compact_kv_caches_stay_close_to_fp32(tiny_qwen35_dir: Path, kv: str) -> None:
+    def make(kv_cache: str) -> LLM:      # head_dim 64: int8 groups of 64 values
+        return LLM("random:tiny-qwen3.5", device="cpu", max_context=128, prefill_chunk=32,
+                   kv_cache=kv_cache)
+
+    full, compact = make("fp32"), make(kv)
+    ids = list(range(5000, 5060))
+    ref, got = full.logits(ids), compact.logits(ids)
+    assert np.abs(got - ref).max() <= 2e-2 * np.abs(ref).max()
+    assert compact.stats()["kv_cache_bytes"] < full.stats()["kv_cache_bytes"] * (0.6 if kv == "bf16" else 0.3)
+    p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    assert compact.generate(ids, p).token_ids == full.generate(ids, p).token_ids
+    with pytest.raises(InvalidRequestError, match="kv_cache"):
+        LLM(str(tiny_qwen35_dir), device="cpu", kv_cache="fp8")
+
+
+def test_int8_quantization_rule() -> None:
+    from ninfer_nb.ops import cpu
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 2, 128)).astype(np.float32)
+    x[0, 0, :64] = 0.0
+    codes, scales = cpu.kv_quantize_int8(x)
+    assert codes.dtype == np.int8 and scales.shape == (3, 2, 2)
+    assert scales[0, 0, 0] == 0 and not codes[0, 0, :64].any()
+    g = x.reshape(3, 2, 2, 64)
+    assert np.allclose(scales, np.abs(g).max(-1) / 127)
+    assert np.abs(codes).max() == 127                          # each group's amax maps to +-127
+    err = np.abs(cpu.kv_dequantize_int8(codes, scales) - x)
+    assert (err <= scales.repeat(64, axis=-1) / 2 + 1e-7).all() # within half a step

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.gpu
 # The GDN kernels need head dims that are multiples of 32 (real models use 128).
 GPU_SHAPES = {
     "qwen35": ("qwen35", dict(linear_key_head_dim=32, linear_value_head_dim=32)),
-    "qwen35_moe": ("qwen35_moe", dict(wrapper=True, linear_key_head_dim=32, linear_value_head_dim=64)),
+    "qwen35_moe": ("qwen35_moe", dict(wrapper=True, linear_key_head_dim=32, linear_value_head_dim=64,
+                                      head_dim=64)),
     "llama": ("llama", {}),
 }
 
@@ -75,3 +76,15 @@ def test_graph_replay_equals_eager(name: str, tiny_checkpoints) -> None:
     assert graph._generator.backend._graph is not None          # the replay path really ran
     assert first == eager.generate(ids, p).token_ids
     assert graph.generate(ids[:9], p).token_ids == eager.generate(ids[:9], p).token_ids
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_compact_kv_cache_matches_cpu(kv: str, tiny_checkpoints) -> None:
+    path = gpu_checkpoint(tiny_checkpoints, "qwen35_moe")
+    ids = [int(t) for t in np.random.default_rng(6).integers(0, 248000, 40)]
+    cpu = LLM(str(path), device="cpu", max_context=128, prefill_chunk=16, kv_cache=kv).logits(ids)
+    gpu = LLM(str(path), device="cuda", max_context=128, prefill_chunk=16, kv_cache=kv).logits(ids)
+    assert np.abs(gpu - cpu).max() <= 2e-2 * np.abs(cpu).max()
+    p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    llm = LLM(str(path), device="cuda", max_context=128, kv_cache=kv)
+    assert len(llm.generate(ids, p).token_ids) == 12              # decode kernels on this cache

@@ -158,3 +158,23 @@ def test_sampling(ops):
     exp = counts.copy()
     exp[np.arange(b), tok] += 1
     np.testing.assert_array_equal(counts2, exp)
+
+
+def test_int8_kv_store_and_prefill_attention(ops):
+    rng = np.random.default_rng(7)
+    s, hkv, hq, d, t = 30, 2, 4, 128, 17
+    kc, vc = np.zeros((s, hkv, d), np.int8), np.zeros((s, hkv, d), np.int8)
+    ks, vs = np.zeros((s, hkv, d // 64), np.float32), np.zeros((s, hkv, d // 64), np.float32)
+    kc_ref, vc_ref, ks_ref, vs_ref = kc.copy(), vc.copy(), ks.copy(), vs.copy()
+    pos = np.arange(3, 3 + t, dtype=np.int32)
+    k, v = rnd(rng, t, hkv, d), rnd(rng, t, hkv, d)
+    k[0, 0, :64] = 0.0                                  # an all-zero group: scale 0, codes 0
+    ops.kv_store(kc, vc, k, v, pos, ks, vs)
+    cpu.kv_store(kc_ref, vc_ref, k, v, pos, ks_ref, vs_ref)
+    assert np.array_equal(kc, kc_ref) and np.array_equal(vc, vc_ref)
+    close(ks, ks_ref, 0)
+    close(vs, vs_ref, 0)
+    assert ks[3, 0, 0] == 0 and not kc[3, 0, :64].any()
+    q = rnd(rng, t, hq, d)
+    close(ops.attention(q, kc, vc, pos, d ** -0.5, ks, vs),
+          cpu.attention(q, kc_ref, vc_ref, pos, d ** -0.5, ks_ref, vs_ref))

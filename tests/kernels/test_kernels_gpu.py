@@ -235,3 +235,25 @@ def test_sampling(env, rng, b, v):
     exp = counts.copy()
     exp[np.arange(b), tok] += 1
     np.testing.assert_array_equal(env.host(CNT), exp)
+
+
+@pytest.mark.parametrize("start,t", [(0, 1), (3000, 1), (700, 3), (0, 300), (300, 77)])
+def test_attention_int8_kv(env, rng, start, t):
+    """INT8-G64 caches: codes and scales written exactly like ops.cpu, attention on them."""
+    ops = env.fresh()
+    s, hq, hkv, d = 4096, 24, 4, 256
+    kc, vc = np.zeros((s, hkv, d), np.int8), np.zeros((s, hkv, d), np.int8)
+    ks, vs = np.zeros((s, hkv, d // 64), np.float32), np.zeros((s, hkv, d // 64), np.float32)
+    pre_k, pre_v = rnd(rng, start + t, hkv, d), rnd(rng, start + t, hkv, d)
+    cpu.kv_store(kc, vc, pre_k, pre_v, np.arange(start + t), ks, vs)   # earlier context
+    KC, VC, KS, VS = env.up(kc), env.up(vc), env.up(ks), env.up(vs)
+    pos = np.arange(start, start + t, dtype=np.int32)
+    k, v = rnd(rng, t, hkv, d), rnd(rng, t, hkv, d)
+    P = env.up(pos)
+    ops.kv_store(KC, VC, env.up(k), env.up(v), P, KS, VS)
+    cpu.kv_store(kc, vc, k, v, pos, ks, vs)
+    assert np.array_equal(env.host(KC), kc) and np.array_equal(env.host(VC), vc)
+    close(env.host(KS), ks, 0)
+    q = rnd(rng, t, hq, d)
+    o = env.host(ops.attention(env.up(q), KC, VC, P, d ** -0.5, KS, VS))
+    close(o, cpu.attention(q, kc, vc, pos, d ** -0.5, ks, vs), TOL32 * 10)
