@@ -68,15 +68,18 @@ def build_hf_model(kind: str, seed: int = 0, **overrides: Any):
 
 
 def write_tiny_checkpoint(dest: Path, kind: str, *, seed: int = 0, wrapper: bool = False,
-                          tokenizer: bool = True, **overrides: Any):
+                          tokenizer: bool = True, bf16: bool = False, **overrides: Any):
     """Write a checkpoint directory; returns the HF model it was made from.
 
+    bf16=True stores the weights in bfloat16 (the returned model is bf16 too).
     wrapper=True writes the multimodal layout (`model.language_model.` names, nested
     `text_config`, plus a stray vision and MTP tensor that loaders must ignore)."""
     import torch
     from safetensors.torch import save_file
 
     model = build_hf_model(kind, seed, **overrides)
+    if bf16:        # stored like real checkpoints: every engine backend then sees the same values
+        model = model.to(torch.bfloat16)
     dest.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
