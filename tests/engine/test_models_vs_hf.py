@@ -21,6 +21,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen35-moe-top1-interval2": ("qwen35_moe", dict(
         num_experts=4, num_experts_per_tok=1, full_attention_interval=2, num_attention_heads=2,
         num_key_value_heads=1, head_dim=64)),
+    # No shared expert in the files; the oracle is HF with its shared expert zeroed.
+    "qwen35-moe-no-shared-expert": ("qwen35_moe", dict(drop=r"shared_expert")),
     "llama-tied": ("llama", {}),
     "llama-untied-mha": ("llama", dict(tie_word_embeddings=False, num_key_value_heads=4)),
     "qwen3-qknorm": ("qwen3", {}),

@@ -68,10 +68,13 @@ def build_hf_model(kind: str, seed: int = 0, **overrides: Any):
 
 
 def write_tiny_checkpoint(dest: Path, kind: str, *, seed: int = 0, wrapper: bool = False,
-                          tokenizer: bool = True, bf16: bool = False, **overrides: Any):
+                          tokenizer: bool = True, bf16: bool = False, drop: str | None = None,
+                          **overrides: Any):
     """Write a checkpoint directory; returns the HF model it was made from.
 
     bf16=True stores the weights in bfloat16 (the returned model is bf16 too).
+    drop: a regex; matching tensors are left out of the files and zeroed in the returned model
+    (e.g. the MoE shared expert, to check checkpoints that have none).
     wrapper=True writes the multimodal layout (`model.language_model.` names, nested
     `text_config`, plus a stray vision and MTP tensor that loaders must ignore)."""
     import torch
@@ -81,7 +84,15 @@ def write_tiny_checkpoint(dest: Path, kind: str, *, seed: int = 0, wrapper: bool
     if bf16:        # stored like real checkpoints: every engine backend then sees the same values
         model = model.to(torch.bfloat16)
     dest.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if drop is not None:
+        import re
+
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if re.search(drop, name):
+                    p.zero_()
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+             if drop is None or not __import__("re").search(drop, k)}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     text_cfg = model.config.to_dict()
