@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -284,6 +284,3 @@ class LLM:
             "model_id": self.model_id,
             "architecture": self.model_config.architecture,
         }
-
-    def with_defaults(self, **changes: Any) -> EngineConfig:
-        return replace(self.engine_config, **changes)

@@ -6,7 +6,7 @@ knows about weights, kernels or requests.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import UnsupportedModelError
@@ -169,4 +169,3 @@ class EngineConfig:
     enable_thinking: bool = True
     show_progress: bool = True
     seed: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)

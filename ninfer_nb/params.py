@@ -6,7 +6,7 @@ naming the bad field, so front-ends can turn it into exit status 2 or an HTTP 40
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from .errors import InvalidRequestError
 
@@ -24,7 +24,6 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
     def greedy(self) -> bool:

@@ -8,34 +8,34 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
-from .qwen3_5 import _f32, _mlp, _Tensors
+from .tensors import NamedTensors, f32, mlp_weights
 from .weights import AttentionWeights, LayerWeights, ModelWeights
 
 
-def _opt(t: _Tensors, name: str) -> np.ndarray | None:
+def _opt(t: NamedTensors, name: str) -> np.ndarray | None:
     x = t.get(name)
-    return None if x is None else _f32(x)
+    return None if x is None else f32(x)
 
 
 def build_weights(cfg: ModelConfig, weights: dict[str, np.ndarray], source: str) -> ModelWeights:
-    t = _Tensors(weights, source)
+    t = NamedTensors(weights, source)
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
         mixer = AttentionWeights(
-            q=_f32(t(a + "q_proj.weight")), k=_f32(t(a + "k_proj.weight")),
-            v=_f32(t(a + "v_proj.weight")), o=_f32(t(a + "o_proj.weight")),
+            q=f32(t(a + "q_proj.weight")), k=f32(t(a + "k_proj.weight")),
+            v=f32(t(a + "v_proj.weight")), o=f32(t(a + "o_proj.weight")),
             q_norm=_opt(t, a + "q_norm.weight"), k_norm=_opt(t, a + "k_norm.weight"),
             q_bias=_opt(t, a + "q_proj.bias"), k_bias=_opt(t, a + "k_proj.bias"),
             v_bias=_opt(t, a + "v_proj.bias"),
         )
         layers.append(LayerWeights(
-            input_norm=_f32(t(p + "input_layernorm.weight")),
-            post_norm=_f32(t(p + "post_attention_layernorm.weight")),
-            mixer=mixer, ffn=_mlp(t, p + "mlp."),
+            input_norm=f32(t(p + "input_layernorm.weight")),
+            post_norm=f32(t(p + "post_attention_layernorm.weight")),
+            mixer=mixer, ffn=mlp_weights(t, p + "mlp."),
         ))
-    embed = _f32(t("model.embed_tokens.weight"))
+    embed = f32(t("model.embed_tokens.weight"))
     head = t.get("lm_head.weight")
-    return ModelWeights(embed=embed, layers=layers, norm=_f32(t("model.norm.weight")),
-                        lm_head=embed if cfg.tie_word_embeddings or head is None else _f32(head))
+    return ModelWeights(embed=embed, layers=layers, norm=f32(t("model.norm.weight")),
+                        lm_head=embed if cfg.tie_word_embeddings or head is None else f32(head))
