@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require `Authorization: Bearer KEY` or `x-api-key: KEY`")
     p.add_argument("--max-context", type=int, default=4096, help="tokens per request")
     p.add_argument("--prefill-chunk", type=int, default=1024)
+    p.add_argument("--kv-cache", choices=["fp32", "bf16", "int8"], default="fp32",
+                   help="KV cache storage (int8: one scale per 64 values)")
     p.add_argument("--default-max-tokens", type=int, default=8192,
                    help="output limit when a request gives none")
     p.add_argument("--max-pending", type=int, default=16,
@@ -71,6 +73,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     return ServerConfig(
         model=a.model, model_id=a.model_id, host=a.host, port=a.port, api_key=a.api_key,
         device=a.device, max_context=a.max_context, prefill_chunk=a.prefill_chunk,
+        kv_cache=a.kv_cache,
         default_max_tokens=a.default_max_tokens, max_pending=a.max_pending,
         max_request_bytes=int(a.max_request_mib * 1024 * 1024), cors=a.cors,
         enable_thinking=not a.no_thinking, request_log=a.request_log,
