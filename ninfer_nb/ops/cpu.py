@@ -80,12 +80,19 @@ def _inv_freq(rotary_dim: int, theta: float) -> np.ndarray:
     return 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
 
 
+@lru_cache(maxsize=8)
+def _cos_sin(pos_bytes: bytes, rotary_dim: int, theta: float) -> tuple[Array, Array]:
+    """cos/sin [T, 1, rotary_dim/2] for these positions; cached because every attention layer
+    of a decode step (and both q and k) rotates by the same positions."""
+    positions = np.frombuffer(pos_bytes, dtype=np.int64)
+    ang = positions.astype(np.float64)[:, None] * _inv_freq(rotary_dim, theta)[None, :]
+    return np.cos(ang).astype(np.float32)[:, None, :], np.sin(ang).astype(np.float32)[:, None, :]
+
+
 def rope(x: Array, positions: Array, rotary_dim: int, theta: float) -> Array:
     """Partial NeoX RoPE on the first `rotary_dim` dims of each head. x [T, heads, D], positions [T]."""
     half = rotary_dim // 2
-    ang = positions.astype(np.float64)[:, None] * _inv_freq(rotary_dim, float(theta))[None, :]
-    cos = np.cos(ang).astype(np.float32)[:, None, :]                       # [T, 1, half]
-    sin = np.sin(ang).astype(np.float32)[:, None, :]
+    cos, sin = _cos_sin(np.asarray(positions, dtype=np.int64).tobytes(), rotary_dim, float(theta))
     out = x.astype(np.float32, copy=True)
     x1 = x[..., :half]
     x2 = x[..., half:rotary_dim]
