@@ -197,19 +197,18 @@ class LLM:
                           timings=timings)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> GenerationResult:
-        ids = self._prompt_ids(prompt) if not isinstance(prompt, str) else None
+        ids = self._prompt_ids(prompt)                      # encoded once, reported back below
         text, tokens, final = [], [], None
-        for ev in self.stream(prompt if ids is None else ids, params):
+        for ev in self.stream(ids, params):
             text.append(ev.text)
             if ev.token_id is not None:
                 tokens.append(ev.token_id)
             if ev.finished:
                 final = ev
         assert final is not None and final.timings is not None
-        prompt_ids = ids if ids is not None else self.tokenizer.encode(str(prompt), add_special_tokens=True)
         return GenerationResult(text="".join(text), token_ids=tokens,
                                 finish_reason=final.finish_reason or "stop",
-                                prompt_token_ids=prompt_ids, timings=final.timings)
+                                prompt_token_ids=ids, timings=final.timings)
 
     # --- chat --------------------------------------------------------------------------
     def chat_stream(self, messages: list[dict], tools: list[dict] | None = None,

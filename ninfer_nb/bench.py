@@ -63,22 +63,21 @@ def copy_bandwidth(device: str, nbytes: int = 256 << 20) -> float:
 def decode_bytes(llm: Any, context: int) -> int:
     """Bytes one decode token must read: every weight but the embedding table (one row), the
     KV cache up to `context`, and the GDN state (read and written)."""
-    from .models.weights import MoEWeights, map_arrays
+    from .models.weights import MoEWeights, unique_arrays
 
-    total = [0]
     w = llm._generator.decoder.weights
-    map_arrays(w, lambda a: total.__setitem__(0, total[0] + int(a.nbytes)) or a)
-    embed = int(w.embed.nbytes)
-    total[0] -= embed if w.lm_head is not w.embed else 0
+    total = sum(int(a.nbytes) for a in unique_arrays(w))
+    if w.lm_head is not w.embed:               # untied: the table is read one row a token
+        total -= int(w.embed.nbytes)
     for layer in w.layers:                     # MoE: only the routed experts are read
         ffn = layer.ffn
         if isinstance(ffn, MoEWeights):
             experts = int(ffn.gate_up.nbytes + ffn.down.nbytes)
-            total[0] -= int(experts * (1.0 - ffn.top_k / ffn.gate_up.shape[0]))
+            total -= int(experts * (1.0 - ffn.top_k / ffn.gate_up.shape[0]))
     state = llm._generator.state
     kv = state.kv_bytes() * context // max(state.max_context, 1)
     gdn = state.nbytes() - state.kv_bytes()
-    return total[0] + kv + 2 * gdn
+    return total + kv + 2 * gdn
 
 
 def run_ours(llm: Any, prompt_len: int, gen: int) -> dict[str, float]:

@@ -45,7 +45,7 @@ class CudaBackend:
         self._inputs: tuple[Any, Any] | None = None
         self._graph: Any = None
         self._graph_logits: Any = None
-        self._warm_steps = 0
+        self._warmed = False            # the first decode step runs eagerly (compiles kernels)
 
     def begin_step(self) -> None:
         self.scratch.reset()
@@ -64,8 +64,8 @@ class CudaBackend:
         ids.copy_from_numpy(np.array([token], np.int32), self.stream)
         pos.copy_from_numpy(np.array([position], np.int32), self.stream)
         self.scratch.reset()
-        if self._warm_steps == 0:
-            self._warm_steps = 1
+        if not self._warmed:
+            self._warmed = True
             return self.to_host(forward(ids, pos))[-1]
         if self._graph is None:
             graph = CudaGraph(self.stream)

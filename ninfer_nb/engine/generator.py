@@ -8,6 +8,7 @@ Knows nothing about text, sampling or stopping.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,19 @@ from ..errors import ContextLengthExceededError
 from ..models.decoder import Decoder
 from ..models.state import GDNState, KVDtype, SequenceState, new_state
 from .backend import Backend
+
+
+@dataclass
+class _Snapshot:
+    """GDN state after the first `length` tokens of the cached sequence (-1: empty), and the
+    logits after them when they were a whole prompt."""
+
+    states: list[GDNState]
+    length: int = -1
+    logits: np.ndarray | None = None
+
+    def invalidate(self) -> None:
+        self.length, self.logits = -1, None
 
 
 class Generator:
@@ -30,13 +44,12 @@ class Generator:
         self.state: SequenceState = new_state(cfg, max_context, backend.zeros, kv_dtype)
         self.tokens: list[int] = []           # ids whose effects are in `state`
         self._has_gdn = any(isinstance(l, GDNState) for l in self.state.layers)
-        # GDN snapshots: [prefix length, state copy, logits after it (or None)], at most two:
-        # the start of the last turn's generation prompt and the end of the last prompt.
-        self._snapshots: list[list[Any]] = []
+        # Two GDN snapshots: the start of the last turn and the end of the last prompt.
+        self._snapshots: list[_Snapshot] = []
         if self._has_gdn:
             for _ in range(2):
                 snap = new_state(cfg, 1, backend.zeros)
-                self._snapshots.append([-1, [l for l in snap.layers if isinstance(l, GDNState)], None])
+                self._snapshots.append(_Snapshot([l for l in snap.layers if isinstance(l, GDNState)]))
 
     # --- prefix reuse ------------------------------------------------------------------
     def _gdn_layers(self) -> list[GDNState]:
@@ -62,18 +75,19 @@ class Generator:
             return min(lcp, len(prompt) - 1), None
         if 0 < lcp == len(self.tokens) < len(prompt):
             return lcp, None
-        usable = [s for s in self._snapshots if 0 < s[0] <= lcp and (s[0] < len(prompt) or s[2] is not None)]
+        usable = [s for s in self._snapshots
+                  if 0 < s.length <= lcp and (s.length < len(prompt) or s.logits is not None)]
         if usable:
-            length, states, logits = max(usable, key=lambda s: s[0])
-            self._copy_gdn(self._gdn_layers(), states)
-            return length, (logits if length == len(prompt) else None)
+            best = max(usable, key=lambda s: s.length)
+            self._copy_gdn(self._gdn_layers(), best.states)
+            return best.length, (best.logits if best.length == len(prompt) else None)
         self._reset_gdn()
         return 0, None
 
     def _take_snapshot(self, slot: int, logits: np.ndarray | None) -> None:
         snap = self._snapshots[slot]
-        self._copy_gdn(snap[1], self._gdn_layers())
-        snap[0], snap[2] = len(self.tokens), logits
+        self._copy_gdn(snap.states, self._gdn_layers())
+        snap.length, snap.logits = len(self.tokens), logits
 
     # --- steps -------------------------------------------------------------------------
     def prefill(self, prompt: list[int], snapshot_at: int | None = None) -> tuple[np.ndarray, int]:
@@ -89,8 +103,8 @@ class Generator:
         if cached is not None:
             return cached, start
         for snap in self._snapshots:           # tokens past `start` are being replaced
-            if snap[0] > start:
-                snap[0], snap[2] = -1, None
+            if snap.length > start:
+                snap.invalidate()
         cuts = [len(prompt)]
         if self._has_gdn and snapshot_at is not None and start < snapshot_at < len(prompt):
             cuts.insert(0, snapshot_at)
@@ -148,4 +162,4 @@ class Generator:
         """Drop the cached prefix (after an error left the state half-written)."""
         self.tokens = []
         for snap in self._snapshots:
-            snap[0], snap[2] = -1, None
+            snap.invalidate()

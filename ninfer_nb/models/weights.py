@@ -90,3 +90,10 @@ def map_arrays(obj: Any, fn: Callable[[Any], Any], memo: dict[int, Any] | None =
     if key not in memo:
         memo[key] = fn(obj)
     return memo[key]
+
+
+def unique_arrays(obj: Any) -> list[Any]:
+    """Every distinct array in a weight structure (a tied lm_head counted once)."""
+    found: list[Any] = []
+    map_arrays(obj, lambda a: found.append(a) or a)
+    return found
