@@ -12,9 +12,17 @@ async def wait_for(pilot: Pilot[None], cond: Callable[[], bool], timeout: float 
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
+            raise AssertionError(f"condition not met within {timeout} s; {_describe(pilot)}")
         await pilot.pause(0.02)
         await asyncio.sleep(0)
+
+
+def _describe(pilot: Pilot[None]) -> str:
+    """What the app looked like when a wait timed out (state line, focus, notes)."""
+    app = pilot.app
+    notes = [getattr(w, "text", "") for w in app.query("NoteMessage")]
+    return (f"state={getattr(app, 'state', '?')!r} focused={app.focused!r} "
+            f"workers={[w.name for w in app.workers]} notes={notes}")
 
 
 async def type_text(pilot: Pilot[None], text: str) -> None:

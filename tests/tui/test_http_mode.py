@@ -36,19 +36,21 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server_url(tiny_model_dir: Path) -> Iterator[str]:
+def server_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The server's output goes to a file: a pipe nobody reads fills up and blocks it."""
     port = _free_port()
     cmd = [sys.executable, "-m", "server", str(tiny_model_dir), "--device", "cpu",
            "--port", str(port), "--max-context", "256", "--no-warmup", "--api-key", "sekrit"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
     url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 120
     try:
         while True:
             if proc.poll() is not None:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                pytest.fail(f"ninfer-serve exited early:\n{out[-2000:]}")
+                pytest.fail(f"ninfer-serve exited early:\n{log_path.read_text()[-2000:]}")
             try:
                 if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                     break
@@ -64,6 +66,7 @@ def server_url(tiny_model_dir: Path) -> Iterator[str]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        print(f"--- ninfer-serve log (last 3000 chars) ---\n{log_path.read_text()[-3000:]}")
 
 
 GREEDY = ChatSettings(temperature=0.0, seed=0, max_tokens=16)
@@ -110,6 +113,7 @@ async def test_url_mode_shows_server_errors(make_app: MakeApp, server_url: str) 
         assert app.conversation.messages == [] and prompt.text.startswith("word word")
         prompt.clear()
         prompt.insert("short")
+        assert app.focused is prompt
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(app.conversation.messages) == 2)
 

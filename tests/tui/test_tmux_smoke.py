@@ -49,7 +49,8 @@ def test_default_model_answers_in_tmux(tmp_path: Path) -> None:
     try:
         _wait_screen(session, "ready on cpu", timeout=240)   # first run downloads ~98 MB
         _tmux("send-keys", "-t", session, "What is the capital of France?", "Enter")
-        screen = _wait_screen(session, "tok/s ", timeout=120)  # the answer's timings footer
+        _wait_screen(session, "tok/s ", timeout=120)      # the answer's timings footer
+        screen = _wait_screen(session, "│ ready", timeout=30)  # then the status line settles
         assert "What is the capital of France?" in screen
         assert "Paris" in screen
         assert "TTFT" in screen and "│ ready" in screen
