@@ -187,18 +187,33 @@ class _ProfiledOps:
         return call
 
 
-def profile_decode_step(llm: Any) -> list[dict[str, Any]]:
-    """One eager decode step, op family by op family (after the timed runs)."""
+def profile_step(llm: Any, n_tokens: int = 1, start: int | None = None) -> list[dict[str, Any]]:
+    """One eager forward of `n_tokens` tokens, op family by op family (after the timed runs).
+
+    n_tokens = 1 is a decode step at the current context; more is one prefill chunk placed so
+    that it ends at the current context (it attends to everything before it)."""
     gen = llm._generator
     prof = _ProfiledOps(gen.backend)
     gen.backend.begin_step()
-    ids, pos = gen.backend.ids([int(gen.tokens[-1]) if gen.tokens else 1], len(gen.tokens))
+    context = len(gen.tokens)
+    if start is None:
+        start = max(0, context - n_tokens) if n_tokens > 1 else context
+    rng = np.random.default_rng(0)
+    tokens = [int(t) for t in rng.integers(1, min(gen.cfg.vocab_size, 30000), n_tokens)]
+    ids, pos = gen.backend.ids(tokens, start)
     gen.decoder.forward(prof, ids, pos, gen.state)
     total = sum(v[0] for v in prof.stats.values())
     rows = [{"op": k, "calls": int(v[2]), "time_us": v[0] * 1e6, "bytes": int(v[1]),
              "GBps": v[1] / v[0] / 1e9 if v[0] > 0 else 0.0, "share": v[0] / total}
             for k, v in prof.stats.items()]
     return sorted(rows, key=lambda r: -r["time_us"])
+
+
+def _print_profile(title: str, profile: list[dict[str, Any]]) -> None:
+    print(f"\n{title}, each op timed alone ({sum(r['time_us'] for r in profile):.0f} us in all):")
+    print(f"{'op':<26}{'calls':>6}{'time us':>10}{'GB/s':>9}{'share':>7}")
+    for r in profile:
+        print(f"{r['op']:<26}{r['calls']:>6}{r['time_us']:>10.1f}{r['GBps']:>9.1f}{r['share']:>7.1%}")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -245,17 +260,19 @@ def main(argv: Sequence[str]) -> int:
             peer = run_peer_hf(llm, n, args.gen)
             rows.append({"engine": "transformers", **peer})
             row["decode_vs_peer"] = ours["decode_tok_s"] / peer["decode_tok_s"]
-    profile = profile_decode_step(llm) if args.profile else []
-    report = {"model": llm.model_id, "profile": profile, "load_s": load_s,
+    profile = profile_step(llm) if args.profile else []
+    chunk = min(args.prefill_chunk, max(lens))
+    prefill_profile = profile_step(llm, chunk) if args.profile else []
+    report = {"model": llm.model_id, "profile": profile, "prefill_profile": prefill_profile,
+              "load_s": load_s,
               "start_to_first_token_s": start_to_first_token, "device": llm.device_name, "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     if profile:
-        print(f"\nOne decode step by op, each op timed alone ({sum(r['time_us'] for r in profile):.0f} us in all):")
-        print(f"{'op':<26}{'calls':>6}{'time us':>10}{'GB/s':>9}{'share':>7}")
-        for r in profile:
-            print(f"{r['op']:<26}{r['calls']:>6}{r['time_us']:>10.1f}{r['GBps']:>9.1f}{r['share']:>7.1%}")
+        _print_profile("One decode step by op", profile)
+        _print_profile(f"One {chunk}-token prefill chunk ending at context {max(lens) + args.gen} by op",
+                       prefill_profile)
     print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
           f"command to first token {start_to_first_token:.1f} s")
     print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
