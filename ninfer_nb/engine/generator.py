@@ -57,7 +57,7 @@ class Generator:
 
     def _copy_gdn(self, dst: list[GDNState], src: list[GDNState]) -> None:
         for d, s in zip(dst, src):
-            for name in ("conv_q", "conv_k", "conv_v", "recurrent"):
+            for name in ("conv", "recurrent"):
                 self.backend.copy_(getattr(d, name), getattr(s, name))
 
     def _reset_gdn(self) -> None:

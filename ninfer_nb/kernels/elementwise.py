@@ -1,4 +1,4 @@
-"""Elementwise fp32 kernels: add, silu, sigmoid, swiglu, sigmoid_mul (grid-stride loops).
+"""Elementwise fp32 kernels: add, silu, sigmoid, swiglu, sigmoid_mul, split (grid-stride loops).
 
 Inputs are flattened C-contiguous fp32 vectors (swiglu: [T, 2I] -> [T, I]). No bf16 here.
 """
@@ -68,4 +68,30 @@ def swiglu_kernel(gate_up, out):
         j = i - t * inter
         g = gate_up[t, j]
         out[t, j] = (g / (1.0 + math.exp(-g))) * gate_up[t, inter + j]
+        i += stride
+
+
+@kernel((f32_2, f32_1, i32, i32, i32))
+def split_kernel(x, out, b1, b2, b3):
+    """x [T, N] -> out: the parts x[:, 0:b1], x[:, b1:b2], x[:, b2:b3], x[:, b3:N], each stored
+    contiguously ([T, size] row-major) one after another. Grid-stride over T * N."""
+    t_rows = x.shape[0]
+    n = x.shape[1]
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < t_rows * n:
+        r = i // n
+        c = i - r * n
+        lo = 0
+        hi = b1
+        if c >= b3:
+            lo = b3
+            hi = n
+        elif c >= b2:
+            lo = b2
+            hi = b3
+        elif c >= b1:
+            lo = b1
+            hi = b2
+        out[lo * t_rows + r * (hi - lo) + (c - lo)] = x[r, c]
         i += stride

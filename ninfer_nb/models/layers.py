@@ -21,9 +21,15 @@ def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
     """x [T, H] (normed) -> [T, H]. Writes this chunk's K/V into the cache."""
     t = x.shape[0]
     d = cfg.head_dim
-    q = ops.linear(x, w.q, w.q_bias).reshape(t, cfg.num_heads, d)
-    k = ops.linear(x, w.k, w.k_bias).reshape(t, cfg.num_kv_heads, d)
-    v = ops.linear(x, w.v, w.v_bias).reshape(t, cfg.num_kv_heads, d)
+    qd, kvd = cfg.num_heads * d, cfg.num_kv_heads * d
+    proj = ops.linear(x, w.qkv, w.qkv_bias)                  # [T, q | gate | k | v]
+    if w.gated:
+        q, gate, k, v = ops.split(proj, (qd, qd, kvd, kvd))
+    else:
+        (q, k, v), gate = ops.split(proj, (qd, kvd, kvd)), None
+    q = q.reshape(t, cfg.num_heads, d)
+    k = k.reshape(t, cfg.num_kv_heads, d)
+    v = v.reshape(t, cfg.num_kv_heads, d)
     if w.q_norm is not None:
         q = ops.rms_norm(q, w.q_norm, cfg.rms_norm_eps)
         k = ops.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
@@ -35,9 +41,9 @@ def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
     else:
         ops.kv_store(cache.k, cache.v, k, v, positions)
         out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5)
-    out = out.reshape(t, cfg.num_heads * d)
-    if w.gate is not None:
-        out = ops.sigmoid_mul(out, ops.linear(x, w.gate))
+    out = out.reshape(t, qd)
+    if gate is not None:
+        out = ops.sigmoid_mul(out, gate)
     return ops.linear(out, w.o)
 
 
@@ -47,14 +53,15 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNSta
     t = x.shape[0]
     hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
     hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
-    q = ops.causal_conv1d(ops.linear(x, w.q), state.conv_q, w.conv_q).reshape(t, hk, dk)
-    k = ops.causal_conv1d(ops.linear(x, w.k), state.conv_k, w.conv_k).reshape(t, hk, dk)
-    v = ops.causal_conv1d(ops.linear(x, w.v), state.conv_v, w.conv_v).reshape(t, hv, dv)
-    g, beta = ops.gdn_gates(ops.linear(x, w.a), ops.linear(x, w.b), w.a_log, w.dt_bias)
+    proj = ops.linear(x, w.in_proj)                         # [T, q | k | v | z | a | b]
+    mixed, z, a, b = ops.split(proj, (cfg.conv_dim, hv * dv, hv, hv))
+    mixed = ops.causal_conv1d(mixed, state.conv, w.conv)   # [T, q | k | v]
+    q, k, v = ops.split(mixed, (hk * dk, hk * dk, hv * dv))
+    g, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
     rule = ops.gated_delta_rule_chunked if chunked else ops.gated_delta_rule
-    o = rule(q, k, v, g, beta, state.recurrent)                             # [T, Hv, Dv]
-    z = ops.linear(x, w.z).reshape(t * hv, dv)
-    o = ops.gated_rms_norm(o.reshape(t * hv, dv), z, w.norm, cfg.rms_norm_eps)
+    o = rule(q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv), g, beta,
+             state.recurrent)                                               # [T, Hv, Dv]
+    o = ops.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), w.norm, cfg.rms_norm_eps)
     return ops.linear(o.reshape(t, hv * dv), w.out)
 
 

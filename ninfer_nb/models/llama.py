@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
-from .tensors import NamedTensors, f32, mlp_weights
-from .weights import AttentionWeights, LayerWeights, ModelWeights
+from .tensors import NamedTensors, f32, mlp_weights, qkv_weights
+from .weights import LayerWeights, ModelWeights
 
 
 def _opt(t: NamedTensors, name: str) -> np.ndarray | None:
@@ -23,12 +23,11 @@ def build_weights(cfg: ModelConfig, weights: dict[str, np.ndarray], source: str)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        mixer = AttentionWeights(
-            q=f32(t(a + "q_proj.weight")), k=f32(t(a + "k_proj.weight")),
-            v=f32(t(a + "v_proj.weight")), o=f32(t(a + "o_proj.weight")),
+        mixer = qkv_weights(
+            t(a + "q_proj.weight"), t(a + "k_proj.weight"), t(a + "v_proj.weight"),
+            t(a + "o_proj.weight"),
+            biases=(_opt(t, a + "q_proj.bias"), _opt(t, a + "k_proj.bias"), _opt(t, a + "v_proj.bias")),
             q_norm=_opt(t, a + "q_norm.weight"), k_norm=_opt(t, a + "k_norm.weight"),
-            q_bias=_opt(t, a + "q_proj.bias"), k_bias=_opt(t, a + "k_proj.bias"),
-            v_bias=_opt(t, a + "v_proj.bias"),
         )
         layers.append(LayerWeights(
             input_norm=f32(t(p + "input_layernorm.weight")),

@@ -55,20 +55,16 @@ def random_weights(cfg: ModelConfig, make: Make) -> ModelWeights:
     layers = []
     for i in range(cfg.num_layers):
         if cfg.is_full_attention(i):
+            rows = (2 if cfg.attn_output_gate else 1) * cfg.num_heads * d + 2 * cfg.num_kv_heads * d
             mixer: AttentionWeights | GDNWeights = AttentionWeights(
-                q=make((cfg.num_heads * d, h), "matrix"), k=make((cfg.num_kv_heads * d, h), "matrix"),
-                v=make((cfg.num_kv_heads * d, h), "matrix"), o=make((h, cfg.num_heads * d), "matrix"),
-                gate=make((cfg.num_heads * d, h), "matrix") if cfg.attn_output_gate else None,
-                q_norm=make((d,), "norm"), k_norm=make((d,), "norm"))
+                qkv=make((rows, h), "matrix"), o=make((h, cfg.num_heads * d), "matrix"),
+                gated=cfg.attn_output_gate, q_norm=make((d,), "norm"), k_norm=make((d,), "norm"))
         else:
-            qk = cfg.linear_num_key_heads * cfg.linear_key_head_dim
             vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim
             hv, kw = cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim
             mixer = GDNWeights(
-                q=make((qk, h), "matrix"), k=make((qk, h), "matrix"), v=make((vd, h), "matrix"),
-                z=make((vd, h), "matrix"), a=make((hv, h), "matrix"), b=make((hv, h), "matrix"),
-                conv_q=make((qk, kw), "conv"), conv_k=make((qk, kw), "conv"),
-                conv_v=make((vd, kw), "conv"), a_log=make((hv,), "vector"),
+                in_proj=make((cfg.conv_dim + vd + 2 * hv, h), "matrix"),
+                conv=make((cfg.conv_dim, kw), "conv"), a_log=make((hv,), "vector"),
                 dt_bias=make((hv,), "vector"), norm=make((cfg.linear_value_head_dim,), "norm"),
                 out=make((h, vd), "matrix"))
         if cfg.is_moe:

@@ -2,7 +2,8 @@
 
 Layers alternate Gated DeltaNet and gated full attention (`cfg.layer_types`). Sanitising here:
 zero-centred norms get +1, q_proj's per-head [query | gate] rows are de-interleaved,
-in_proj_qkv and its depthwise conv are split into q / k / v parts, experts stay fused.
+q | gate | k | v and GDN's qkv | z | a | b projections are fused row-wise (one matrix
+per mixer input), experts stay fused.
 The math itself is in `layers.py`; the spec is `shared/reference/qwen35-model.md`.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
-from .tensors import NamedTensors, f32, mlp_weights
+from .tensors import NamedTensors, f32, fuse_rows, mlp_weights, qkv_weights
 from .weights import AttentionWeights, GDNWeights, LayerWeights, ModelWeights, MoEWeights
 
 
@@ -20,23 +21,17 @@ def _attention(cfg: ModelConfig, t: NamedTensors, p: str) -> AttentionWeights:
     gate = None
     if cfg.attn_output_gate:
         qg = q_proj.reshape(heads, 2, d, -1)
-        q_proj, gate = qg[:, 0].reshape(heads * d, -1), f32(qg[:, 1].reshape(heads * d, -1))
-    return AttentionWeights(
-        q=f32(q_proj), k=f32(t(p + "k_proj.weight")), v=f32(t(p + "v_proj.weight")),
-        o=f32(t(p + "o_proj.weight")), gate=gate,
-        q_norm=f32(1.0 + t(p + "q_norm.weight")), k_norm=f32(1.0 + t(p + "k_norm.weight")),
-    )
+        q_proj, gate = qg[:, 0].reshape(heads * d, -1), qg[:, 1].reshape(heads * d, -1)
+    return qkv_weights(q_proj, t(p + "k_proj.weight"), t(p + "v_proj.weight"),
+                       t(p + "o_proj.weight"), gate=gate,
+                       q_norm=1.0 + t(p + "q_norm.weight"), k_norm=1.0 + t(p + "k_norm.weight"))
 
 
 def _gdn(cfg: ModelConfig, t: NamedTensors, p: str) -> GDNWeights:
-    qk = cfg.linear_num_key_heads * cfg.linear_key_head_dim
-    qkv = t(p + "in_proj_qkv.weight")
-    conv = t(p + "conv1d.weight").reshape(cfg.conv_dim, -1)
     return GDNWeights(
-        q=f32(qkv[:qk]), k=f32(qkv[qk : 2 * qk]), v=f32(qkv[2 * qk :]),
-        z=f32(t(p + "in_proj_z.weight")), a=f32(t(p + "in_proj_a.weight")),
-        b=f32(t(p + "in_proj_b.weight")),
-        conv_q=f32(conv[:qk]), conv_k=f32(conv[qk : 2 * qk]), conv_v=f32(conv[2 * qk :]),
+        in_proj=fuse_rows(t(p + "in_proj_qkv.weight"), t(p + "in_proj_z.weight"),
+                          t(p + "in_proj_a.weight"), t(p + "in_proj_b.weight")),
+        conv=f32(t(p + "conv1d.weight").reshape(cfg.conv_dim, -1)),
         a_log=f32(t(p + "A_log")), dt_bias=f32(t(p + "dt_bias")),
         norm=f32(t(p + "norm.weight")), out=f32(t(p + "out_proj.weight")),
     )

@@ -28,9 +28,7 @@ class KVCache:
 
 @dataclass
 class GDNState:
-    conv_q: Any      # [K-1, Hk*Dk]  the last K-1 pre-conv inputs, oldest first
-    conv_k: Any      # [K-1, Hk*Dk]
-    conv_v: Any      # [K-1, Hv*Dv]
+    conv: Any        # [K-1, 2*Hk*Dk + Hv*Dv]  the last K-1 pre-conv q|k|v inputs, oldest first
     recurrent: Any   # [Hv, Dv, Dk] fp32
 
 
@@ -78,10 +76,8 @@ def new_state(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtyp
             layers.append(_kv_cache(cfg, max_context, zeros, kv_dtype))
         else:
             kw = cfg.linear_conv_kernel_dim - 1
-            qk = cfg.linear_num_key_heads * cfg.linear_key_head_dim
-            vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim
             layers.append(GDNState(
-                conv_q=zeros((kw, qk)), conv_k=zeros((kw, qk)), conv_v=zeros((kw, vd)),
+                conv=zeros((kw, cfg.conv_dim)),
                 recurrent=zeros((cfg.linear_num_value_heads, cfg.linear_value_head_dim,
                                  cfg.linear_key_head_dim)),
             ))

@@ -1,11 +1,12 @@
 """Helpers the architecture builders share: named access to checkpoint tensors with a clear
-error for a missing one, fp32 contiguous copies, and the fused SwiGLU MLP weights."""
+error for a missing one, fp32 contiguous copies, row-fused projections (one GEMV instead of
+several at decode), and the fused SwiGLU MLP weights."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import ModelFormatError
-from .weights import MLPWeights
+from .weights import AttentionWeights, MLPWeights
 
 
 class NamedTensors:
@@ -26,6 +27,34 @@ class NamedTensors:
 
 def f32(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def fuse_rows(*parts: np.ndarray) -> np.ndarray:
+    """Stack projection matrices [N_i, H] into one [sum N_i, H] fp32 matrix."""
+    return f32(np.concatenate(parts, axis=0))
+
+
+def fuse_biases(biases: list[np.ndarray | None], rows: list[int]) -> np.ndarray | None:
+    """One bias for row-fused projections (zeros for parts without one); None if none has one."""
+    if all(b is None for b in biases):
+        return None
+    return f32(np.concatenate([np.zeros(n, np.float32) if b is None else b
+                               for b, n in zip(biases, rows)]))
+
+
+def qkv_weights(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
+                gate: np.ndarray | None = None, biases: tuple = (None, None, None),
+                q_norm: np.ndarray | None = None, k_norm: np.ndarray | None = None
+                ) -> AttentionWeights:
+    """Attention weights with q | gate | k | v fused row-wise (gate: the output-gate rows)."""
+    parts = [q] + ([gate] if gate is not None else []) + [k, v]
+    qb, kb, vb = biases
+    bias_parts = [qb] + ([None] if gate is not None else []) + [kb, vb]
+    return AttentionWeights(
+        qkv=fuse_rows(*parts), o=f32(o), gated=gate is not None,
+        qkv_bias=fuse_biases(bias_parts, [p.shape[0] for p in parts]),
+        q_norm=None if q_norm is None else f32(q_norm), k_norm=None if k_norm is None else f32(k_norm),
+    )
 
 
 def mlp_weights(t: NamedTensors, p: str) -> MLPWeights:

@@ -14,29 +14,18 @@ Weight = Any
 
 @dataclass
 class AttentionWeights:
-    q: Weight                    # [heads*D, H]
-    k: Weight                    # [kv*D, H]
-    v: Weight                    # [kv*D, H]
+    qkv: Weight                  # [heads*D (+ heads*D gate) + 2*kv*D, H]  rows: q | gate | k | v
     o: Weight                    # [H, heads*D]
-    gate: Weight | None = None   # [heads*D, H]  Qwen3.5 output gate, de-interleaved from q_proj
+    gated: bool = False          # Qwen3.5 output gate rows present (de-interleaved from q_proj)
+    qkv_bias: Weight | None = None  # [rows of qkv] (zeros where a part has no bias)
     q_norm: Weight | None = None  # [D]
     k_norm: Weight | None = None  # [D]
-    q_bias: Weight | None = None
-    k_bias: Weight | None = None
-    v_bias: Weight | None = None
 
 
 @dataclass
 class GDNWeights:
-    q: Weight           # [Hk*Dk, H]  rows of in_proj_qkv, split so each part convolves alone
-    k: Weight           # [Hk*Dk, H]
-    v: Weight           # [Hv*Dv, H]
-    z: Weight           # [Hv*Dv, H]
-    a: Weight           # [Hv, H]
-    b: Weight           # [Hv, H]
-    conv_q: Weight      # [Hk*Dk, K]
-    conv_k: Weight      # [Hk*Dk, K]
-    conv_v: Weight      # [Hv*Dv, K]
+    in_proj: Weight     # [2*Hk*Dk + 2*Hv*Dv + 2*Hv, H]  rows: q | k | v (conv input) | z | a | b
+    conv: Weight        # [2*Hk*Dk + Hv*Dv, K]  depthwise conv over the q | k | v channels
     a_log: Weight       # [Hv] fp32
     dt_bias: Weight     # [Hv] fp32
     norm: Weight        # [Dv]  plain (not zero-centred) gated-norm weight

@@ -162,6 +162,14 @@ def attention(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale:
 
 # --- Gated DeltaNet ------------------------------------------------------------------------
 
+def split(x: Array, sizes: tuple[int, ...]) -> tuple[Array, ...]:
+    """Split x [T, sum(sizes)] along its last axis into contiguous [T, size_i] arrays (fused
+    projections -> their parts)."""
+    assert x.shape[-1] == sum(sizes), (x.shape, sizes)
+    bounds = np.cumsum((0,) + tuple(sizes))
+    return tuple(np.ascontiguousarray(x[..., a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
+
+
 def causal_conv1d(x: Array, conv_state: Array, weight: Array) -> Array:
     """Depthwise causal conv + SiLU. x [T, C]; conv_state [K-1, C] holds the previous K-1 inputs
     (oldest first) and is updated in place; weight [C, K] (tap K-1 multiplies the current input)."""

@@ -174,6 +174,24 @@ class CudaOps:
                      out.reshape(-1), np.int32(x.size // gate.size))
         return out
 
+    def split(self, x: Any, sizes: tuple[int, ...]) -> tuple[Any, ...]:
+        """x [T, sum(sizes)] -> contiguous parts [T, size_i] (at most 4). One token: views into
+        x, no copy (the decode path); more: one kernel copies the parts into one scratch buffer."""
+        n = x.shape[-1]
+        _need(sum(sizes) == n and 0 < len(sizes) <= 4, f"split: sizes {sizes} vs {x.shape}")
+        t = x.size // n if n else 0
+        flat = x.reshape(-1)
+        if t > 1:
+            flat = self.empty((t * n,))                                   # the parts, back to back
+            bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [n] * (4 - len(sizes))
+            self._go(K_ew.split_kernel, K_ew.grid_for(t * n), K_ew.BLOCK, _rows(x, n), flat,
+                     *(np.int32(b) for b in bounds[:3]))
+        parts, off = [], 0
+        for size in sizes:
+            parts.append(flat[off * t:(off + size) * t].reshape(t, size))
+            off += size
+        return tuple(parts)
+
     def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:
         d = x.shape[-1]
         out = self.empty(x.shape)

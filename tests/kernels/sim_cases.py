@@ -44,6 +44,12 @@ def test_elementwise(ops):
     close(ops.sigmoid_mul(x, y), cpu.sigmoid_mul(x, y))
     gu = rnd(rng, 3, 2 * 19)
     close(ops.swiglu(gu), cpu.swiglu(gu))
+    for rows, sizes in ((3, (5, 7, 2, 9)), (3, (10, 13)), (1, (4, 6, 3))):  # copy, copy, views
+        p = rnd(rng, rows, sum(sizes))
+        got, want = ops.split(p, sizes), cpu.split(p, sizes)
+        assert len(got) == len(sizes)
+        for g, w in zip(got, want):
+            assert np.array_equal(np.asarray(g), w)
 
 
 def test_embedding(ops):
