@@ -6,6 +6,9 @@ is decided by whoever builds the client (`tui.__main__`).
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from pathlib import Path
 
 from textual import on, work
@@ -97,6 +100,10 @@ class NinferApp(SlashCommandsMixin):
     async def on_unmount(self) -> None:
         if self.turn is not None:
             self.turn.cancel()
+        finishing = [w for w in self.workers if w.group == "turn"]
+        if finishing:                    # let a cancelled turn store its partial answer first
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.workers.wait_for_complete(finishing), 5.0)
         if self._probe is not None:
             self._probe.close()
         await self.client.close()
@@ -139,7 +146,10 @@ class NinferApp(SlashCommandsMixin):
         if self.info is None or not self.screen.has_class("-show-perf"):
             return
         panel = self.query_one(PerfPanel)
-        panel.view.engine = await self.client.stats()
+        stats = await self.client.stats()
+        if self._shutting_down():
+            return
+        panel.view.engine = stats
         if self._probe is not None:
             panel.view.system = self._probe.sample()
         panel.show()
@@ -188,14 +198,18 @@ class NinferApp(SlashCommandsMixin):
         self.refresh_bindings()   # show "Stop" in the footer
         outcome = await stream_turn(self.turn, widget, self._on_tick)
         self.turn = None
+        if outcome.message is not None:
+            self.conversation.messages.append(outcome.message)
+        if self._shutting_down():        # quit mid-answer: keep what came, touch no widget
+            if outcome.message is not None:
+                self._store_conversation()
+            return
         self.refresh_bindings()
         panel.view.generating = False
         if outcome.timings is not None:
             panel.view.last = outcome.timings
         panel.show()
-        if outcome.message is not None:
-            self.conversation.messages.append(outcome.message)
-        else:
+        if outcome.message is None:
             self._drop_failed_turn(text)
         self.state = f"error: {outcome.error}" if outcome.error else "ready"
         self._save()
@@ -214,9 +228,17 @@ class NinferApp(SlashCommandsMixin):
         if not prompt.text:
             prompt.load_text(text)
 
-    def _save(self) -> None:
+    def _shutting_down(self) -> bool:
+        """The app is exiting: its widgets are already gone (a turn may still be finishing)."""
+        return not self.query(StatusLine)
+
+    def _store_conversation(self) -> None:
         if self.conversation.messages:
             self.store.save(self.conversation, self.info.model_id if self.info else "")
+
+    def _save(self) -> None:
+        if self.conversation.messages:
+            self._store_conversation()
             self._refresh_history()
 
     def _refresh_history(self) -> None:
