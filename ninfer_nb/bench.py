@@ -73,7 +73,8 @@ def decode_bytes(llm: Any, context: int) -> int:
         ffn = layer.ffn
         if isinstance(ffn, MoEWeights):
             experts = int(ffn.gate_up.nbytes + ffn.down.nbytes)
-            total -= int(experts * (1.0 - ffn.top_k / ffn.gate_up.shape[0]))
+            active = ffn.top_k + int(ffn.shared_slot)          # a folded shared expert always runs
+            total -= int(experts * (1.0 - active / ffn.gate_up.shape[0]))
     state = llm._generator.state
     kv = state.kv_bytes() * context // max(state.max_context, 1)
     gdn = state.nbytes() - state.kv_bytes()
@@ -224,6 +225,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--prefill-chunk", type=int, default=1024)
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument("--kv-cache", choices=["fp32", "bf16", "int8"], default="fp32")
+    p.add_argument("--gemm", choices=["auto", "mma", "wgmma"], default="auto",
+                   help="prefill GEMM: wgmma (Hopper), mma.sync, or auto (wgmma on cc 9.0)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")
@@ -238,7 +241,7 @@ def main(argv: Sequence[str]) -> int:
     t_load = time.perf_counter()
     llm = LLM(model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
               prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph,
-              kv_cache=args.kv_cache)
+              kv_cache=args.kv_cache, prefill_gemm=args.gemm)
     load_s = time.perf_counter() - t_load
     first = llm.generate([1, 2, 3], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     start_to_first_token = time.time() - process_start_time()

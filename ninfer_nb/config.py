@@ -166,6 +166,7 @@ class EngineConfig:
     prefill_chunk: int = 1024
     cuda_graphs: bool = True
     kv_cache: str = "fp32"                   # fp32 | bf16 | int8 (one fp32 scale per 64 values)
+    prefill_gemm: str = "auto"               # auto | mma | wgmma: tensor-core GEMM for prefill chunks
     enable_thinking: bool = True
     show_progress: bool = True
     seed: int | None = None

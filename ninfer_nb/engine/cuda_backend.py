@@ -28,7 +28,8 @@ def bf16_exact(a: np.ndarray) -> bool:
 class CudaBackend:
     name = "cuda"
 
-    def __init__(self, index: int = 0, *, arena_bytes: int | None = None) -> None:
+    def __init__(self, index: int = 0, *, arena_bytes: int | None = None,
+                 prefill_gemm: str = "auto") -> None:
         from ..ops.cuda import CudaOps
         from ..runtime import device as dev
         from ..runtime.arena import DeviceArena
@@ -41,7 +42,8 @@ class CudaBackend:
         size = arena_bytes or int(free * ARENA_FRACTION)
         self.arena = DeviceArena(size)
         self.scratch = self.arena.carve(min(int(size * SCRATCH_FRACTION), SCRATCH_MAX))
-        self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena)
+        self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena,
+                           arch=info.compute_capability, prefill_gemm=prefill_gemm)
         self._inputs: tuple[Any, Any] | None = None
         self._graph: Any = None
         self._graph_logits: Any = None

@@ -6,7 +6,43 @@ keys 0..positions[i]; q-head h reads kv-head h // (Hq / Hkv). D <= 256.
 * decode: `attn_split_kernel` (grid: splits x Hq x T, 4 warps, online softmax per warp, warp
   shuffles) writes per-split (acc, max, sum); `attn_combine_kernel` merges the splits. The
   split count depends only on the cache length, so one graph covers every position.
-* prefill: `attn_prefill_kernel`, 16 queries x 16 keys tiles in shared memory (simulator-safe).
+* prefill (T > 4): `attn_prefill_kernel`, a SIMT flash-attention kernel (fp32 FMA on CUDA cores,
+  no tensor cores, no inline PTX, so it runs in the simulator). Status: simulator-verified
+  against ops.cpu.attention and compiled for sm_90 (ptxas: 128 registers, no spills, 46,848 B
+  static shared memory); NOT yet timed on a GPU.
+
+Prefill design (block = 256 threads, grid (ceil(T * G / 64), Hkv), G = Hq / Hkv):
+* GQA packing: a block owns 64 query rows of one kv head, row = t * G + g (q-head hk * G + g),
+  so every K/V tile staged in shared memory serves all G q heads (Qwen3.6-27B: G = 6, ~11
+  tokens per block). Row tiles run heaviest (latest positions) first.
+* Per 32-key tile (tiles past the block's largest position are skipped; the mask is applied
+  per element, so chunks may start at any position):
+  1. S = Q K^T (64 x 32) over D in 32-wide slices: the Q and K slices are staged [d][row] and
+     [d][key] into two alternating buffers, the next slice's global loads are issued before the
+     current slice's FMAs, one barrier per slice. Each half of the block takes 16 dims of a
+     slice; a thread accumulates a 4 x 4 micro-tile (8 shared loads per 16 FMA).
+  2. Half 1 hands its partial sums to half 0, which scales, masks and runs the online softmax:
+     row max over the 8 key groups through shared memory, P = exp(S - m) into shared memory,
+     the correction exp(m_old - m) per row; running sums are kept per (key group, row) and
+     added once at the end. Meanwhile all threads stage the V tile [32 keys][D] as fp32.
+  3. O = O * corr + P V: a thread owns 4 rows x 16 dims of O in registers (20 shared loads per
+     64 FMA); 64-dim column blocks past D are skipped.
+  Barriers per key tile: ceil(D / 32) + 4 (12 at D = 256).
+* Sizes: the O accumulator (64 rows x 256 dims / 256 threads = 64 registers per thread) and
+  launch_bounds(256, 2) (two blocks, 16 warps per SM) fix 64 rows per block; the V tile as
+  full-D rows (32 x 256 x 4 B = 32 KB) lets the P.V loop address its accumulators statically and
+  fixes 32 keys per tile under the 48 KB static shared-memory limit. Q for 64 rows x 256 dims
+  (64 KB) cannot stay resident, so it is re-staged per key tile, slice by slice (from L2), in
+  the buffers that hold the V tile during P.V. Shared: 32 KB (V tile / two 12.25 KB Q+K
+  staging buffers) + 8.5 KB P (also the half-sum exchange) + 2 x 2.1 KB max/sum + row data.
+* Arithmetic intensity per block and 32-key tile at D = 256: 2.1 MFLOP (Q K^T and P V) against
+  64 KB of Q plus 2 x 32 KB of K/V (fp32 cache; 2 x 16 KB bf16, 2 x 8 KB int8) read from L2/HBM,
+  ~16-22 FLOP per byte; each K/V row is read once per 64 query rows, not once per q head.
+  Shared memory averages ~2.2 FMA per 32-bit shared access (the 4 x 4 S micro-tile is the
+  weak part), so the expected ceiling is about half the fp32 FMA peak; the old kernel (16 x 16
+  tiles, one q head per block) did 0.5 FMA per shared load on a serial 256-FMA chain per score.
+* Any D <= 256 works (partial slices are zero-filled). Indices are masked with NNEG where numba
+  cannot prove them non-negative, which removes its negative-index wraparound code.
 """
 from __future__ import annotations
 
@@ -16,7 +52,7 @@ from numba import cuda, float32
 
 from ninfer_nb.kernels.bf16 import from_f32
 from ninfer_nb.kernels.kvquant import GROUP, kv_load
-from ninfer_nb.kernels.nbtypes import f32, f32_3, f32_4, i8_3, i32, i32_1, u16_3
+from ninfer_nb.kernels.nbtypes import f32, f32_2, f32_3, f32_4, i8_3, i32, i32_1, u16_3
 from ninfer_nb.kernels.registry import kernel
 from ninfer_nb.kernels.warp import warp_sum as _warp_sum
 
@@ -149,104 +185,219 @@ def attn_combine_kernel(part_o, part_ml, out):
         out[t, h, d] = o * inv
 
 
-BQ = 16
-BKEY = 16
-PITCH = MAX_D + 1     # padded row pitch of the shared tiles (bank-conflict free)
-TILE = BQ * PITCH
 PRE_THREADS = 256
-ACC_PER_THREAD = MAX_D // 16
+PRE_BM = 64           # query rows per block: (token, q-head-in-group) pairs of one kv head
+PRE_BN = 32           # keys per tile
+PRE_DS = 32           # head-dim slice of the Q.K^T phase (each half-block takes 16 of it)
+QP = PRE_BM + 1       # pitch of the staged Q slice, stored [d][row] (conflict-free stores)
+KP = PRE_BN + 1       # pitch of the staged K slice, stored [d][key]
+K_OFF = PRE_DS * QP   # K slice offset inside one staging buffer
+BUF = K_OFF + PRE_DS * KP
+A_SIZE = PRE_BN * MAX_D                 # region A: V tile [key][d], or two staging buffers
+PP = PRE_BM + 4       # pitch of P, stored [key][row] (also holds the Q.K^T half-sums)
+P_SIZE = PRE_BN * PP
+RP = PRE_BM + 4       # pitch of the per-(key-group, row) max / sum exchange
+R_SIZE = 8 * RP
+NNEG = 0x7FFFFFFF     # index & NNEG: provably >= 0, so numba drops its wraparound code
+N_PF = 12             # staging values per thread per slice: 8 of Q, 4 of K
+assert 2 * BUF <= A_SIZE and 16 * 128 <= P_SIZE
+
 
 @cuda.jit(device=True)
-def _tile_max_pos(pos_s):
-    mx = float32(-1.0)
-    for i in range(BQ):
-        mx = max(mx, pos_s[i])
-    return int(mx)
+def _qk_elem(q, k_cache, k_scale, qrow_s, hk, j0, kmax, d, d_head, lrow, l):
+    """Staging element l (< 8: Q row lrow + 8l; else K key j0 + lrow + 8(l - 8)) at dim d."""
+    if d >= d_head:
+        return float32(0.0)
+    if l < 8:
+        rb = qrow_s[lrow + 8 * l]
+        return q[rb, d] if rb >= 0 else float32(0.0)
+    j = j0 + lrow + 8 * (l - 8)
+    return kv_load(k_cache, k_scale, j, hk, d) if j <= kmax else float32(0.0)
 
 
-_PRE_SIGS = [(f32_3, c, c, f32_3, f32_3, i32_1, f32, f32_3) for c in (f32_3, u16_3, i8_3)]
+_PRE_SIGS = [(f32_2, c, c, f32_3, f32_3, i32_1, f32, f32_2) for c in (f32_3, u16_3, i8_3)]
 
 
-@kernel(*_PRE_SIGS)
+@kernel(*_PRE_SIGS, launch_bounds=(PRE_THREADS, 2))
 def attn_prefill_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, out):
-    """grid (ceil(T / 16), Hq), block 256. Flash-style online softmax over 16-key tiles."""
-    q_s = cuda.shared.array(TILE, float32)
-    kv_s = cuda.shared.array(TILE, float32)
-    p_s = cuda.shared.array((BQ, BKEY), float32)
-    m_s = cuda.shared.array(BQ, float32)
-    l_s = cuda.shared.array(BQ, float32)
-    c_s = cuda.shared.array(BQ, float32)
-    pos_s = cuda.shared.array(BQ, float32)     # positions as fp32 (exact below 2^24)
-    acc = cuda.local.array(ACC_PER_THREAD, float32)
-    tid = cuda.threadIdx.x
-    q0 = cuda.blockIdx.x * BQ
-    h = cuda.blockIdx.y
-    n_tok = q.shape[0]
-    d_head = q.shape[2]
-    hk = h // (q.shape[1] // k_cache.shape[1])
-    # stage Q (pre-scaled) and the query positions
-    for i in range(tid, BQ * d_head, PRE_THREADS):
-        r = i // d_head
-        d = i - r * d_head
-        q_s[r * PITCH + d] = q[q0 + r, h, d] * scale if q0 + r < n_tok else float32(0.0)
-    if tid < BQ:
-        pos_s[tid] = float32(positions[q0 + tid]) if q0 + tid < n_tok else float32(-1.0)
+    """q, out [T * Hq, D] (row t * Hq + h); grid (ceil(T * G / 64), Hkv), block 256, G = Hq / Hkv.
+    Block rows r = (t * G + g) - r0 for q-head hk * G + g; see the module docstring."""
+    sa = cuda.shared.array(A_SIZE, float32)
+    sp = cuda.shared.array(P_SIZE, float32)
+    sr = cuda.shared.array(R_SIZE, float32)
+    ls_s = cuda.shared.array(R_SIZE, float32)   # running sums, per (key group, row)
+    m_s = cuda.shared.array(PRE_BM, float32)    # running row max
+    corr_s = cuda.shared.array(PRE_BM, float32)
+    rpos_s = cuda.shared.array(PRE_BM, i32)
+    qrow_s = cuda.shared.array(PRE_BM, i32)
+    acc = cuda.local.array((4, 16), float32)    # O rows ty + 16i, dims tx + 16c
+    sc = cuda.local.array((4, 4), float32)      # S rows ry + 16i, keys kx + 8j
+    mo = cuda.local.array(4, float32)           # row max before this tile (half 0)
+    pf = cuda.local.array(N_PF, float32)        # next staging slice, in flight
+    tid = cuda.threadIdx.x & 1023       # the masks make indices provably >= 0 (see NNEG)
+    hk = cuda.blockIdx.y & 0xFFFF
+    n_tok = positions.shape[0]
+    hq = q.shape[0] // n_tok
+    d_head = q.shape[1]
+    grp = hq // k_cache.shape[1]
+    r0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * PRE_BM     # longest rows first
+    if tid < PRE_BM:
+        rr = r0 + tid
+        if rr < n_tok * grp:
+            t = rr // grp
+            qrow_s[tid] = t * hq + hk * grp + (rr - t * grp)
+            rpos_s[tid] = positions[t]
+        else:
+            qrow_s[tid] = -1
+            rpos_s[tid] = -1
         m_s[tid] = float32(NEG)
-        l_s[tid] = float32(0.0)
-    for e in range(ACC_PER_THREAD):
-        acc[e] = float32(0.0)
+    for r in range(tid, R_SIZE, PRE_THREADS):
+        ls_s[r] = float32(0.0)
+    for i in range(4):
+        for c in range(16):
+            acc[i, c] = float32(0.0)
     cuda.syncthreads()
-    kmax = _tile_max_pos(pos_s)
-    qi = tid // BKEY          # row handled in the score / accumulate phases
-    kj = tid % BKEY
-    qpos = pos_s[qi]
-    for j0 in range(0, kmax + 1, BKEY):
-        # K tile
-        for i in range(tid, BKEY * d_head, PRE_THREADS):
-            r = i // d_head
-            d = i - r * d_head
-            kv_s[r * PITCH + d] = kv_load(k_cache, k_scale, j0 + r, hk, d) if j0 + r <= kmax else float32(0.0)
+    kmax = -1
+    for r in range(PRE_BM):
+        kmax = max(kmax, rpos_s[r])
+    half = tid >> 7                 # Q.K^T: which 16 dims of each 32-dim slice
+    tig = tid & 127
+    ry = tig >> 3
+    kx = tig & 7
+    ty = tid >> 4                   # P.V: rows ty + 16i, dims tx + 16c
+    tx = tid & 15
+    lrow = tid >> 5                 # staging: rows / keys lrow + 8l, dim lcol of the slice
+    lcol = tid & 31
+    n_sl = (d_head + PRE_DS - 1) // PRE_DS
+    ncb = (d_head + 63) // 64
+    for l in range(N_PF):
+        pf[l] = _qk_elem(q, k_cache, k_scale, qrow_s, hk, 0, kmax, lcol, d_head, lrow, l)
+    for j0 in range(0, kmax + 1, PRE_BN):
+        j0 = j0 & NNEG
+        # ---- S = Q K^T over D slices: double-buffered, one barrier per slice
+        for i in range(4):
+            for j in range(4):
+                sc[i, j] = float32(0.0)
+        for s in range(n_sl):
+            b = (s & 1) * BUF
+            for l in range(8):
+                sa[b + lcol * QP + lrow + 8 * l] = pf[l]
+            for l in range(4):
+                sa[b + K_OFF + lcol * KP + lrow + 8 * l] = pf[8 + l]
+            cuda.syncthreads()
+            if s + 1 < n_sl:
+                for l in range(N_PF):
+                    pf[l] = _qk_elem(q, k_cache, k_scale, qrow_s, hk, j0, kmax, (((s + 1) * PRE_DS) & NNEG) + lcol,
+                                     d_head, lrow, l)
+            qb = b + half * (PRE_DS // 2) * QP + ry
+            kb = b + K_OFF + half * (PRE_DS // 2) * KP + kx
+            for dd in range(PRE_DS // 2):
+                qi = (qb + dd * QP) & NNEG
+                ki = (kb + dd * KP) & NNEG
+                q0 = sa[qi]
+                q1 = sa[qi + 16]
+                q2 = sa[qi + 32]
+                q3 = sa[qi + 48]
+                for j in range(4):
+                    kv = sa[ki + 8 * j]
+                    sc[0, j] += q0 * kv
+                    sc[1, j] += q1 * kv
+                    sc[2, j] += q2 * kv
+                    sc[3, j] += q3 * kv
+        # ---- half 1 hands its partial sums to half 0; everyone stages the V tile
+        if half == 1:
+            for i in range(4):
+                for j in range(4):
+                    sp[(i * 4 + j) * 128 + tig] = sc[i, j]
         cuda.syncthreads()
-        s = float32(0.0)
-        for d in range(d_head):
-            s += q_s[qi * PITCH + d] * kv_s[kj * PITCH + d]
-        p_s[qi, kj] = s if float32(j0 + kj) <= qpos else float32(NEG)
+        if tid < d_head:
+            for l in range(PRE_BN):
+                j = j0 + l
+                sa[l * MAX_D + tid] = kv_load(v_cache, v_scale, j, hk, tid) if j <= kmax else float32(0.0)
+        if half == 0:
+            for i in range(4):
+                rp = rpos_s[ry + 16 * i]
+                mx = float32(NEG)
+                for j in range(4):
+                    v = (sc[i, j] + sp[(i * 4 + j) * 128 + tig]) * scale
+                    if j0 + kx + 8 * j > rp:
+                        v = float32(NEG)
+                    sc[i, j] = v
+                    mx = max(mx, v)
+                sr[kx * RP + ry + 16 * i] = mx
+                mo[i] = m_s[ry + 16 * i]
         cuda.syncthreads()
-        if tid < BQ:
-            m_old = m_s[tid]
-            m_new = m_old
-            for c in range(BKEY):
-                m_new = max(m_new, p_s[tid, c])
-            corr = math.exp(m_old - m_new)
+        # ---- online softmax (half 0): row max over the 8 key groups, P to shared memory
+        if half == 0:
+            for i in range(4):
+                row = ry + 16 * i
+                mt = mo[i]
+                for g in range(8):
+                    mt = max(mt, sr[g * RP + row])
+                corr = math.exp(mo[i] - mt)
+                ls = float32(0.0)
+                for j in range(4):
+                    v = sc[i, j]
+                    p = math.exp(v - mt) if v > float32(NEG) else float32(0.0)
+                    sp[(kx + 8 * j) * PP + row] = p
+                    ls += p
+                ls_s[kx * RP + row] = ls_s[kx * RP + row] * corr + ls
+                if kx == 0:
+                    corr_s[row] = corr
+                    m_s[row] = mt
+        cuda.syncthreads()
+        if j0 + PRE_BN <= kmax:     # next tile's first Q/K slice, in flight during P.V
+            for l in range(N_PF):
+                pf[l] = _qk_elem(q, k_cache, k_scale, qrow_s, hk, j0 + PRE_BN, kmax, lcol, d_head, lrow, l)
+        # ---- O = O * corr + P V: 4 rows x 16 dims per thread
+        for i in range(4):
+            corr = corr_s[ty + 16 * i]
+            for c in range(16):
+                acc[i, c] *= corr
+        for kk in range(PRE_BN):
+            pb = (kk * PP + ty) & NNEG
+            p0 = sp[pb]
+            p1 = sp[pb + 16]
+            p2 = sp[pb + 32]
+            p3 = sp[pb + 48]
+            vb = (kk * MAX_D + tx) & NNEG
+            for c in range(4):
+                vv = sa[vb + 16 * c]
+                acc[0, c] += p0 * vv
+                acc[1, c] += p1 * vv
+                acc[2, c] += p2 * vv
+                acc[3, c] += p3 * vv
+            if ncb > 1:
+                for c in range(4, 8):
+                    vv = sa[vb + 16 * c]
+                    acc[0, c] += p0 * vv
+                    acc[1, c] += p1 * vv
+                    acc[2, c] += p2 * vv
+                    acc[3, c] += p3 * vv
+            if ncb > 2:
+                for c in range(8, 12):
+                    vv = sa[vb + 16 * c]
+                    acc[0, c] += p0 * vv
+                    acc[1, c] += p1 * vv
+                    acc[2, c] += p2 * vv
+                    acc[3, c] += p3 * vv
+            if ncb > 3:
+                for c in range(12, 16):
+                    vv = sa[vb + 16 * c]
+                    acc[0, c] += p0 * vv
+                    acc[1, c] += p1 * vv
+                    acc[2, c] += p2 * vv
+                    acc[3, c] += p3 * vv
+        cuda.syncthreads()
+    for i in range(4):
+        row = ty + 16 * i
+        rb = qrow_s[row]
+        if rb >= 0:
             lsum = float32(0.0)
-            for c in range(BKEY):
-                sc = p_s[tid, c]
-                pe = math.exp(sc - m_new) if sc > float32(NEG) else float32(0.0)
-                p_s[tid, c] = pe
-                lsum += pe
-            l_s[tid] = l_s[tid] * corr + lsum
-            m_s[tid] = m_new
-            c_s[tid] = corr
-        # V tile (K no longer needed)
-        for i in range(tid, BKEY * d_head, PRE_THREADS):
-            r = i // d_head
-            d = i - r * d_head
-            kv_s[r * PITCH + d] = kv_load(v_cache, v_scale, j0 + r, hk, d) if j0 + r <= kmax else float32(0.0)
-        cuda.syncthreads()
-        corr = c_s[qi]
-        for e in range(ACC_PER_THREAD):
-            d = kj + 16 * e
-            if d < d_head:
-                a = acc[e] * corr
-                for c in range(BKEY):
-                    a += p_s[qi, c] * kv_s[c * PITCH + d]
-                acc[e] = a
-        cuda.syncthreads()
-    if q0 + qi < n_tok:
-        inv = float32(1.0) / l_s[qi]
-        for e in range(ACC_PER_THREAD):
-            d = kj + 16 * e
-            if d < d_head:
-                out[q0 + qi, h, d] = acc[e] * inv
-
-
+            for g in range(8):
+                lsum += ls_s[g * RP + row]
+            inv = float32(1.0) / lsum
+            for c in range(16):
+                d = tx + 16 * c
+                if d < d_head:
+                    out[rb, d] = acc[i, c] * inv

@@ -29,13 +29,12 @@ numba compile-time zone). GPU only (inline PTX): not simulator-safe.
 """
 from __future__ import annotations
 
-from llvmlite import ir
 from numba import cuda, float32, int32, uint32
-from numba.cuda import types
-from numba.cuda.extending import intrinsic
 
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, u16_1, u16_2
-from ninfer_nb.kernels.ptx import ldg_v4_f32
+from ninfer_nb.kernels.ptx import (cp_async16, cp_async_commit, cp_async_wait0, cp_async_wait1, gptr,
+                                   ldg_v4_f32, ldsm_x4, mma_bf16, pack_bf16x2, smem_u32, st_v2_f32,
+                                   st_v4_u32)
 from ninfer_nb.kernels.registry import kernel
 
 BM = 128
@@ -51,171 +50,6 @@ SMEM_WORDS = STAGES * STAGE_BYTES // 4     # 48 KB static
 K_ALIGN = 64                               # what the dispatcher requires of K
 CVT_THREADS = 256
 CVT_MAX_BLOCKS = 8192
-
-_I32 = ir.IntType(32)
-_I64 = ir.IntType(64)
-_F32 = ir.FloatType()
-
-
-# ---------------------------------------------------------------------------- inline PTX
-def _asm(builder, asm, cons, ret, args, side_effect=True):
-    fnty = ir.FunctionType(ret, [a.type for a in args])
-    return builder.call(ir.InlineAsm(fnty, asm, cons, side_effect=side_effect), args)
-
-
-def _u32(context, builder, v, ty):
-    return context.cast(builder, v, ty, types.uint32)
-
-
-def _elem_addr(context, builder, arrty, arr, idx, idxty):
-    ary = context.make_array(arrty)(context, builder, value=arr)
-    i = context.cast(builder, idx, idxty, types.int64)
-    return builder.ptrtoint(builder.gep(ary.data, [i]), _I64)
-
-
-@intrinsic
-def smem_u32(typingctx, arr):
-    """32-bit shared-window address of element 0 of a cuda.shared.array."""
-    if not isinstance(arr, types.Array):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-        p = builder.ptrtoint(ary.data, _I64)
-        s = _asm(builder, "cvta.to.shared.u64 $0, $1;", "=l,l", _I64, [p], side_effect=False)
-        return builder.trunc(s, _I32)
-
-    return types.uint32(arr), codegen
-
-
-@intrinsic
-def gptr(typingctx, arr):
-    """Device address of element 0 of an array, as int64 (int64 + int64 stays integer)."""
-    if not isinstance(arr, types.Array):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-        return builder.ptrtoint(ary.data, _I64)
-
-    return types.int64(arr), codegen
-
-
-@intrinsic
-def cp_async16(typingctx, saddr, gaddr):
-    """cp.async.cg 16 bytes global -> shared (L2 only, bypasses L1)."""
-    if not isinstance(saddr, types.Integer) or not isinstance(gaddr, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        s = _u32(context, builder, args[0], sig.args[0])
-        g = context.cast(builder, args[1], sig.args[1], types.int64)
-        _asm(builder, "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}", ir.VoidType(), [s, g])
-        return context.get_dummy_value()
-
-    return types.void(saddr, gaddr), codegen
-
-
-def _make_noarg(name, asm):
-    def typer(typingctx):
-        def codegen(context, builder, sig, args):
-            _asm(builder, asm, "~{memory}", ir.VoidType(), [])
-            return context.get_dummy_value()
-
-        return types.void(), codegen
-
-    typer.__name__ = name
-    return intrinsic(typer)
-
-
-cp_async_commit = _make_noarg("cp_async_commit", "cp.async.commit_group;")
-cp_async_wait1 = _make_noarg("cp_async_wait1", "cp.async.wait_group 1;")   # STAGES - 2
-cp_async_wait0 = _make_noarg("cp_async_wait0", "cp.async.wait_group 0;")
-
-
-@intrinsic
-def ldsm_x4(typingctx, saddr):
-    """ldmatrix.x4 (non-transposed): four 8x8 b16 matrices, lanes 8i..8i+7 address matrix i's rows."""
-    if not isinstance(saddr, types.Integer):
-        return None
-    ret = types.UniTuple(types.uint32, 4)
-
-    def codegen(context, builder, sig, args):
-        s = _u32(context, builder, args[0], sig.args[0])
-        r = _asm(builder, "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [$4];",
-                 "=r,=r,=r,=r,r,~{memory}", ir.LiteralStructType([_I32] * 4), [s])
-        return context.make_tuple(builder, ret, [builder.extract_value(r, j) for j in range(4)])
-
-    return ret(saddr), codegen
-
-
-@intrinsic
-def mma_bf16(typingctx, a, b0, b1, c):
-    """c += A(16x16 bf16, 4 regs) . B(16x8 bf16, 2 regs), fp32 accumulators (4-tuple)."""
-    ok = (isinstance(a, types.UniTuple) and a.count == 4 and isinstance(a.dtype, types.Integer)
-          and isinstance(b0, types.Integer) and isinstance(b1, types.Integer)
-          and isinstance(c, types.UniTuple) and c.count == 4 and c.dtype == types.float32)
-    if not ok:
-        return None
-    ret = types.UniTuple(types.float32, 4)
-
-    def codegen(context, builder, sig, args):
-        av = [_u32(context, builder, builder.extract_value(args[0], j), sig.args[0].dtype) for j in range(4)]
-        bv = [_u32(context, builder, args[1], sig.args[1]), _u32(context, builder, args[2], sig.args[2])]
-        cv = [builder.extract_value(args[3], j) for j in range(4)]
-        r = _asm(builder, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                          "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
-                 "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ir.LiteralStructType([_F32] * 4), av + bv + cv,
-                 side_effect=False)
-        return context.make_tuple(builder, ret, [builder.extract_value(r, j) for j in range(4)])
-
-    return ret(a, b0, b1, c), codegen
-
-
-@intrinsic
-def pack_bf16x2(typingctx, hi, lo):
-    """Two fp32 -> bf16x2 (round to nearest even): `hi` in bits 31:16, `lo` in bits 15:0."""
-    if not isinstance(hi, types.Float) or not isinstance(lo, types.Float):
-        return None
-
-    def codegen(context, builder, sig, args):
-        h = context.cast(builder, args[0], sig.args[0], types.float32)
-        lo_ = context.cast(builder, args[1], sig.args[1], types.float32)
-        return _asm(builder, "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", _I32, [h, lo_], side_effect=False)
-
-    return types.uint32(hi, lo), codegen
-
-
-@intrinsic
-def st_v2_f32(typingctx, arr, idx, v0, v1):
-    """8-byte store of (v0, v1) to arr.flat[idx], arr.flat[idx + 1] (8-byte aligned)."""
-    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        addr = _elem_addr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        a = context.cast(builder, args[2], sig.args[2], types.float32)
-        b = context.cast(builder, args[3], sig.args[3], types.float32)
-        _asm(builder, "st.global.v2.f32 [$0], {$1,$2};", "l,f,f,~{memory}", ir.VoidType(), [addr, a, b])
-        return context.get_dummy_value()
-
-    return types.void(arr, idx, v0, v1), codegen
-
-
-@intrinsic
-def st_v4_u32(typingctx, arr, idx, v0, v1, v2, v3):
-    """16-byte store of four 32-bit words at the byte address of arr.flat[idx] (16-byte aligned)."""
-    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        addr = _elem_addr(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        vs = [_u32(context, builder, args[2 + j], sig.args[2 + j]) for j in range(4)]
-        _asm(builder, "st.global.v4.u32 [$0], {$1,$2,$3,$4};", "l,r,r,r,r,~{memory}", ir.VoidType(), [addr] + vs)
-        return context.get_dummy_value()
-
-    return types.void(arr, idx, v0, v1, v2, v3), codegen
-
 
 # ---------------------------------------------------------------------------- host helpers
 def cvt_grid(n_elems: int) -> int:

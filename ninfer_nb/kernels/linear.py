@@ -1,8 +1,11 @@
 """Linear layers y[T, N] = x[T, K] @ W[N, K]^T (+ bias[N]); x, y fp32, W bf16 (uint16) or fp32.
 
 * `gemv_bf16_kernel` (T <= 16, decode): memory-bound. A warp owns 2 weight rows and streams them
-  with 16-byte inline-PTX loads (`ld.global.nc.L1::no_allocate.L2::256B.v4`), 4 tokens per pass,
-  fp32 FMA, warp-shuffle reduction. `vec = 0` selects a scalar path (K % 8 != 0 or unaligned).
+  with 16-byte inline-PTX loads (`ld.global.nc.L1::no_allocate.L2::256B.v4`), 4 chunks of 256
+  columns per row issued together (8 loads in flight per lane: with 2 in flight the kernel
+  averaged ~3.0 TB/s in the 27B decode profile; the design spike's 4-deep SIMT variant reached
+  ~4.0 TB/s, numba-kernels-measured.md section 3), 4 tokens per pass, fp32 FMA, warp-shuffle
+  reduction. `vec = 0` selects a scalar path (K % 8 != 0 or unaligned).
 * `gemm_kernel` (prefill chunks, any dtype of W): 64x64x16 shared-memory tiles, 4x4 per thread.
   CUDA cores only (no tensor cores yet). Simulator-safe.
 """
@@ -20,6 +23,7 @@ GEMV_WARPS = 8
 GEMV_ROWS = 2           # weight rows per warp
 GEMV_ROWS_PER_BLOCK = GEMV_WARPS * GEMV_ROWS
 GEMV_MAX_T = 16
+UNROLL = 4              # 256-column chunks per pass of the vectorised GEMV loop
 HI = 0xFFFF0000
 
 
@@ -35,6 +39,36 @@ def _dot8(w, xa, xb):
     s += as_f32(w[3] << 16) * xb[2]
     s += as_f32(w[3] & HI) * xb[3]
     return s
+
+
+@cuda.jit(device=True)
+def _chunk(x, xi, k_dim, w0, w1, ok1, ok2, ok3, acc):
+    """Add one 8-column chunk of two weight rows (w0, w1) times up to 4 tokens of x (token
+    t0 at flat index xi, the next ones k_dim apart) to the 8 accumulators acc[token][row]."""
+    a00, a01, a10, a11, a20, a21, a30, a31 = acc
+    xa = ldg_v4_f32(x, xi)
+    xb = ldg_v4_f32(x, xi + 4)
+    a00 += _dot8(w0, xa, xb)
+    a01 += _dot8(w1, xa, xb)
+    if ok1:
+        xi += k_dim
+        xa = ldg_v4_f32(x, xi)
+        xb = ldg_v4_f32(x, xi + 4)
+        a10 += _dot8(w0, xa, xb)
+        a11 += _dot8(w1, xa, xb)
+    if ok2:
+        xi += k_dim
+        xa = ldg_v4_f32(x, xi)
+        xb = ldg_v4_f32(x, xi + 4)
+        a20 += _dot8(w0, xa, xb)
+        a21 += _dot8(w1, xa, xb)
+    if ok3:
+        xi += k_dim
+        xa = ldg_v4_f32(x, xi)
+        xb = ldg_v4_f32(x, xi + 4)
+        a30 += _dot8(w0, xa, xb)
+        a31 += _dot8(w1, xa, xb)
+    return (a00, a01, a10, a11, a20, a21, a30, a31)
 
 
 @kernel((f32_2, u16_2, f32_1, f32_2, i32, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
@@ -63,33 +97,34 @@ def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
         ok1 = t0 + 1 < n_tok
         ok2 = t0 + 2 < n_tok
         ok3 = t0 + 3 < n_tok
+        acc = (a00, a01, a10, a11, a20, a21, a30, a31)
         if vec != 0:
-            for k in range(lane * 8, k_dim, 256):
-                w0 = ldg_stream_v4_u32(w, n0 * k_dim + k)
-                w1 = ldg_stream_v4_u32(w, n1 * k_dim + k) if has1 else zero4
+            r0 = n0 * k_dim
+            r1 = n1 * k_dim                  # = r0 for a lone last row: loaded, never stored
+            k = lane * 8
+            # UNROLL chunks of 256 columns per pass: all 2 * UNROLL weight loads are issued
+            # before any math, so each lane keeps 8 x 16 B in flight (latency hiding).
+            while k + (UNROLL - 1) * 256 < k_dim:
+                w00 = ldg_stream_v4_u32(w, r0 + k)
+                w10 = ldg_stream_v4_u32(w, r1 + k)
+                w01 = ldg_stream_v4_u32(w, r0 + k + 256)
+                w11 = ldg_stream_v4_u32(w, r1 + k + 256)
+                w02 = ldg_stream_v4_u32(w, r0 + k + 512)
+                w12 = ldg_stream_v4_u32(w, r1 + k + 512)
+                w03 = ldg_stream_v4_u32(w, r0 + k + 768)
+                w13 = ldg_stream_v4_u32(w, r1 + k + 768)
                 xi = t0 * k_dim + k
-                xa = ldg_v4_f32(x, xi)
-                xb = ldg_v4_f32(x, xi + 4)
-                a00 += _dot8(w0, xa, xb)
-                a01 += _dot8(w1, xa, xb)
-                if ok1:
-                    xi += k_dim
-                    xa = ldg_v4_f32(x, xi)
-                    xb = ldg_v4_f32(x, xi + 4)
-                    a10 += _dot8(w0, xa, xb)
-                    a11 += _dot8(w1, xa, xb)
-                if ok2:
-                    xi += k_dim
-                    xa = ldg_v4_f32(x, xi)
-                    xb = ldg_v4_f32(x, xi + 4)
-                    a20 += _dot8(w0, xa, xb)
-                    a21 += _dot8(w1, xa, xb)
-                if ok3:
-                    xi += k_dim
-                    xa = ldg_v4_f32(x, xi)
-                    xb = ldg_v4_f32(x, xi + 4)
-                    a30 += _dot8(w0, xa, xb)
-                    a31 += _dot8(w1, xa, xb)
+                acc = _chunk(x, xi, k_dim, w00, w10, ok1, ok2, ok3, acc)
+                acc = _chunk(x, xi + 256, k_dim, w01, w11, ok1, ok2, ok3, acc)
+                acc = _chunk(x, xi + 512, k_dim, w02, w12, ok1, ok2, ok3, acc)
+                acc = _chunk(x, xi + 768, k_dim, w03, w13, ok1, ok2, ok3, acc)
+                k += UNROLL * 256
+            while k < k_dim:                 # the last < UNROLL chunks
+                w00 = ldg_stream_v4_u32(w, r0 + k)
+                w10 = ldg_stream_v4_u32(w, r1 + k)
+                acc = _chunk(x, t0 * k_dim + k, k_dim, w00, w10, ok1, ok2, ok3, acc)
+                k += 256
+            a00, a01, a10, a11, a20, a21, a30, a31 = acc
         else:
             for k in range(lane, k_dim, 32):
                 v0 = widen(w[n0, k])

@@ -1,12 +1,14 @@
 """Mixture of experts: softmax top-k router and routed SwiGLU experts (bf16 expert weights).
 
-* `moe_route_kernel`: one block per token; softmax over E logits, k rounds of block arg-max
-  (ties -> lower expert id), optional renormalisation. Simulator-safe.
+* `moe_route_kernel`: one block per token; top-k by rank counting over the row in shared memory
+  (ties -> lower expert id), softmax weights over the chosen k (renormalised) or over all E.
+  Simulator-safe.
 * `moe_gate_up_kernel`: h[t*k + s, j] = silu(gate_up[e, j] . x[t]) * (gate_up[e, I + j] . x[t]),
   one warp per (slot, j). `moe_down_kernel`: out[t, n] = sum_s w[t, s] * down[e_s, n] . h[t*k+s],
   one warp per (t, n), slots summed in order (deterministic, no atomics). Both stream weights
   with 16-byte loads when `vec` (H % 8 == 0 and I % 8 == 0), else scalar loads.
-Decode-oriented: prefill re-reads each expert per token (no grouping by expert yet).
+Decode-oriented (each routed pair streams its expert's weights): CudaOps.moe_experts uses them for
+T < moe_grouped.GROUPED_MIN_T; longer prefill chunks take the grouped-by-expert path (moe_grouped.py).
 """
 from __future__ import annotations
 
@@ -20,88 +22,70 @@ from ninfer_nb.kernels.nbtypes import f32_2, i32, i32_2, u16_3
 from ninfer_nb.kernels.ptx import ldg_stream_v4_u32, ldg_v4_f32
 from ninfer_nb.kernels.registry import kernel
 
-ROUTE_BLOCK = 256
+ROUTE_BLOCK = 256     # power of two
+ROUTE_MAX_E = 1024    # experts per router row
 MAX_TOPK = 32
 MOE_WARPS = 8
 
 
-@kernel((f32_2, i32, i32, i32_2, f32_2))
-def moe_route_kernel(logits, top_k, renorm, ids, weights):
-    """grid T, block 256 (power of two). logits [T, E] -> ids [T, k] int32, weights [T, k]."""
-    red_v = cuda.shared.array(ROUTE_BLOCK, float32)
-    red_i = cuda.shared.array(ROUTE_BLOCK, int32)
-    chosen = cuda.shared.array(MAX_TOPK, int32)
-    chosen_p = cuda.shared.array(MAX_TOPK, float32)
+@kernel((f32_2, i32, i32, i32, i32_2, f32_2))
+def moe_route_kernel(logits, top_k, renorm, shared, ids, weights):
+    """grid T, block ROUTE_BLOCK. logits [T, E + shared] (E <= ROUTE_MAX_E) -> ids [T, k + shared]
+    int32, weights [T, k + shared]. shared = 1: the last logit column is the shared expert's
+    gate; slot k gets id E and weight sigmoid(gate).
+
+    Top-k by rank, not by k rounds of arg-max: the row is staged in shared memory, and each
+    thread counts, for its experts e, how many logits beat logit e (a larger value, or an equal
+    one with a lower id). Rank r < k puts e in slot r. Ranks are distinct, so every slot is
+    written exactly once. Three barriers (plus one block sum of exp when not renormalising)
+    instead of ~10 per selected expert; every shared read is a broadcast."""
+    row = cuda.shared.array(ROUTE_MAX_E, float32)
+    top_p = cuda.shared.array(MAX_TOPK, float32)
+    red = cuda.shared.array(ROUTE_BLOCK, float32)
     t = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthr = cuda.blockDim.x
-    n_exp = logits.shape[1]
-    # max
-    mx = float32(-3.0e38)
+    n_exp = logits.shape[1] - shared
     for e in range(tid, n_exp, nthr):
-        mx = max(mx, logits[t, e])
-    red_v[tid] = mx
+        row[e] = logits[t, e]
+    if tid < top_k:                              # NaN logits rank nowhere: keep the ids valid
+        ids[t, tid] = 0
+        top_p[tid] = float32(0.0)
     cuda.syncthreads()
-    st = nthr // 2
-    while st > 0:
-        if tid < st:
-            red_v[tid] = max(red_v[tid], red_v[tid + st])
-        cuda.syncthreads()
-        st //= 2
-    mx = red_v[0]
-    cuda.syncthreads()
-    # sum of exp
-    sm = float32(0.0)
     for e in range(tid, n_exp, nthr):
-        sm += math.exp(logits[t, e] - mx)
-    red_v[tid] = sm
+        v = row[e]
+        rank = 0
+        for j in range(n_exp):
+            u = row[j]
+            if u > v or (u == v and j < e):
+                rank += 1
+        if rank < top_k:
+            ids[t, rank] = e
+            top_p[rank] = v                      # logit for now; the max is slot 0's
     cuda.syncthreads()
-    st = nthr // 2
-    while st > 0:
-        if tid < st:
-            red_v[tid] += red_v[tid + st]
-        cuda.syncthreads()
-        st //= 2
-    total = red_v[0]
-    cuda.syncthreads()
-    # k rounds of arg-max over the not-yet-chosen experts
-    for r in range(top_k):
-        bv = float32(-1.0)
-        bi = int32(n_exp)
+    mx = top_p[0]
+    total = float32(0.0)
+    if renorm != 0:                              # weights over the chosen k only
+        for r in range(top_k):
+            total += math.exp(top_p[r] - mx)
+    else:                                        # full softmax denominator
+        acc = float32(0.0)
         for e in range(tid, n_exp, nthr):
-            taken = False
-            for c in range(r):
-                if chosen[c] == e:
-                    taken = True
-            if not taken:
-                p = math.exp(logits[t, e] - mx) / total
-                if p > bv:
-                    bv = p
-                    bi = e
-        red_v[tid] = bv
-        red_i[tid] = bi
+            acc += math.exp(row[e] - mx)
+        red[tid] = acc
         cuda.syncthreads()
         st = nthr // 2
         while st > 0:
             if tid < st:
-                ov = red_v[tid + st]
-                oi = red_i[tid + st]
-                if ov > red_v[tid] or (ov == red_v[tid] and oi < red_i[tid]):
-                    red_v[tid] = ov
-                    red_i[tid] = oi
+                red[tid] += red[tid + st]
             cuda.syncthreads()
             st //= 2
-        if tid == 0:
-            chosen[r] = red_i[0]
-            chosen_p[r] = red_v[0]
-        cuda.syncthreads()
-    if tid == 0:
-        ws = float32(0.0)
-        for r in range(top_k):
-            ws += chosen_p[r]
-        for r in range(top_k):
-            ids[t, r] = chosen[r]
-            weights[t, r] = chosen_p[r] / ws if renorm != 0 else chosen_p[r]
+        total = red[0]
+    if tid < top_k:
+        weights[t, tid] = math.exp(top_p[tid] - mx) / total
+    if shared != 0 and tid == 0:
+        ids[t, top_k] = n_exp
+        weights[t, top_k] = float32(1.0) / (float32(1.0) + math.exp(-logits[t, n_exp]))
 
 
 @kernel((f32_2, i32_2, u16_3, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2))

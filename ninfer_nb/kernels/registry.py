@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 from numba import config, cuda
 
-MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "conv1d", "gdn", "moe",
-           "sampling", "random_fill", "gemm_mma")
+MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "conv1d", "gdn", "gdn_chunked",
+           "moe", "moe_grouped", "sampling", "random_fill", "gemm_mma", "gemm_wgmma")
 
 _SPECS: dict[str, "KernelSpec"] = {}
 
@@ -26,6 +26,7 @@ class KernelSpec:
     sigs: tuple[Any, ...]
     options: dict[str, Any] = field(default_factory=dict)
     sim: bool = True  # runs in the CUDA simulator (no warp shuffles, no inline PTX)
+    dynamic_smem: int = 0  # bytes of dynamic shared memory the kernel is launched with
     _disp: Any = None
 
     def get(self) -> Any:
@@ -33,7 +34,10 @@ class KernelSpec:
             if config.ENABLE_CUDASIM:
                 self._disp = cuda.jit(self.fn)
             else:
-                self._disp = cuda.jit(list(self.sigs), cache=True, **self.options)(self.fn)
+                disp = cuda.jit(list(self.sigs), cache=True, **self.options)(self.fn)
+                if self.dynamic_smem > 48 * 1024:
+                    _allow_dynamic_smem(disp, self.dynamic_smem)
+                self._disp = disp
         return self._disp
 
     def __getitem__(self, cfg: Any) -> Any:
@@ -44,9 +48,22 @@ class KernelSpec:
         return ptx
 
 
-def kernel(*sigs: Any, sim: bool = True, **options: Any) -> Callable[[Callable[..., None]], KernelSpec]:
+def _allow_dynamic_smem(disp: Any, nbytes: int) -> None:
+    """Opt every compiled overload in to more than 48 KB of dynamic shared memory. numba-cuda
+    loads modules through cuLibrary*, so the handle is a CUkernel: cuKernelSetAttribute (the
+    call numba itself uses for the shared-memory carveout), not cuFuncSetAttribute."""
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    for overload in disp.overloads.values():
+        f = overload._codelibrary.get_cufunc()
+        driver.cuKernelSetAttribute(attr, int(nbytes), f.handle, f.device.id)
+
+
+def kernel(*sigs: Any, sim: bool = True, dynamic_smem: int = 0,
+           **options: Any) -> Callable[[Callable[..., None]], KernelSpec]:
     def deco(fn: Callable[..., None]) -> KernelSpec:
-        spec = KernelSpec(fn.__name__, fn, tuple(sigs), options, sim)
+        spec = KernelSpec(fn.__name__, fn, tuple(sigs), options, sim, dynamic_smem)
         if spec.name in _SPECS:
             raise ValueError(f"duplicate kernel name {spec.name}")
         _SPECS[spec.name] = spec

@@ -69,11 +69,17 @@ def random_weights(cfg: ModelConfig, make: Make) -> ModelWeights:
                 out=make((h, vd), "matrix"))
         if cfg.is_moe:
             e, m, s = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-            ffn: MLPWeights | MoEWeights = MoEWeights(
-                router=make((e, h), "matrix"), gate_up=make((e, 2 * m, h), "experts"),
-                down=make((e, h, m), "experts"), top_k=cfg.num_experts_per_tok, renormalize=True,
-                shared=MLPWeights(make((2 * s, h), "matrix"), make((h, s), "matrix")),
-                shared_gate=make((1, h), "matrix"))
+            if s == m:                  # the shared expert folded in as expert E (MoEWeights)
+                ffn: MLPWeights | MoEWeights = MoEWeights(
+                    router=make((e + 1, h), "matrix"), gate_up=make((e + 1, 2 * m, h), "experts"),
+                    down=make((e + 1, h, m), "experts"), top_k=cfg.num_experts_per_tok,
+                    renormalize=True, shared_slot=True)
+            else:
+                ffn = MoEWeights(
+                    router=make((e, h), "matrix"), gate_up=make((e, 2 * m, h), "experts"),
+                    down=make((e, h, m), "experts"), top_k=cfg.num_experts_per_tok, renormalize=True,
+                    shared=MLPWeights(make((2 * s, h), "matrix"), make((h, s), "matrix")),
+                    shared_gate=make((1, h), "matrix"))
         else:
             ffn = MLPWeights(make((2 * cfg.intermediate_size, h), "matrix"),
                              make((h, cfg.intermediate_size), "matrix"))

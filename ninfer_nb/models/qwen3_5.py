@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
-from .tensors import NamedTensors, f32, fuse_rows, mlp_weights, qkv_weights
+from .tensors import NamedTensors, f32, fold_shared_expert, fuse_rows, mlp_weights, qkv_weights
 from .weights import AttentionWeights, GDNWeights, LayerWeights, ModelWeights, MoEWeights
 
 
@@ -40,11 +40,12 @@ def _gdn(cfg: ModelConfig, t: NamedTensors, p: str) -> GDNWeights:
 def _moe(cfg: ModelConfig, t: NamedTensors, p: str) -> MoEWeights:
     shared = mlp_weights(t, p + "shared_expert.") if t.get(p + "shared_expert.gate_proj.weight") is not None else None
     sg = t.get(p + "shared_expert_gate.weight")
-    return MoEWeights(
+    moe = MoEWeights(
         router=f32(t(p + "gate.weight")), gate_up=f32(t(p + "experts.gate_up_proj")),
         down=f32(t(p + "experts.down_proj")), top_k=cfg.num_experts_per_tok,
         renormalize=True, shared=shared, shared_gate=None if sg is None else f32(sg),
     )
+    return fold_shared_expert(moe)
 
 
 def build_weights(cfg: ModelConfig, weights: dict[str, np.ndarray], source: str) -> ModelWeights:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelFormatError
-from .weights import AttentionWeights, MLPWeights
+from .weights import AttentionWeights, MLPWeights, MoEWeights
 
 
 class NamedTensors:
@@ -55,6 +55,19 @@ def qkv_weights(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
         qkv_bias=fuse_biases(bias_parts, [p.shape[0] for p in parts]),
         q_norm=None if q_norm is None else f32(q_norm), k_norm=None if k_norm is None else f32(k_norm),
     )
+
+
+def fold_shared_expert(moe: MoEWeights) -> MoEWeights:
+    """The gated shared expert as expert E (see MoEWeights.shared_slot), when it has the routed
+    experts' width and a gate; otherwise `moe` unchanged."""
+    shared, gate = moe.shared, moe.shared_gate
+    if shared is None or gate is None or shared.gate_up.shape != moe.gate_up.shape[1:]:
+        return moe
+    return MoEWeights(
+        router=fuse_rows(moe.router, gate),
+        gate_up=f32(np.concatenate([moe.gate_up, shared.gate_up[None]], axis=0)),
+        down=f32(np.concatenate([moe.down, shared.down[None]], axis=0)),
+        top_k=moe.top_k, renormalize=moe.renormalize, shared_slot=True)
 
 
 def mlp_weights(t: NamedTensors, p: str) -> MLPWeights:

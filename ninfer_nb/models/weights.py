@@ -40,13 +40,17 @@ class MLPWeights:
 
 @dataclass
 class MoEWeights:
-    router: Weight                      # [E, H]
-    gate_up: Weight                     # [E, 2I, H]
-    down: Weight                        # [E, H, I]
+    router: Weight                      # [E (+1), H]  (+1: the shared expert's gate row, last)
+    gate_up: Weight                     # [E (+1), 2I, H]
+    down: Weight                        # [E (+1), H, I]
     top_k: int
     renormalize: bool
     shared: MLPWeights | None = None
     shared_gate: Weight | None = None   # [1, H]
+    # The shared expert folded in as expert E, always routed with weight sigmoid(gate row . x)
+    # (when its width equals the experts'): one GEMV and two expert kernels per layer at decode
+    # instead of six more kernels for a separate gated MLP. `shared`/`shared_gate` are None then.
+    shared_slot: bool = False
 
 
 @dataclass

@@ -260,8 +260,18 @@ def gated_delta_rule_chunked(
 
 # --- mixture of experts --------------------------------------------------------------------
 
-def moe_route(logits: Array, top_k: int, renormalize: bool = True) -> tuple[Array, Array]:
-    """Softmax router. logits [T, E] -> (ids [T, k] int32, weights [T, k] fp32); ties -> lower id."""
+def moe_route(logits: Array, top_k: int, renormalize: bool = True,
+              shared_slot: bool = False) -> tuple[Array, Array]:
+    """Softmax router. logits [T, E] -> (ids [T, k] int32, weights [T, k] fp32); ties -> lower id.
+
+    shared_slot: logits are [T, E + 1], the last column the shared expert's gate; the result
+    gets a slot k with id E and weight sigmoid(gate) (the shared expert folded in as expert E)."""
+    if shared_slot:
+        ids, w = moe_route(logits[:, :-1], top_k, renormalize)
+        n_exp = logits.shape[1] - 1
+        ids = np.concatenate([ids, np.full((ids.shape[0], 1), n_exp, np.int32)], axis=1)
+        w = np.concatenate([w, sigmoid(logits[:, -1:]).astype(np.float32)], axis=1)
+        return ids, w
     z = logits - logits.max(axis=-1, keepdims=True)
     p = np.exp(z)
     p /= p.sum(axis=-1, keepdims=True)

@@ -13,7 +13,8 @@ kernels that need warp shuffles / inline PTX are replaced by their simulator-saf
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from numba import config
@@ -23,9 +24,12 @@ from ninfer_nb.kernels import conv1d as K_conv
 from ninfer_nb.kernels import elementwise as K_ew
 from ninfer_nb.kernels import embedding as K_emb
 from ninfer_nb.kernels import gdn as K_gdn
+from ninfer_nb.kernels import gdn_chunked as K_gdc
 from ninfer_nb.kernels import gemm_mma as K_mma
+from ninfer_nb.kernels import gemm_wgmma as K_wg
 from ninfer_nb.kernels import linear as K_lin
 from ninfer_nb.kernels import moe as K_moe
+from ninfer_nb.kernels import moe_grouped as K_moeg
 from ninfer_nb.kernels import norm as K_norm
 from ninfer_nb.kernels import rope as K_rope
 from ninfer_nb.kernels import sampling as K_smp
@@ -67,10 +71,17 @@ class SimStream:
 
 
 class CudaOps:
-    def __init__(self, scratch: Any, stream: Any, persistent: Any = None) -> None:
+    def __init__(self, scratch: Any, stream: Any, persistent: Any = None,
+                 arch: tuple[int, int] | None = None, prefill_gemm: str = "auto") -> None:
+        """arch: the device's compute capability; prefill_gemm: auto (wgmma on cc 9.0, else
+        mma.sync), mma, or wgmma (cc 9.0 only)."""
+        _need(prefill_gemm in ("auto", "mma", "wgmma"), f"prefill_gemm: {prefill_gemm!r}")
+        hopper = arch is not None and tuple(arch) == (9, 0)
+        _need(prefill_gemm != "wgmma" or hopper, f"prefill_gemm=wgmma needs a cc 9.0 GPU (this is {arch})")
         self.scratch = scratch
         self.stream = stream
         self.persistent = persistent
+        self.use_wgmma = hopper and prefill_gemm != "mma"
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
@@ -102,6 +113,19 @@ class CudaOps:
     def to_numpy(self, t: Any) -> np.ndarray:
         return np.array(t) if isinstance(t, np.ndarray) else t.numpy(self.stream)
 
+    @contextlib.contextmanager
+    def _temporaries(self) -> Iterator[None]:
+        """Scratch allocated inside is handed back on exit: intermediates of one op (the grouped
+        MoE sort and GEMM rows, the chunked GDN's W / Q' / U) do not pile up over the layers.
+        Safe because every kernel runs on the one engine stream, in order; the rewind is
+        deterministic, so a captured step still allocates the same addresses every time."""
+        mark = getattr(self.scratch, "offset", None)
+        try:
+            yield
+        finally:
+            if mark is not None:
+                self.scratch.offset = mark
+
     def _go(self, spec: Any, grid: Any, block: int, *args: Any) -> None:
         spec[grid, block, self.stream.numba](*[_kv(a) for a in args])
 
@@ -120,7 +144,7 @@ class CudaOps:
         out = self.empty(x.shape)
         rows = x.size // d if d else 0
         if rows:
-            self._go(K_norm.rms_norm_kernel, rows, K_norm.BLOCK, _rows(x, d), weight, _rows(out, d), np.float32(eps))
+            self._go(K_norm.rms_norm_kernel, rows, K_norm.threads_for(d), _rows(x, d), weight, _rows(out, d), np.float32(eps))
         return out
 
     def add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
@@ -130,7 +154,7 @@ class CudaOps:
         res = self.empty(x.shape)
         rows = x.size // d if d else 0
         if rows:
-            self._go(K_norm.add_rms_norm_kernel, rows, K_norm.BLOCK, _rows(x, d), _rows(residual, d), weight,
+            self._go(K_norm.add_rms_norm_kernel, rows, K_norm.threads_for(d), _rows(x, d), _rows(residual, d), weight,
                      _rows(out, d), _rows(res, d), np.float32(eps))
         return out, res
 
@@ -197,7 +221,7 @@ class CudaOps:
         out = self.empty(x.shape)
         rows = x.size // d if d else 0
         if rows:
-            self._go(K_norm.gated_rms_norm_kernel, rows, K_norm.BLOCK, _rows(x, d), _rows(z, d), weight,
+            self._go(K_norm.gated_rms_norm_kernel, rows, K_norm.threads_for(d), _rows(x, d), _rows(z, d), weight,
                      _rows(out, d), np.float32(eps))
         return out
 
@@ -222,11 +246,16 @@ class CudaOps:
             self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias, vec)
         elif (weight.dtype == bfloat16 and not SIM and k % K_mma.K_ALIGN == 0
               and _ptr(x2) % 16 == 0 and _ptr(weight) % 16 == 0 and _ptr(out2) % 16 == 0):
-            # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy, then mma.sync GEMM
+            # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy, then a bf16 GEMM
             xb = self.empty((t, k), np.uint16)
             self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * k), K_mma.CVT_THREADS, x2.reshape(-1),
                      xb.reshape(-1))
-            self._go(K_mma.gemm_mma_kernel, K_mma.gemm_grid(t, n), K_mma.THREADS, xb, weight, b, out2, has_bias)
+            if self.use_wgmma and t >= K_wg.MIN_M:
+                K_wg.gemm_wgmma_kernel[K_wg.gemm_grid(t, n), K_wg.THREADS, self.stream.numba, K_wg.SMEM_BYTES](
+                    xb, weight, b, out2, has_bias)
+            else:
+                self._go(K_mma.gemm_mma_kernel, K_mma.gemm_grid(t, n), K_mma.THREADS, xb, weight, b, out2,
+                         has_bias)
         else:
             grid = ((n + K_lin.BN - 1) // K_lin.BN, (t + K_lin.BM - 1) // K_lin.BM)
             self._go(K_lin.gemm_kernel, grid, 256, x2, weight, b, out2, has_bias)
@@ -275,9 +304,10 @@ class CudaOps:
                      ks, vs, positions, np.float32(scale), np.int32(K_attn.SPLIT_LEN), part_o, part_ml)
             self._go(K_attn.attn_combine_kernel, (hq, t), 256, part_o, part_ml, out)
         else:
-            grid = ((t + K_attn.BQ - 1) // K_attn.BQ, hq)
-            self._go(K_attn.attn_prefill_kernel, grid, K_attn.PRE_THREADS, q, k_cache, v_cache, ks, vs,
-                     positions, np.float32(scale), out)
+            hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
+            grid = ((t * (hq // hkv) + K_attn.PRE_BM - 1) // K_attn.PRE_BM, hkv)  # rows of 1 kv head
+            self._go(K_attn.attn_prefill_kernel, grid, K_attn.PRE_THREADS, _rows(q, d), k_cache, v_cache,
+                     ks, vs, positions, np.float32(scale), _rows(out, d))
         return out
 
     # --- Gated DeltaNet --------------------------------------------------------------
@@ -309,18 +339,41 @@ class CudaOps:
 
     def gated_delta_rule_chunked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any,
                                  chunk: int = 64) -> Any:
-        """Same contract as gated_delta_rule (the recurrent kernel walks the chunk in one launch)."""
-        return self.gated_delta_rule(q, k, v, g, beta, state)
+        """Same contract as gated_delta_rule, chunked WY form (kernels/gdn_chunked.py, fixed chunk
+        K_gdc.C = 64; `chunk` is accepted for parity with ops.cpu). T <= 16 or Dk > 128: the
+        recurrent kernel."""
+        t, hv, dv = v.shape
+        hk, dk = k.shape[1], k.shape[2]
+        if t <= K_gdc.RECURRENT_MAX_T or not K_gdc.supported(dk, dv):
+            return self.gated_delta_rule(q, k, v, g, beta, state)
+        _need(hv % hk == 0, f"gated_delta_rule_chunked: Hv={hv} must be a multiple of Hk={hk}")
+        nc = (t + K_gdc.C - 1) // K_gdc.C
+        out = self.empty((t, hv, dv))      # [T, Hv, Dv]: O_intra from kernel 1, += Q' S^T in kernel 2
+        with self._temporaries():
+            wb = self.empty((hv, t, dk))   # [Hv, T, Dk]  W  = T (beta e^gam k^)
+            qb = self.empty((hv, t, dk))   # [Hv, T, Dk]  Q' = e^gam q^ - M (beta e^gam k^)
+            ub = self.empty((hv, t, dv))   # [Hv, T, Dv]  U  = T (beta v)
+            ks = self.empty((hv, t))       # [Hv, T]      |k|^-1 e^(gam_last - gam)
+            ec = self.empty((hv, nc))      # [Hv, nc]     e^gam_last per chunk
+            self._go(K_gdc.gdc_prepare_kernel, (nc, hk), K_gdc.PREP_THREADS, q, k, v, g, beta, wb, qb, ub, ks,
+                     ec, out)
+            self._go(K_gdc.gdc_state_kernel, (hv, (dv + K_gdc.R - 1) // K_gdc.R), K_gdc.STATE_THREADS,
+                     k, wb, qb, ub, ks, ec, state, out)
+        return out
 
     # --- mixture of experts ----------------------------------------------------------
-    def moe_route(self, logits: Any, top_k: int, renormalize: bool = True) -> tuple[Any, Any]:
-        t, _ = logits.shape
-        _need(0 < top_k <= K_moe.MAX_TOPK, f"moe_route: top_k must be in 1..{K_moe.MAX_TOPK}")
-        ids = self.empty((t, top_k), np.int32)
-        w = self.empty((t, top_k))
+    def moe_route(self, logits: Any, top_k: int, renormalize: bool = True,
+                  shared_slot: bool = False) -> tuple[Any, Any]:
+        t, cols = logits.shape
+        n_exp = cols - int(shared_slot)
+        _need(0 < top_k <= min(K_moe.MAX_TOPK - 1, n_exp), f"moe_route: top_k must be in 1..{K_moe.MAX_TOPK - 1}")
+        _need(n_exp <= K_moe.ROUTE_MAX_E, f"moe_route: at most {K_moe.ROUTE_MAX_E} experts")
+        slots = top_k + int(shared_slot)
+        ids = self.empty((t, slots), np.int32)                            # [T, k (+1 shared)]
+        w = self.empty((t, slots))
         if t:
             self._go(K_moe.moe_route_kernel, t, K_moe.ROUTE_BLOCK, logits, np.int32(top_k), np.int32(renormalize),
-                     ids, w)
+                     np.int32(shared_slot), ids, w)
         return ids, w
 
     def moe_experts(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any) -> Any:
@@ -331,12 +384,47 @@ class CudaOps:
         out = self.empty((t, hid))
         if t == 0:
             return out
+        if SIM or t >= K_moeg.GROUPED_MIN_T:     # prefill: grouped by expert (the simulator: always)
+            self._moe_experts_grouped(x, ids, weights, gate_up, down, out)
+            return out
         h = self.empty((t * top_k, inter))                               # [T*k, I]
         vec = np.int32(hid % 8 == 0 and inter % 8 == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down, h)))
         w8 = K_moe.MOE_WARPS
         self._go(K_moe.moe_gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h, vec)
         self._go(K_moe.moe_down_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out, vec)
         return out
+
+    def _moe_experts_grouped(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, out: Any) -> None:
+        """Prefill MoE grouped by expert (kernels/moe_grouped.py): device-side sort of the
+        (token, slot) pairs by expert, SwiGLU and down GEMMs over each expert's rows (each
+        expert's weights read once per 64-row tile), slot-ordered combine into out [T, H].
+        Its scratch is handed back to the arena before returning (only `out` lives on); later
+        kernels on the same stream are ordered after the combine, so reuse is safe."""
+        t, hid = x.shape
+        top_k = ids.shape[1]
+        n_exp = gate_up.shape[0]
+        inter = gate_up.shape[1] // 2
+        n_pairs = t * top_k
+        n_chunks = (n_pairs + K_moeg.SORT_CHUNK - 1) // K_moeg.SORT_CHUNK
+        n_tiles = K_moeg.max_row_tiles(n_pairs, n_exp)                   # grid bound, no host sync
+        with self._temporaries():
+            ids_f = ids.reshape(-1)                                          # [P = T*k] pair p = t*k + s
+            hist = self.empty((n_chunks, n_exp), np.int32)                   # [C, E] counts -> chunk bases
+            offs = self.empty((n_exp + 1,), np.int32)                        # [E+1] row offsets
+            tile_off = self.empty((n_exp + 1,), np.int32)                    # [E+1] row-tile offsets
+            order = self.empty((n_pairs,), np.int32)                         # [P] pair ids, expert-sorted
+            h = self.empty((n_pairs, inter))                                 # [P, I] SwiGLU rows, sorted
+            y = self.empty((n_pairs, hid))                                   # [P, H] weighted rows, pair order
+            self._go(K_moeg.moe_hist_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist)
+            self._go(K_moeg.moe_scan_kernel, 1, K_moeg.SORT_THREADS, hist, offs, tile_off)
+            self._go(K_moeg.moe_scatter_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist, offs, order)
+            bn = K_moeg.BN
+            self._go(K_moeg.moe_grouped_gate_up_kernel, ((inter + bn - 1) // bn, n_tiles), K_moeg.THREADS,
+                     x, order, offs, tile_off, gate_up, h, np.int32(top_k))
+            self._go(K_moeg.moe_grouped_down_kernel, ((hid + bn - 1) // bn, n_tiles), K_moeg.THREADS,
+                     h, order, offs, tile_off, weights.reshape(-1), down, y)
+            ct = K_moeg.COMBINE_THREADS
+            self._go(K_moeg.moe_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids_f, np.int32(n_exp), out)
 
     # --- sampling --------------------------------------------------------------------
     def argmax(self, logits: Any, threads: int = 1024) -> Any:

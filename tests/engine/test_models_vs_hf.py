@@ -18,9 +18,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, linear_num_key_heads=1,
         linear_num_value_heads=3, linear_key_head_dim=8, linear_value_head_dim=24)),
     "qwen35-moe-wrapper": ("qwen35_moe", dict(wrapper=True)),
+    # shared expert as wide as the routed ones: folded in as expert E (MoEWeights.shared_slot)
     "qwen35-moe-top1-interval2": ("qwen35_moe", dict(
         num_experts=4, num_experts_per_tok=1, full_attention_interval=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64)),
+        num_key_value_heads=1, head_dim=64, shared_expert_intermediate_size=32)),
     # No shared expert in the files; the oracle is HF with its shared expert zeroed.
     "qwen35-moe-no-shared-expert": ("qwen35_moe", dict(drop=r"shared_expert")),
     "llama-tied": ("llama", {}),
@@ -63,3 +64,21 @@ def test_greedy_generation_matches_transformers(variant) -> None:
     assert result.token_ids == expected
     assert result.finish_reason == "length"
     assert result.timings.completion_tokens == 32
+
+
+def test_shared_expert_folds_only_when_as_wide_as_the_experts(tiny_checkpoints) -> None:
+    """The parity tests above cover both MoE layouts: folded (shared width == expert width)
+    and a separate gated shared MLP (48 != 32)."""
+    from ninfer_nb.models.weights import MoEWeights
+
+    def ffn(name: str) -> MoEWeights:
+        kind, kwargs = VARIANTS[name]
+        llm = LLM(str(tiny_checkpoints.get(name, kind, **kwargs)), device="cpu", max_context=64)
+        layer = llm._generator.decoder.weights.layers[0].ffn
+        assert isinstance(layer, MoEWeights)
+        return layer
+
+    folded, separate = ffn("qwen35-moe-top1-interval2"), ffn("qwen35-moe-wrapper")
+    assert folded.shared_slot and folded.shared is None and folded.gate_up.shape[0] == 4 + 1
+    assert folded.router.shape[0] == 4 + 1
+    assert not separate.shared_slot and separate.shared is not None

@@ -70,6 +70,10 @@ def test_norms(ops):
     close(res, x + r)
     close(o, cpu.rms_norm(x + r, w, 1e-6))
     close(ops.gated_rms_norm(x, z, w, 1e-6), cpu.gated_rms_norm(x, z, w, 1e-6))
+    xw, rw, ww = rnd(rng, 1, 2500), rnd(rng, 1, 2500), rnd(rng, 2500)   # a wide row: 1024 threads
+    o, res = ops.add_rms_norm(xw, rw, ww, 1e-6)
+    close(res, xw + rw)
+    close(o, cpu.rms_norm(xw + rw, ww, 1e-6))
 
 
 @pytest.mark.parametrize("wdtype", [np.float32, BF16])
@@ -131,6 +135,18 @@ def test_moe_route(ops):
         ir, wr = cpu.moe_route(logits, 4, renorm)
         np.testing.assert_array_equal(ids, ir)
         close(w, wr)
+    wide = rnd(rng, 2, 300)                                # more experts than threads per block
+    for renorm in (True, False):
+        ids, w = ops.moe_route(wide, 8, renorm)
+        ir, wr = cpu.moe_route(wide, 8, renorm)
+        np.testing.assert_array_equal(ids, ir)
+        close(w, wr)
+    for renorm in (True, False):                           # + the shared expert's gate column
+        ids, w = ops.moe_route(logits, 4, renorm, True)
+        ir, wr = cpu.moe_route(logits, 4, renorm, True)
+        assert ids.shape == (3, 5) and (ir[:, 4] == 39).all()
+        np.testing.assert_array_equal(ids, ir)
+        close(w, wr)
 
 
 def test_sampling(ops):
@@ -184,3 +200,170 @@ def test_int8_kv_store_and_prefill_attention(ops):
     q = rnd(rng, t, hq, d)
     close(ops.attention(q, kc, vc, pos, d ** -0.5, ks, vs),
           cpu.attention(q, kc_ref, vc_ref, pos, d ** -0.5, ks_ref, vs_ref))
+
+
+# --- grouped-by-expert MoE (kernels/moe_grouped.py; the simulator always takes this path) ------
+def _small_blocks(monkeypatch, sort_threads, chunk=None):
+    """Smaller bookkeeping / combine blocks: faster in the simulator, and E > block exercises
+    the strided expert loops and the carried scan (the GEMM blocks stay 256 threads)."""
+    from ninfer_nb.kernels import moe_grouped as G
+
+    monkeypatch.setattr(G, "SORT_THREADS", sort_threads)
+    monkeypatch.setattr(G, "COMBINE_THREADS", 32)
+    if chunk is not None:
+        monkeypatch.setattr(G, "SORT_CHUNK", chunk)
+    return G
+
+
+def test_moe_grouped_bookkeeping(ops, monkeypatch):
+    """hist -> scan -> scatter: per-expert offsets, row-tile offsets and a stable expert sort."""
+    G = _small_blocks(monkeypatch, 16, chunk=64)
+    rng = np.random.default_rng(21)
+    e, p = 40, 300                                       # E > block (16), 5 chunks of 64 pairs
+    ids = rng.choice([x for x in range(e) if x % 7], p).astype(np.int32)   # experts 0, 7, ... unused
+    ids[:150:2] = 5                                      # one expert with 75 pairs: two row tiles
+    n_chunks = (p + G.SORT_CHUNK - 1) // G.SORT_CHUNK
+    hist = np.zeros((n_chunks, e), np.int32)
+    offs, tile_off, order = np.zeros(e + 1, np.int32), np.zeros(e + 1, np.int32), np.zeros(p, np.int32)
+    ops._go(G.moe_hist_kernel, n_chunks, G.SORT_THREADS, ids, hist)
+    ops._go(G.moe_scan_kernel, 1, G.SORT_THREADS, hist, offs, tile_off)
+    ops._go(G.moe_scatter_kernel, n_chunks, G.SORT_THREADS, ids, hist, offs, order)
+    counts = np.bincount(ids, minlength=e)
+    np.testing.assert_array_equal(offs, np.concatenate([[0], np.cumsum(counts)]))
+    np.testing.assert_array_equal(tile_off, np.concatenate([[0], np.cumsum((counts + G.BM - 1) // G.BM)]))
+    np.testing.assert_array_equal(order, np.argsort(ids, kind="stable"))
+    assert tile_off[-1] <= G.max_row_tiles(p, e)
+
+
+def _moe_grouped_case(ops, seed, t, e, k, h, i, unused, hot=None):
+    rng = np.random.default_rng(seed)
+    pool = [x for x in range(e) if x not in unused and x != hot]
+    rows = []
+    for _ in range(t):
+        r = list(rng.choice(pool, k - (hot is not None), replace=False)) + ([hot] if hot is not None else [])
+        rows.append(rng.permutation(r))
+    ids = np.array(rows, dtype=np.int32)
+    x = rnd(rng, t, h)
+    gu, dn = rnd(rng, e, 2 * i, h).astype(BF16), rnd(rng, e, h, i).astype(BF16)
+    w = (rng.random((t, k)) + 0.1).astype(np.float32)
+    ref = cpu.moe_experts(x, ids, w, gu.astype(np.float32), dn.astype(np.float32))
+    close(ops.moe_experts(x, ids, w, gu, dn), ref)
+
+
+def test_moe_grouped_top4(ops, monkeypatch):
+    """top-4, experts 1 and 4 get no tokens, H = 66 (two down column tiles, ragged K = 66 in
+    gate_up), I = 20; E > sort block (carried scan)."""
+    _small_blocks(monkeypatch, 4)
+    _moe_grouped_case(ops, 22, t=4, e=6, k=4, h=66, i=20, unused={1, 4})
+
+
+def test_moe_grouped_top2_hot_expert(ops, monkeypatch):
+    """top-2, expert 2 in every token (65 rows: a full and a 1-row tile), expert 3 unused,
+    I = 66 (two gate_up column tiles, ragged K = 66 in down), H = 20; 3 sort chunks."""
+    _small_blocks(monkeypatch, 32, chunk=64)
+    _moe_grouped_case(ops, 23, t=65, e=4, k=2, h=20, i=66, unused={3}, hot=2)
+
+
+# --- chunked gated delta rule (kernels/gdn_chunked.py) vs the recurrent NumPy reference --------
+
+def _gdr_chunked_case(ops, seed, t, hk, hv, dk, dv):
+    rng = np.random.default_rng(seed)
+    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
+    g = -np.abs(rnd(rng, t, hv, scale=0.5))                  # log decay per token, < 0
+    beta = (1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32)
+    st = rnd(rng, hv, dv, dk, scale=0.1)                     # random nonzero initial state
+    st_ref = st.copy()
+    o = ops.gated_delta_rule_chunked(q, k, v, g, beta, st)
+    ref = cpu.gated_delta_rule(q, k, v, g, beta, st_ref)
+    close(o, ref, 1e-4)
+    close(st, st_ref, 1e-4)
+
+
+def test_gdr_chunked_one_chunk_gqa(ops):
+    """T = C = 64 exactly, Hv/Hk = 2 (both V heads of one K head in one prepare block)."""
+    _gdr_chunked_case(ops, 31, t=64, hk=1, hv=2, dk=32, dv=32)
+
+
+def test_gdr_chunked_partial_last_chunk(ops):
+    """T = 100: a full chunk and a 36-token tail; Dv = 48 (a ragged 32-column tile, 3 state slices)."""
+    _gdr_chunked_case(ops, 32, t=100, hk=1, hv=1, dk=32, dv=48)
+
+
+def test_gdr_chunked_shorter_than_chunk(ops):
+    """17 <= T < C: one partial chunk (T <= 16 takes the recurrent kernel)."""
+    _gdr_chunked_case(ops, 33, t=20, hk=1, hv=1, dk=32, dv=32)
+
+
+# --- tiled GQA prefill attention (kernels/attention.py attn_prefill_kernel) --------------------
+
+def _prefill_attn_case(ops, seed, cache, hq, hkv, d, start, t):
+    """A prefill chunk at positions start..start+t-1 over a cache that already holds random keys
+    for earlier positions (and 3 random rows past the chunk, which must stay unseen)."""
+    rng = np.random.default_rng(seed)
+    s = start + t + 3
+    q = rnd(rng, t, hq, d)
+    kf, vf = rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
+    pos = np.arange(start, start + t, dtype=np.int32)
+    scale = d ** -0.5
+    if cache == "int8":
+        kc, vc = np.zeros((s, hkv, d), np.int8), np.zeros((s, hkv, d), np.int8)
+        ks, vs = np.zeros((s, hkv, d // 64), np.float32), np.zeros((s, hkv, d // 64), np.float32)
+        cpu.kv_store(kc, vc, kf, vf, np.arange(s, dtype=np.int32), ks, vs)
+        assert kc.any() and ks.all()
+        close(ops.attention(q, kc, vc, pos, scale, ks, vs), cpu.attention(q, kc, vc, pos, scale, ks, vs))
+    else:
+        dt = np.float32 if cache == "f32" else BF16
+        kc, vc = kf.astype(dt), vf.astype(dt)
+        ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, scale)
+        close(ops.attention(q, kc, vc, pos, scale), ref)
+
+
+def test_prefill_attn_f32_gqa6_d256(ops):
+    """G = 6, D = 256 (8 head-dim slices, 4 P.V column blocks); 36 rows in one 64-row tile;
+    key tiles 0..31 and 32..35, the second fully masked for the first two tokens."""
+    _prefill_attn_case(ops, 41, "f32", hq=6, hkv=1, d=256, start=30, t=6)
+
+
+def test_prefill_attn_bf16_mha_d64(ops):
+    """G = 1, two kv heads (blockIdx.y = 1), bf16 cache, first chunk (start 0), T = 40."""
+    _prefill_attn_case(ops, 42, "bf16", hq=2, hkv=2, d=64, start=0, t=40)
+
+
+def test_prefill_attn_int8_gqa3_d64(ops):
+    """G = 3, int8 cache, second chunk at 40: 69 rows = a full 64-row tile and a 5-row tile."""
+    _prefill_attn_case(ops, 43, "int8", hq=3, hkv=1, d=64, start=40, t=23)
+
+
+from numba import cuda as _cuda  # noqa: E402  (the simulator swaps module-level `cuda` only)
+
+from ninfer_nb.kernels.ptx import mma_bf16, pack_bf16x2  # noqa: E402
+
+
+@_cuda.jit
+def _one_mma(a, b, c, out):
+    lane = _cuda.threadIdx.x
+    g = lane >> 2
+    t = lane & 3
+    fa = (pack_bf16x2(a[g, 2 * t + 1], a[g, 2 * t]), pack_bf16x2(a[g + 8, 2 * t + 1], a[g + 8, 2 * t]),
+          pack_bf16x2(a[g, 2 * t + 9], a[g, 2 * t + 8]), pack_bf16x2(a[g + 8, 2 * t + 9], a[g + 8, 2 * t + 8]))
+    b0 = pack_bf16x2(b[2 * t + 1, g], b[2 * t, g])
+    b1 = pack_bf16x2(b[2 * t + 9, g], b[2 * t + 8, g])
+    acc = (c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1])
+    acc = mma_bf16(fa, b0, b1, acc)
+    acc = mma_bf16(fa, b0, b1, acc)                     # twice: the rendezvous is reusable
+    out[g, 2 * t] = acc[0]
+    out[g, 2 * t + 1] = acc[1]
+    out[g + 8, 2 * t] = acc[2]
+    out[g + 8, 2 * t + 1] = acc[3]
+
+
+def test_mma_emulation_fragment_layout():
+    """ptx_sim.mma_bf16 (what tensor-core kernels call under the simulator) computes
+    C += A @ B from the PTX ISA m16n8k16 fragment layout, loaded here exactly as a kernel would."""
+    rng = np.random.default_rng(11)
+    a = rnd(rng, 16, 16).astype(BF16).astype(np.float32)
+    b = rnd(rng, 16, 8).astype(BF16).astype(np.float32)
+    c = rnd(rng, 16, 8)
+    out = np.full((16, 8), np.nan, np.float32)
+    _one_mma[1, 32](a, b, c, out)
+    close(out, c + 2 * (a @ b), 1e-6)

@@ -1,9 +1,11 @@
-"""Tensor-core prefill GEMM (kernels/gemm_mma.py) through CudaOps.linear, GPU only.
+"""Tensor-core prefill GEMMs (kernels/gemm_mma.py, kernels/gemm_wgmma.py) through
+CudaOps.linear, GPU only.
 
 Reference: NumPy fp32 on the bf16-rounded x and W (the kernel converts x to bf16), so the
 tolerance measures the kernel, not the rounding. The scratch arena is NaN-filled before each
 case, so an unwritten output element fails. `test_gemm_mma_timing` prints TFLOP/s (CUDA events,
-best of 5) against the old CUDA-core `gemm_kernel`, and writes the table to $OUT if set.
+best of 5) of mma.sync, wgmma (on cc 9.0) and the old CUDA-core `gemm_kernel`, and writes the
+table to $OUT if set.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from ninfer_nb.kernels import gemm_mma as K_mma
+from ninfer_nb.kernels import gemm_wgmma as K_wg
 from ninfer_nb.kernels import linear as K_lin
 from tests.kernels.gpu_util import BF16, GpuEnv, rnd, rnd_bf16
 
@@ -75,6 +78,41 @@ def test_gemm_mma(env, m, n, k, with_bias):
     assert err <= TOL
 
 
+def _hopper_ops(env):
+    from ninfer_nb.ops.cuda import CudaOps
+    from ninfer_nb.runtime import device
+
+    cc = device.select("cuda:0").compute_capability
+    if tuple(cc) != (9, 0):
+        pytest.skip(f"wgmma needs cc 9.0 (this GPU is {cc})")
+    env.fresh()
+    return CudaOps(env.scratch, env.stream, persistent=env.arena, arch=(9, 0))
+
+
+@pytest.mark.parametrize("m,n,k,with_bias", [
+    (256, 1001, 128, True),         # one row tile, odd N (scalar-store epilogue), two k-tiles
+    (300, 16480, 5120, True),       # ragged M and N (the fused GDN projection of the 27B)
+    (512, 17408, 5120, False),
+    (1024, 5120, 17408, True),      # long K
+])
+def test_gemm_wgmma(env, m, n, k, with_bias):
+    ops = _hopper_ops(env)
+    assert ops.use_wgmma
+    rng = np.random.default_rng(m * 5 + n * 3 + k)
+    w = rnd_bf16(rng, n, k)
+    x = rnd(rng, m, k)
+    b = rnd(rng, n) if with_bias else None
+    W, X = env.up(w), env.up(x)
+    B = env.up(b) if with_bias else None
+    got = env.host(ops.linear(X, W, B))
+    ref = x.astype(BF16).astype(np.float32) @ w.astype(np.float32).T
+    if with_bias:
+        ref += b
+    err = _rel_fro(got, ref)
+    print(f"\ngemm_wgmma M={m} N={n} K={k} bias={with_bias}: rel_fro_err={err:.2e}")
+    assert err <= TOL
+
+
 def _best_ms(env, fn, reps: int = 5) -> float:
     from ninfer_nb.runtime.events import Timer
 
@@ -87,7 +125,7 @@ def _best_ms(env, fn, reps: int = 5) -> float:
     return best
 
 
-def _timing_row(env, ops, W, m: int, n: int, k: int, rng: np.random.Generator) -> str:
+def _timing_row(env, ops, W, m: int, n: int, k: int, rng: np.random.Generator, wgmma: bool) -> str:
     X = env.up(rnd(rng, m, k))
     flop = 2.0 * m * n * k
 
@@ -102,6 +140,11 @@ def _timing_row(env, ops, W, m: int, n: int, k: int, rng: np.random.Generator) -
     ops._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(m * k), K_mma.CVT_THREADS, X.reshape(-1), xb.reshape(-1))
     t_mma = _best_ms(env, lambda: ops._go(K_mma.gemm_mma_kernel, K_mma.gemm_grid(m, n), K_mma.THREADS,
                                              xb, W, out.reshape(-1), out, np.int32(0)))
+    t_wg = float("nan")
+    if wgmma:
+        t_wg = _best_ms(env, lambda: K_wg.gemm_wgmma_kernel[K_wg.gemm_grid(m, n), K_wg.THREADS,
+                                                            env.stream.numba, K_wg.SMEM_BYTES](
+            xb, W, out.reshape(-1), out, np.int32(0)))
     grid = ((n + K_lin.BN - 1) // K_lin.BN, (m + K_lin.BM - 1) // K_lin.BM)
     t_old = _best_ms(env, lambda: ops._go(K_lin.gemm_kernel, grid, 256, X, W, out.reshape(-1), out, np.int32(0)),
                      reps=2 if m >= 8192 else 5)
@@ -109,7 +152,7 @@ def _timing_row(env, ops, W, m: int, n: int, k: int, rng: np.random.Generator) -
     def cell(ms: float) -> str:
         return f"{flop / ms / 1e9:7.1f} TF/s {ms * 1e3:9.1f} us"
 
-    return f"{m:5d} {n:6d} {k:5d} | {cell(t_lin)} | {cell(t_mma)} | {cell(t_old)}"
+    return f"{m:5d} {n:6d} {k:5d} | {cell(t_lin)} | {cell(t_mma)} | {cell(t_wg)} | {cell(t_old)}"
 
 
 def test_gemm_mma_timing(env):
@@ -117,9 +160,12 @@ def test_gemm_mma_timing(env):
     n, k = 17408, 5120
     rng = np.random.default_rng(0)
     W = env.up(rnd_bf16(rng, n, k))
+    from ninfer_nb.runtime import device
+
+    wgmma = tuple(device.select("cuda:0").compute_capability) == (9, 0)
     head = f"{'M':>5} {'N':>6} {'K':>5} | {'linear (cvt+mma)':>27} | {'mma kernel only':>27} | "
-    rows = [head + f"{'old gemm_kernel':>27}"]
-    rows += [_timing_row(env, ops, W, m, n, k, rng) for m in (512, 2048, 8192)]
+    rows = [head + f"{'wgmma kernel only':>27} | {'old gemm_kernel':>27}"]
+    rows += [_timing_row(env, ops, W, m, n, k, rng, wgmma) for m in (512, 2048, 8192)]
     table = "\n".join(rows)
     print("\n" + table)
     out_dir = os.environ.get("OUT")

@@ -54,7 +54,8 @@ def test_norms(env, rng, shape):
     close(env.host(ops.gated_rms_norm(X, Z, W, 1e-6)), cpu.gated_rms_norm(x, z, w, 1e-6), TOL32)
 
 
-@pytest.mark.parametrize("n,k", [(17408, 5120), (5120, 17408), (2048, 4096), (1000, 100), (77, 40)])
+@pytest.mark.parametrize("n,k", [(17408, 5120), (5120, 17408), (2048, 4096), (1000, 100), (77, 40),
+                                 (333, 1288), (5, 2056)])   # unrolled GEMV loop + its tail
 @pytest.mark.parametrize("t", [1, 4, 7, 16, 17, 100])
 def test_linear(env, rng, n, k, t):
     if n * k > 40_000_000 and t not in (1, 7, 100):
@@ -178,14 +179,15 @@ def test_gated_delta_rule(env, rng, t, hk, hv, dk, dv, chunked):
     close(env.host(ST), st_ref, TOL32 * 10)
 
 
-@pytest.mark.parametrize("t,e,k", [(5, 256, 8), (1, 128, 8), (3, 60, 4)])
-def test_moe_route(env, rng, t, e, k):
+@pytest.mark.parametrize("t,e,k", [(5, 256, 8), (1, 128, 8), (3, 60, 4), (2, 700, 8)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_moe_route(env, rng, t, e, k, shared):
     ops = env.fresh()
-    logits = rnd(rng, t, e, scale=2.0)
-    logits[0, 10] = logits[0, 3] = logits[0].max() + 0.5
+    logits = rnd(rng, t, e + int(shared), scale=2.0)
+    logits[0, 10] = logits[0, 3] = logits[0, :e].max() + 0.5
     for renorm in (True, False):
-        ids, w = ops.moe_route(env.up(logits), k, renorm)
-        ir, wr = cpu.moe_route(logits, k, renorm)
+        ids, w = ops.moe_route(env.up(logits), k, renorm, shared)
+        ir, wr = cpu.moe_route(logits, k, renorm, shared)
         np.testing.assert_array_equal(env.host(ids), ir)
         close(env.host(w), wr, TOL32)
 
@@ -257,3 +259,109 @@ def test_attention_int8_kv(env, rng, start, t):
     q = rnd(rng, t, hq, d)
     o = env.host(ops.attention(env.up(q), KC, VC, P, d ** -0.5, KS, VS))
     close(o, cpu.attention(q, kc, vc, pos, d ** -0.5, ks, vs), TOL32 * 10)
+
+
+
+@pytest.mark.parametrize("t,hk,hv", [(1024, 16, 48), (1000, 16, 48), (777, 16, 32)])
+def test_gated_delta_rule_chunked_model_dims(env, rng, t, hk, hv):
+    """Chunked WY kernels (kernels/gdn_chunked.py) at the Qwen3.6-27B (Hv=48) and 35B-A3B (Hv=32)
+    GDN shapes, Dk = Dv = 128, vs the recurrent NumPy reference: outputs and final state."""
+    dk = dv = 128
+    ops = env.fresh()
+    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
+    g = -np.abs(rnd(rng, t, hv, scale=0.5))
+    beta = (1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32)
+    st = rnd(rng, hv, dv, dk, scale=0.1)
+    ST = env.up(st)
+    st_ref = st.copy()
+    o = env.host(ops.gated_delta_rule_chunked(env.up(q), env.up(k), env.up(v), env.up(g), env.up(beta), ST))
+    ref = cpu.gated_delta_rule(q, k, v, g, beta, st_ref)
+    close(o, ref, TOL32 * 10)
+    close(env.host(ST), st_ref, TOL32 * 10)
+
+
+def test_gated_delta_rule_chunked_vs_recurrent_timing(env, rng):
+    """27B GDN layer, T = 8192: chunked and recurrent kernels agree; prints both times (-s)."""
+    import time
+
+    t, hk, hv, dk, dv = 8192, 16, 48, 128, 128
+    ops = env.fresh()
+    q, k, v = env.up(rnd(rng, t, hk, dk)), env.up(rnd(rng, t, hk, dk)), env.up(rnd(rng, t, hv, dv))
+    g = env.up(-np.abs(rnd(rng, t, hv, scale=0.5)))
+    beta = env.up((1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32))
+    st = rnd(rng, hv, dv, dk, scale=0.1)
+    times = {}
+    res = {}
+    for name, fn in (("recurrent", ops.gated_delta_rule), ("chunked", ops.gated_delta_rule_chunked)):
+        ST = env.up(st)
+        o = fn(q, k, v, g, beta, ST)                       # warm-up (compiles)
+        best = float("inf")
+        for _ in range(3):
+            ST2 = env.up(st)
+            env.stream.synchronize()
+            t0 = time.perf_counter()
+            o = fn(q, k, v, g, beta, ST2)
+            env.stream.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        times[name] = best
+        res[name] = (env.host(o), env.host(ST2))
+    print(f"\ngated delta rule T={t} Hv={hv}: recurrent {times['recurrent'] * 1e3:.2f} ms, "
+          f"chunked {times['chunked'] * 1e3:.2f} ms")
+    close(res["chunked"][0], res["recurrent"][0], TOL32 * 10)
+    close(res["chunked"][1], res["recurrent"][1], TOL32 * 10)
+
+
+@pytest.mark.parametrize("t,e,k,i,h", [(512, 256, 8, 512, 2048), (70, 16, 4, 36, 100)])
+def test_moe_experts_grouped(env, rng, t, e, k, i, h):
+    """Grouped-by-expert prefill path (T >= GROUPED_MIN_T), first case at the Qwen3.6-35B-A3B
+    shape, routed by moe_route on random logits; bitwise reproducible run to run."""
+    from ninfer_nb.kernels import moe_grouped as G
+
+    assert t >= G.GROUPED_MIN_T
+    ops = env.fresh()
+    gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
+    x = rnd(rng, t, h)
+    ids_d, w_d = ops.moe_route(env.up(rnd(rng, t, e, scale=2.0)), k, True)
+    X, GU, DN = env.up(x), env.up(gu), env.up(dn)
+    out = env.host(ops.moe_experts(X, ids_d, w_d, GU, DN))
+    ids, w = env.host(ids_d), env.host(w_d)
+    ref = cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn))
+    close(out, ref, TOL32 * 10)
+    assert np.array_equal(env.host(ops.moe_experts(X, ids_d, w_d, GU, DN)), out)
+
+
+def test_moe_experts_grouped_skewed(env, rng, monkeypatch):
+    """Skewed routing at the 35B-A3B shape: expert 7 in every token (300 rows, 5 row tiles),
+    experts >= 64 never chosen; grouped path vs ops.cpu and vs the per-pair kernels."""
+    from ninfer_nb.kernels import moe_grouped as G
+
+    t, e, k, i, h = 300, 256, 8, 512, 2048
+    ops = env.fresh()
+    gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
+    x = rnd(rng, t, h)
+    logits = rnd(rng, t, e, scale=2.0)
+    logits[:, 64:] -= 40.0                                        # never chosen
+    logits[:, 7] = logits[:, :64].max(axis=1) + 0.5               # always chosen, not dominant
+    ids_d, w_d = ops.moe_route(env.up(logits), k, True)
+    ids, w = env.host(ids_d), env.host(w_d)
+    assert (ids == 7).any(axis=1).all() and ids.max() < 64
+    X, GU, DN = env.up(x), env.up(gu), env.up(dn)
+    out = env.host(ops.moe_experts(X, ids_d, w_d, GU, DN))
+    close(out, cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn)), TOL32 * 10)
+    monkeypatch.setattr(G, "GROUPED_MIN_T", 1 << 30)            # the per-pair (decode) kernels
+    close(env.host(ops.moe_experts(X, ids_d, w_d, GU, DN)), out, TOL32 * 10)
+
+
+@pytest.mark.parametrize("cdtype", [np.float32, BF16])
+def test_attention_prefill_qwen27b_second_chunk(env, rng, cdtype):
+    """Tiled GQA prefill kernel at the Qwen3.6-27B attention shape (24 q / 4 kv heads x 256): a
+    512-token chunk at positions 1536..2047 over a cache whose earlier rows hold random keys."""
+    ops = env.fresh()
+    s, hq, hkv, d, start, t = 2048, 24, 4, 256, 1536, 512
+    kc = rnd(rng, s, hkv, d).astype(cdtype)
+    vc = rnd(rng, s, hkv, d).astype(cdtype)
+    pos = np.arange(start, start + t, dtype=np.int32)
+    q = rnd(rng, t, hq, d)
+    o = env.host(ops.attention(env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5))
+    ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5)
+    close(o, ref, TOL32 * 10)

@@ -1,0 +1,66 @@
+"""The inline-PTX kernels assemble for sm_90a with ptxas, without register spills (no GPU needed).
+
+compile_ptx (test_compile_ptx.py) only checks that NVVM produces PTX: inline asm is opaque to
+it, so a malformed `wgmma` / `cp.async` / `mma` operand list would first fail on the GPU. ptxas
+(from the `nvidia-cuda-nvcc` wheel, a test dependency) assembles it here and reports registers
+and spills; the kernels whose speed depends on staying in registers must not spill.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import types
+from pathlib import Path
+
+import pytest
+
+import numba.cuda.dispatcher as _disp
+from ninfer_nb.kernels.registry import all_specs
+
+SPECS = all_specs()
+PTX_KERNELS = sorted(n for n, s in SPECS.items() if not s.sim)     # the inline-PTX / shuffle ones
+NO_SPILL = {"gemv_bf16_kernel", "gemm_mma_kernel", "gemm_wgmma_kernel"}
+
+
+def _ptxas() -> str | None:
+    try:
+        import nvidia.cu13  # the nvidia-cuda-nvcc wheel puts bin/ptxas here
+        for root in nvidia.cu13.__path__:
+            cand = Path(root) / "bin" / "ptxas"
+            if cand.exists():
+                return str(cand)
+    except ImportError:
+        pass
+    return shutil.which("ptxas")
+
+
+PTXAS = _ptxas()
+pytestmark = pytest.mark.skipif(PTXAS is None, reason="ptxas not installed (pip install nvidia-cuda-nvcc)")
+
+
+@pytest.fixture(autouse=True)
+def _no_driver_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_disp, "get_current_device", lambda: types.SimpleNamespace(compute_capability=(9, 0)))
+
+
+@pytest.mark.parametrize("name", PTX_KERNELS)
+def test_assembles_for_sm90a(name: str, tmp_path: Path) -> None:
+    from numba import cuda
+
+    spec = SPECS[name]
+    ptx, _ = cuda.compile_ptx(spec.fn, spec.sigs[0], cc=(9, 0, "a"), **spec.options)
+    src = tmp_path / f"{name}.ptx"
+    src.write_text(ptx)
+    r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", str(src), "-o", str(tmp_path / f"{name}.cubin")],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and "Unsupported .version" in r.stderr:
+        pytest.skip(f"ptxas older than NVVM: {r.stderr.strip().splitlines()[-1]}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "serialized" not in r.stderr, r.stderr          # wgmma serialisation warning
+    regs = re.search(r"Used (\d+) registers", r.stderr)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+    assert regs and spills, r.stderr
+    print(f"\n{name}: {regs.group(1)} registers, spills {spills.group(1)}/{spills.group(2)} B")
+    if name in NO_SPILL:
+        assert spills.group(1) == "0" and spills.group(2) == "0", r.stderr
