@@ -227,6 +227,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--kv-cache", choices=["fp32", "bf16", "int8"], default="fp32")
     p.add_argument("--gemm", choices=["auto", "mma", "wgmma"], default="auto",
                    help="prefill GEMM: wgmma (Hopper), mma.sync, or auto (wgmma on cc 9.0)")
+    p.add_argument("--attention", choices=["simt", "mma"], default="simt",
+                   help="prefill attention: fp32 CUDA cores (simt) or tensor cores (mma)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")
@@ -241,7 +243,7 @@ def main(argv: Sequence[str]) -> int:
     t_load = time.perf_counter()
     llm = LLM(model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
               prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph,
-              kv_cache=args.kv_cache, prefill_gemm=args.gemm)
+              kv_cache=args.kv_cache, prefill_gemm=args.gemm, prefill_attention=args.attention)
     load_s = time.perf_counter() - t_load
     first = llm.generate([1, 2, 3], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     start_to_first_token = time.time() - process_start_time()

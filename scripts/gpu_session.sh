@@ -4,7 +4,7 @@
 #   bash scripts/gpu_session.sh check     GPU tests: kernels, runtime, whole tiny models
 #   bash scripts/gpu_session.sh bench27   bench --random qwen3.6-27b, prompts 512 and 8192, profile
 #   bash scripts/gpu_session.sh bench35   the same for qwen3.6-35b-a3b
-# Logs and JSON land in $OUT. Compare prefill GEMMs with BENCH_ARGS="--gemm mma".
+# Logs and JSON land in $OUT. Try kernel choices with BENCH_ARGS="--gemm mma" or "--attention mma".
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 
 def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:

@@ -86,9 +86,9 @@ def random_array(rng: np.random.Generator, shape: tuple[int, ...], kind: str) ->
     return (offset + scale * rng.uniform(-1.0, 1.0, shape)).astype(np.float32)
 
 
-def create_backend(device: str, *, prefill_gemm: str = "auto") -> Backend:
+def create_backend(device: str, *, prefill_gemm: str = "auto", prefill_attention: str = "simt") -> Backend:
     """'cpu', 'cuda', 'cuda:N' or 'auto' (GPU when one is usable, else CPU). `prefill_gemm`
-    (auto | mma | wgmma) picks the CUDA backend's tensor-core GEMM for prefill chunks."""
+    (auto | mma | wgmma) and `prefill_attention` (simt | mma) pick CUDA prefill kernels."""
     if device == "cpu":
         return CpuBackend()
     if device == "auto" or device.startswith("cuda"):
@@ -104,5 +104,5 @@ def create_backend(device: str, *, prefill_gemm: str = "auto") -> Backend:
         from .cuda_backend import CudaBackend
 
         index = int(device.split(":", 1)[1]) if ":" in device else 0
-        return CudaBackend(index, prefill_gemm=prefill_gemm)
+        return CudaBackend(index, prefill_gemm=prefill_gemm, prefill_attention=prefill_attention)
     raise DeviceError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")

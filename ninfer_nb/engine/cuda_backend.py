@@ -29,7 +29,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, index: int = 0, *, arena_bytes: int | None = None,
-                 prefill_gemm: str = "auto") -> None:
+                 prefill_gemm: str = "auto", prefill_attention: str = "simt") -> None:
         from ..ops.cuda import CudaOps
         from ..runtime import device as dev
         from ..runtime.arena import DeviceArena
@@ -43,7 +43,8 @@ class CudaBackend:
         self.arena = DeviceArena(size)
         self.scratch = self.arena.carve(min(int(size * SCRATCH_FRACTION), SCRATCH_MAX))
         self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena,
-                           arch=info.compute_capability, prefill_gemm=prefill_gemm)
+                           arch=info.compute_capability, prefill_gemm=prefill_gemm,
+                           prefill_attention=prefill_attention)
         self._inputs: tuple[Any, Any] | None = None
         self._graph: Any = None
         self._graph_logits: Any = None

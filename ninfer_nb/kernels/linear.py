@@ -11,7 +11,7 @@
 """
 from __future__ import annotations
 
-from numba import cuda, float32, uint32
+from numba import cuda, float32
 
 from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, u16_2
@@ -84,7 +84,6 @@ def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
         return
     has1 = n0 + 1 < n_rows
     n1 = n0 + 1 if has1 else n0
-    zero4 = (uint32(0), uint32(0), uint32(0), uint32(0))
     for t0 in range(0, n_tok, 4):
         a00 = float32(0.0)
         a01 = float32(0.0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int32
+from numba import cuda, float32
 
 from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.linear import _dot8, warp_sum

@@ -72,10 +72,14 @@ class SimStream:
 
 class CudaOps:
     def __init__(self, scratch: Any, stream: Any, persistent: Any = None,
-                 arch: tuple[int, int] | None = None, prefill_gemm: str = "auto") -> None:
+                 arch: tuple[int, int] | None = None, prefill_gemm: str = "auto",
+                 prefill_attention: str = "simt") -> None:
         """arch: the device's compute capability; prefill_gemm: auto (wgmma on cc 9.0, else
-        mma.sync), mma, or wgmma (cc 9.0 only)."""
+        mma.sync), mma, or wgmma (cc 9.0 only); prefill_attention: simt (fp32 CUDA cores) or
+        mma (tensor cores, bf16 Q/K/V/P; not yet validated on a GPU, hence not the default)."""
         _need(prefill_gemm in ("auto", "mma", "wgmma"), f"prefill_gemm: {prefill_gemm!r}")
+        _need(prefill_attention in ("simt", "mma"), f"prefill_attention: {prefill_attention!r}")
+        self.prefill_attention = prefill_attention
         hopper = arch is not None and tuple(arch) == (9, 0)
         _need(prefill_gemm != "wgmma" or hopper, f"prefill_gemm=wgmma needs a cc 9.0 GPU (this is {arch})")
         self.scratch = scratch
@@ -306,7 +310,11 @@ class CudaOps:
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
             grid = ((t * (hq // hkv) + K_attn.PRE_BM - 1) // K_attn.PRE_BM, hkv)  # rows of 1 kv head
-            self._go(K_attn.attn_prefill_kernel, grid, K_attn.PRE_THREADS, _rows(q, d), k_cache, v_cache,
+            if self.prefill_attention == "mma" and K_attn.mma_supported(d):  # tensor cores, bf16 Q/K/V/P
+                kern, threads = K_attn.attn_prefill_mma_kernel, K_attn.MMA_THREADS
+            else:                                                        # SIMT, fp32 throughout
+                kern, threads = K_attn.attn_prefill_kernel, K_attn.PRE_THREADS
+            self._go(kern, grid, threads, _rows(q, d), k_cache, v_cache,
                      ks, vs, positions, np.float32(scale), _rows(out, d))
         return out
 
@@ -396,8 +404,9 @@ class CudaOps:
 
     def _moe_experts_grouped(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, out: Any) -> None:
         """Prefill MoE grouped by expert (kernels/moe_grouped.py): device-side sort of the
-        (token, slot) pairs by expert, SwiGLU and down GEMMs over each expert's rows (each
-        expert's weights read once per 64-row tile), slot-ordered combine into out [T, H].
+        (token, slot) pairs by expert, SwiGLU and down tensor-core GEMMs over each expert's rows
+        (each expert's weights read once per 64-row tile; x and h rounded to bf16 as MMA
+        operands, fp32 accumulate), slot-ordered combine into out [T, H].
         Its scratch is handed back to the arena before returning (only `out` lives on); later
         kernels on the same stream are ordered after the combine, so reuse is safe."""
         t, hid = x.shape
@@ -405,6 +414,7 @@ class CudaOps:
         n_exp = gate_up.shape[0]
         inter = gate_up.shape[1] // 2
         n_pairs = t * top_k
+        _need(hid % 2 == 0 and inter % 2 == 0, "moe_experts (grouped): H and I must be even (bf16x2 words)")
         n_chunks = (n_pairs + K_moeg.SORT_CHUNK - 1) // K_moeg.SORT_CHUNK
         n_tiles = K_moeg.max_row_tiles(n_pairs, n_exp)                   # grid bound, no host sync
         with self._temporaries():
@@ -413,14 +423,15 @@ class CudaOps:
             offs = self.empty((n_exp + 1,), np.int32)                        # [E+1] row offsets
             tile_off = self.empty((n_exp + 1,), np.int32)                    # [E+1] row-tile offsets
             order = self.empty((n_pairs,), np.int32)                         # [P] pair ids, expert-sorted
-            h = self.empty((n_pairs, inter))                                 # [P, I] SwiGLU rows, sorted
+            h = self.empty((n_pairs, inter), np.uint16)                      # [P, I] bf16 SwiGLU rows, sorted
             y = self.empty((n_pairs, hid))                                   # [P, H] weighted rows, pair order
             self._go(K_moeg.moe_hist_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist)
             self._go(K_moeg.moe_scan_kernel, 1, K_moeg.SORT_THREADS, hist, offs, tile_off)
             self._go(K_moeg.moe_scatter_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist, offs, order)
-            bn = K_moeg.BN
+            bn = K_moeg.BN_GU
             self._go(K_moeg.moe_grouped_gate_up_kernel, ((inter + bn - 1) // bn, n_tiles), K_moeg.THREADS,
                      x, order, offs, tile_off, gate_up, h, np.int32(top_k))
+            bn = K_moeg.BN_DN
             self._go(K_moeg.moe_grouped_down_kernel, ((hid + bn - 1) // bn, n_tiles), K_moeg.THREADS,
                      h, order, offs, tile_off, weights.reshape(-1), down, y)
             ct = K_moeg.COMBINE_THREADS

@@ -235,21 +235,6 @@ def test_moe_grouped_bookkeeping(ops, monkeypatch):
     assert tile_off[-1] <= G.max_row_tiles(p, e)
 
 
-def _moe_grouped_case(ops, seed, t, e, k, h, i, unused, hot=None):
-    rng = np.random.default_rng(seed)
-    pool = [x for x in range(e) if x not in unused and x != hot]
-    rows = []
-    for _ in range(t):
-        r = list(rng.choice(pool, k - (hot is not None), replace=False)) + ([hot] if hot is not None else [])
-        rows.append(rng.permutation(r))
-    ids = np.array(rows, dtype=np.int32)
-    x = rnd(rng, t, h)
-    gu, dn = rnd(rng, e, 2 * i, h).astype(BF16), rnd(rng, e, h, i).astype(BF16)
-    w = (rng.random((t, k)) + 0.1).astype(np.float32)
-    ref = cpu.moe_experts(x, ids, w, gu.astype(np.float32), dn.astype(np.float32))
-    close(ops.moe_experts(x, ids, w, gu, dn), ref)
-
-
 def test_moe_grouped_top4(ops, monkeypatch):
     """top-4, experts 1 and 4 get no tokens, H = 66 (two down column tiles, ragged K = 66 in
     gate_up), I = 20; E > sort block (carried scan)."""
@@ -367,3 +352,86 @@ def test_mma_emulation_fragment_layout():
     out = np.full((16, 8), np.nan, np.float32)
     _one_mma[1, 32](a, b, c, out)
     close(out, c + 2 * (a @ b), 1e-6)
+
+
+# --- tensor-core GQA prefill attention (kernels/attention.py attn_prefill_mma_kernel) ----------
+
+def _bf16r(x):
+    return np.asarray(x, np.float32).astype(BF16).astype(np.float32)
+
+
+def _prefill_mma_case(ops, monkeypatch, seed, cache, hq, hkv, d, start, t):
+    """Like _prefill_attn_case, through the mma kernel: vs ops.cpu on the exact inputs (bf16
+    rounding of Q, K, V, P by design: 2e-2) and on bf16-rounded q, k, v (the kernel's own
+    rounding error only: 6e-3)."""
+    monkeypatch.setattr(ops, "prefill_attention", "mma")
+    rng = np.random.default_rng(seed)
+    s = start + t + 3
+    q = rnd(rng, t, hq, d)
+    kf, vf = rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
+    pos = np.arange(start, start + t, dtype=np.int32)
+    scale = d ** -0.5
+    if cache == "int8":
+        kc, vc = np.zeros((s, hkv, d), np.int8), np.zeros((s, hkv, d), np.int8)
+        ks, vs = np.zeros((s, hkv, d // 64), np.float32), np.zeros((s, hkv, d // 64), np.float32)
+        cpu.kv_store(kc, vc, kf, vf, np.arange(s, dtype=np.int32), ks, vs)
+        assert kc.any() and ks.all()
+        got = ops.attention(q, kc, vc, pos, scale, ks, vs)
+        ref = cpu.attention(q, kc, vc, pos, scale, ks, vs)
+        kd = (kc.astype(np.float32).reshape(s, hkv, d // 64, 64) * ks[..., None]).reshape(s, hkv, d)
+        vd = (vc.astype(np.float32).reshape(s, hkv, d // 64, 64) * vs[..., None]).reshape(s, hkv, d)
+    else:
+        dt = np.float32 if cache == "f32" else BF16
+        kc, vc = kf.astype(dt), vf.astype(dt)
+        got = ops.attention(q, kc, vc, pos, scale)
+        kd, vd = kc.astype(np.float32), vc.astype(np.float32)
+        ref = cpu.attention(q, kd, vd, pos, scale)
+    close(got, ref, 2e-2)
+    close(got, cpu.attention(_bf16r(q), _bf16r(kd), _bf16r(vd), pos, scale), 6e-3)
+
+
+def test_prefill_mma_bf16_gqa3_d64(ops, monkeypatch):
+    """G = 3, bf16 cache, chunk at 10, T = 23: 69 rows = a full and a 5-row tile; the 5-row
+    tile's last token (position 32) needs a second key tile, zero-filled past key 32."""
+    _prefill_mma_case(ops, monkeypatch, 52, "bf16", hq=3, hkv=1, d=64, start=10, t=23)
+
+
+def test_prefill_mma_f32_mha_d64(ops, monkeypatch):
+    """G = 1 (blockIdx.y = 1 for the second kv head), fp32 cache, first chunk, T = 9."""
+    _prefill_mma_case(ops, monkeypatch, 51, "f32", hq=2, hkv=2, d=64, start=0, t=9)
+
+
+def test_prefill_mma_int8_d256(ops, monkeypatch):
+    """D = 256 (8 k-steps and 16 O n-tiles per warp, 4 int8 scale groups), G = 1, int8 cache,
+    chunk at 12, T = 5: one key tile, keys 17..31 masked / zero-filled."""
+    _prefill_mma_case(ops, monkeypatch, 54, "int8", hq=1, hkv=1, d=256, start=12, t=5)
+
+
+# --- grouped MoE with tensor-core GEMMs: x and h are bf16 MMA operands (fp32 accumulate) -------
+def _moe_ref_bf16(x, ids, w, gu, dn):
+    """ops.cpu.moe_experts on bf16-rounded x and bf16-rounded SwiGLU rows h (what the grouped
+    kernels feed the tensor cores), so the comparison can stay tight."""
+    xb = x.astype(BF16).astype(np.float32)
+    g32, d32 = gu.astype(np.float32), dn.astype(np.float32)
+    out = np.zeros_like(x, dtype=np.float32)
+    for e in np.unique(ids):
+        rows, slots = np.nonzero(ids == e)
+        hb = cpu.swiglu(xb[rows] @ g32[e].T).astype(BF16).astype(np.float32)
+        out[rows] += (hb @ d32[e].T) * w[rows, slots][:, None]
+    return out
+
+
+def _moe_grouped_case(ops, seed, t, e, k, h, i, unused, hot=None):
+    rng = np.random.default_rng(seed)
+    pool = [x for x in range(e) if x not in unused and x != hot]
+    rows = []
+    for _ in range(t):
+        r = list(rng.choice(pool, k - (hot is not None), replace=False)) + ([hot] if hot is not None else [])
+        rows.append(rng.permutation(r))
+    ids = np.array(rows, dtype=np.int32)
+    x = rnd(rng, t, h)
+    gu, dn = rnd(rng, e, 2 * i, h).astype(BF16), rnd(rng, e, h, i).astype(BF16)
+    w = (rng.random((t, k)) + 0.1).astype(np.float32)
+    got = ops.moe_experts(x, ids, w, gu, dn)
+    close(got, _moe_ref_bf16(x, ids, w, gu, dn), 1e-4)      # same bf16 operands: ~1e-7 seen
+    close(got, cpu.moe_experts(x, ids, w, gu.astype(np.float32), dn.astype(np.float32)), 2e-2)

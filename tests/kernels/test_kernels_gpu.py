@@ -311,47 +311,6 @@ def test_gated_delta_rule_chunked_vs_recurrent_timing(env, rng):
     close(res["chunked"][1], res["recurrent"][1], TOL32 * 10)
 
 
-@pytest.mark.parametrize("t,e,k,i,h", [(512, 256, 8, 512, 2048), (70, 16, 4, 36, 100)])
-def test_moe_experts_grouped(env, rng, t, e, k, i, h):
-    """Grouped-by-expert prefill path (T >= GROUPED_MIN_T), first case at the Qwen3.6-35B-A3B
-    shape, routed by moe_route on random logits; bitwise reproducible run to run."""
-    from ninfer_nb.kernels import moe_grouped as G
-
-    assert t >= G.GROUPED_MIN_T
-    ops = env.fresh()
-    gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
-    x = rnd(rng, t, h)
-    ids_d, w_d = ops.moe_route(env.up(rnd(rng, t, e, scale=2.0)), k, True)
-    X, GU, DN = env.up(x), env.up(gu), env.up(dn)
-    out = env.host(ops.moe_experts(X, ids_d, w_d, GU, DN))
-    ids, w = env.host(ids_d), env.host(w_d)
-    ref = cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn))
-    close(out, ref, TOL32 * 10)
-    assert np.array_equal(env.host(ops.moe_experts(X, ids_d, w_d, GU, DN)), out)
-
-
-def test_moe_experts_grouped_skewed(env, rng, monkeypatch):
-    """Skewed routing at the 35B-A3B shape: expert 7 in every token (300 rows, 5 row tiles),
-    experts >= 64 never chosen; grouped path vs ops.cpu and vs the per-pair kernels."""
-    from ninfer_nb.kernels import moe_grouped as G
-
-    t, e, k, i, h = 300, 256, 8, 512, 2048
-    ops = env.fresh()
-    gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
-    x = rnd(rng, t, h)
-    logits = rnd(rng, t, e, scale=2.0)
-    logits[:, 64:] -= 40.0                                        # never chosen
-    logits[:, 7] = logits[:, :64].max(axis=1) + 0.5               # always chosen, not dominant
-    ids_d, w_d = ops.moe_route(env.up(logits), k, True)
-    ids, w = env.host(ids_d), env.host(w_d)
-    assert (ids == 7).any(axis=1).all() and ids.max() < 64
-    X, GU, DN = env.up(x), env.up(gu), env.up(dn)
-    out = env.host(ops.moe_experts(X, ids_d, w_d, GU, DN))
-    close(out, cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn)), TOL32 * 10)
-    monkeypatch.setattr(G, "GROUPED_MIN_T", 1 << 30)            # the per-pair (decode) kernels
-    close(env.host(ops.moe_experts(X, ids_d, w_d, GU, DN)), out, TOL32 * 10)
-
-
 @pytest.mark.parametrize("cdtype", [np.float32, BF16])
 def test_attention_prefill_qwen27b_second_chunk(env, rng, cdtype):
     """Tiled GQA prefill kernel at the Qwen3.6-27B attention shape (24 q / 4 kv heads x 256): a
@@ -365,3 +324,138 @@ def test_attention_prefill_qwen27b_second_chunk(env, rng, cdtype):
     o = env.host(ops.attention(env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5))
     ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5)
     close(o, ref, TOL32 * 10)
+
+
+def _time_attn(env, fn, reps=3):
+    import time
+
+    fn()                                                    # warm-up (compiles)
+    best = float("inf")
+    for _ in range(reps):
+        env.stream.synchronize()
+        t0 = time.perf_counter()
+        o = fn()
+        env.stream.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best, o
+
+
+@pytest.mark.parametrize("cdtype", [np.float32, BF16])
+def test_attention_prefill_mma_qwen27b(env, rng, cdtype, monkeypatch):
+    """Tensor-core prefill kernel (attn_prefill_mma_kernel) at the Qwen3.6-27B shape: a 512-token
+    chunk at 1536..2047, vs ops.cpu on the exact inputs (bf16 Q/K/V/P by design) and on
+    bf16-rounded q, k, v; prints its time next to the SIMT kernel's (-s)."""
+    ops = env.fresh()
+    s, hq, hkv, d, start, t = 2048, 24, 4, 256, 1536, 512
+    kc = rnd(rng, s, hkv, d).astype(cdtype)
+    vc = rnd(rng, s, hkv, d).astype(cdtype)
+    pos = np.arange(start, start + t, dtype=np.int32)
+    q = rnd(rng, t, hq, d)
+    Q, KC, VC, P = env.up(q), env.up(kc), env.up(vc), env.up(pos)
+    times = {}
+    outs = {}
+    for name in ("simt", "mma"):
+        monkeypatch.setattr(ops, "prefill_attention", name)
+        times[name], o = _time_attn(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
+        outs[name] = env.host(o)
+    print(f"\nprefill attention T={t} at {start}, Hq={hq} Hkv={hkv} D={d} ({np.dtype(cdtype).name} cache): "
+          f"SIMT {times['simt'] * 1e3:.2f} ms, mma {times['mma'] * 1e3:.2f} ms")
+    kf, vf = kc.astype(np.float32), vc.astype(np.float32)
+    close(outs["mma"], cpu.attention(q, kf, vf, pos, d ** -0.5), 2e-2)
+    r16 = [a.astype(BF16).astype(np.float32) for a in (q, kf, vf)]
+    close(outs["mma"], cpu.attention(r16[0], r16[1], r16[2], pos, d ** -0.5), 6e-3)
+
+
+@pytest.mark.parametrize("hq,hkv", [(24, 4), (16, 2)])
+def test_attention_prefill_mma_timing_8k(env, rng, hq, hkv, monkeypatch):
+    """Qwen3.6-27B (24/4) and -35B (16/2) heads x 256, a 2048-token chunk at 6144..8191 over a
+    bf16 cache: mma vs SIMT kernel output (2e-2) and times (-s)."""
+    ops = env.fresh()
+    s, d, start, t = 8192, 256, 6144, 2048
+    KC = env.up(rnd(rng, s, hkv, d).astype(BF16))
+    VC = env.up(rnd(rng, s, hkv, d).astype(BF16))
+    P = env.up(np.arange(start, start + t, dtype=np.int32))
+    Q = env.up(rnd(rng, t, hq, d))
+    times = {}
+    outs = {}
+    for name in ("simt", "mma"):
+        monkeypatch.setattr(ops, "prefill_attention", name)
+        times[name], o = _time_attn(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
+        outs[name] = env.host(o)
+    flops = 4 * hq * d * t * (start + (t + 1) / 2)
+    print(f"\nprefill attention T={t} at {start}, Hq={hq} Hkv={hkv} D={d}: SIMT {times['simt'] * 1e3:.2f} ms "
+          f"({flops / times['simt'] * 1e-12:.1f} TFLOP/s), mma {times['mma'] * 1e3:.2f} ms "
+          f"({flops / times['mma'] * 1e-12:.1f} TFLOP/s)")
+    close(outs["mma"], outs["simt"], 2e-2)
+
+
+# --- grouped MoE on the tensor cores: x and h are bf16 MMA operands, fp32 accumulate ------------
+def _moe_ref_bf16(x, ids, w, gu, dn):
+    """ops.cpu.moe_experts with bf16-rounded x and bf16-rounded SwiGLU rows h (the MMA operands
+    of kernels/moe_grouped.py), so the kernel is checked tightly."""
+    xb = x.astype(BF16).astype(np.float32)
+    out = np.zeros_like(x, dtype=np.float32)
+    for e in np.unique(ids):
+        rows, slots = np.nonzero(ids == e)
+        hb = cpu.swiglu(xb[rows] @ gu[e].astype(np.float32).T).astype(BF16).astype(np.float32)
+        out[rows] += (hb @ dn[e].astype(np.float32).T) * w[rows, slots][:, None]
+    return out
+
+
+@pytest.mark.parametrize("t,e,k,i,h,shared", [(2048, 256, 8, 512, 2048, True), (512, 256, 8, 512, 2048, False),
+                                              (70, 16, 4, 36, 100, False)])
+def test_moe_grouped_mma(env, rng, t, e, k, i, h, shared):
+    """Grouped path with the mma.sync GEMMs. First case: the Qwen3.6-35B-A3B prefill chunk
+    (T = 2048, E = 256 routed + the shared expert folded in as expert 256, k = 8 + 1: expert 256
+    owns 2048 rows = 32 full row tiles); vs the bf16-operand reference (tight) and the fp32 one
+    (bf16 rounding of x and h: loose); bitwise reproducible; prints the time of one call."""
+    import time
+
+    from ninfer_nb.kernels import moe_grouped as G
+
+    assert t >= G.GROUPED_MIN_T
+    ops = env.fresh()
+    n_exp = e + int(shared)
+    gu, dn = rnd_bf16(rng, n_exp, 2 * i, h), rnd_bf16(rng, n_exp, h, i)
+    x = rnd(rng, t, h)
+    ids_d, w_d = ops.moe_route(env.up(rnd(rng, t, e + int(shared), scale=2.0)), k, True, shared)
+    ids, w = env.host(ids_d), env.host(w_d)
+    if shared:
+        assert (ids[:, -1] == e).all()
+    X, GU, DN = env.up(x), env.up(gu), env.up(dn)
+    out = env.host(ops.moe_experts(X, ids_d, w_d, GU, DN))
+    close(out, _moe_ref_bf16(x, ids, w, gu, dn), 5e-4)     # fp32-activation reference: ~2e-3 off
+    close(out, cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn)), 2e-2)
+    assert np.array_equal(env.host(ops.moe_experts(X, ids_d, w_d, GU, DN)), out)
+    best = float("inf")
+    for _ in range(3):
+        env.stream.synchronize()
+        t0 = time.perf_counter()
+        ops.moe_experts(X, ids_d, w_d, GU, DN)
+        env.stream.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    print(f"\ngrouped mma MoE T={t} E={n_exp} k={ids.shape[1]} I={i} H={h}: {best * 1e3:.2f} ms "
+          f"({2 * t * ids.shape[1] * 3 * i * h / best / 1e12:.1f} TFLOP/s)")
+
+
+def test_moe_grouped_mma_skewed(env, rng, monkeypatch):
+    """Skewed routing at the 35B-A3B shape (expert 7 in every token, experts >= 64 unused) with
+    the mma.sync GEMMs: vs the bf16-operand reference and vs the per-pair (fp32 activation)
+    kernels, which differ from it by the bf16 rounding of x and h."""
+    from ninfer_nb.kernels import moe_grouped as G
+
+    t, e, k, i, h = 300, 256, 8, 512, 2048
+    ops = env.fresh()
+    gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
+    x = rnd(rng, t, h)
+    logits = rnd(rng, t, e, scale=2.0)
+    logits[:, 64:] -= 40.0
+    logits[:, 7] = logits[:, :64].max(axis=1) + 0.5
+    ids_d, w_d = ops.moe_route(env.up(logits), k, True)
+    ids, w = env.host(ids_d), env.host(w_d)
+    assert (ids == 7).any(axis=1).all() and ids.max() < 64
+    X, GU, DN = env.up(x), env.up(gu), env.up(dn)
+    out = env.host(ops.moe_experts(X, ids_d, w_d, GU, DN))
+    close(out, _moe_ref_bf16(x, ids, w, gu, dn), 5e-4)     # fp32-activation reference: ~2e-3 off
+    monkeypatch.setattr(G, "GROUPED_MIN_T", 1 << 30)            # the per-pair (decode) kernels
+    close(env.host(ops.moe_experts(X, ids_d, w_d, GU, DN)), out, 2e-2)

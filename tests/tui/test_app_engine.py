@@ -96,7 +96,7 @@ async def test_perf_panel_toggles_and_shows_engine_numbers(
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.info is not None)
         panel = app.query_one(PerfPanel)
-        await wait_for(pilot, lambda: panel.region.width > 0, timeout=5)
+        await wait_for(pilot, lambda: panel.region.width > 0, timeout=30)
         app.query_one(PromptArea).insert("hello")
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(app.conversation.messages) == 2)
@@ -109,10 +109,10 @@ async def test_perf_panel_toggles_and_shows_engine_numbers(
         assert "CPU" in rows and "RAM" in rows   # psutil on the CPU backend
         assert rows["GPU"]                        # a name or why it is unavailable
         await pilot.press("f2")
-        await wait_for(pilot, lambda: panel.region.width == 0, timeout=5)
+        await wait_for(pilot, lambda: panel.region.width == 0, timeout=30)
         assert not app.screen.has_class("-show-perf")
         await pilot.press("f2")
-        await wait_for(pilot, lambda: panel.region.width > 0, timeout=5)
+        await wait_for(pilot, lambda: panel.region.width > 0, timeout=30)
 
 
 def _rows(panel: PerfPanel) -> list[tuple[str, str]]:
