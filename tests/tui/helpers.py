@@ -21,8 +21,11 @@ def _describe(pilot: Pilot[None]) -> str:
     """What the app looked like when a wait timed out (state line, focus, notes)."""
     app = pilot.app
     notes = [getattr(w, "text", "") for w in app.query("NoteMessage")]
+    conv = getattr(app, "conversation", None)
+    roles = [m.role for m in conv.messages] if conv is not None else None
     return (f"state={getattr(app, 'state', '?')!r} focused={app.focused!r} "
-            f"workers={[w.name for w in app.workers]} notes={notes}")
+            f"workers={[(w.name, str(w.state)) for w in app.workers]} messages={roles} "
+            f"app_exception={getattr(app, '_exception', None)!r} notes={notes}")
 
 
 async def type_text(pilot: Pilot[None], text: str) -> None:

@@ -8,6 +8,7 @@ final Markdown is exactly what a full parse gives. Knows nothing about engines o
 """
 from __future__ import annotations
 
+import asyncio
 import json
 
 from textual.containers import Vertical
@@ -150,7 +151,7 @@ class AssistantMessage(Vertical):
         self._pending_reasoning = self._pending_content = ""
         for stream in (self._reasoning_stream, self._content_stream):
             if stream is not None:
-                await stream.stop()
+                await _stop_stream(stream)
         self._reasoning_stream = self._content_stream = None
         if self.reasoning:
             self._reasoning_box.title = "Reasoning"
@@ -160,3 +161,16 @@ class AssistantMessage(Vertical):
         self._footer.update(footer)
         self._footer.set_class(error, "error")
         self._footer.display = bool(footer)
+
+
+async def _stop_stream(stream: MarkdownStream) -> None:
+    """`MarkdownStream.stop()` cancels its task and awaits it; when a flush created the stream
+    just before the answer ended, that task is cancelled before it first ran and the await
+    raises CancelledError here although nobody cancelled us (seen as a turn that never ended).
+    That one is swallowed (the full text is rendered right after); our own cancellation is not."""
+    try:
+        await stream.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and getattr(task, "cancelling", lambda: 0)():   # 3.11+
+            raise
