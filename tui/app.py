@@ -143,18 +143,21 @@ class NinferApp(SlashCommandsMixin):
         self.query_one(StatusLine).set_status(model, self.settings.status(), self.state)
 
     async def _poll_stats(self) -> None:
-        if self.info is None or not self.screen.has_class("-show-perf"):
+        """Timer and end-of-turn refresh of the perf panel (a no-op while the app quits)."""
+        if self.info is None or self._shutting_down() or not self.screen.has_class("-show-perf"):
             return
-        panel = self.query_one(PerfPanel)
         stats = await self.client.stats()
         if self._shutting_down():
             return
+        panel = self.query_one(PerfPanel)
         panel.view.engine = stats
         if self._probe is not None:
             panel.view.system = self._probe.sample()
         panel.show()
 
     def _on_tick(self, tick: TokenTick) -> None:
+        if self._shutting_down():
+            return
         panel = self.query_one(PerfPanel)
         panel.view.live_tok_s = tick.tok_s
         if tick.tok_s > 0:
