@@ -22,14 +22,30 @@ def test_bench_reports_every_figure_and_profiles(tmp_path: Path, capsys) -> None
         assert r["bytes_per_token"] > 0 and 0 < r["fraction_of_limit"]
     decode, prefill = report["profile"], report["prefill_profile"]
     names = {r["op"] for r in decode}
-    assert {"linear", "gated_delta_rule", "attention"} <= names
-    assert {"linear", "attention"} <= {r["op"] for r in prefill}
+    assert {"gated_delta_rule", "attention"} <= names and "attention" in {r["op"] for r in prefill}
+    # linear layers per weight shape (tiny-qwen3.5: hidden 256, MLP 512, vocab 248320)
+    assert {"linear 1024x256", "linear 256x512", "linear 248320x256"} <= names, names
     for prof in (decode, prefill):
         assert abs(sum(r["share"] for r in prof) - 1.0) < 1e-6
         assert all(r["calls"] > 0 and r["time_us"] > 0 for r in prof)
     # the prefill chunk runs 16 tokens through each linear layer: more bytes of activations
-    lin = {r["op"]: r for r in decode}["linear"], {r["op"]: r for r in prefill}["linear"]
-    assert lin[1]["bytes"] > lin[0]["bytes"]
+    lin = {r["op"]: r for r in decode}["linear 256x512"], {r["op"]: r for r in prefill}["linear 256x512"]
+    assert lin[1]["bytes"] > lin[0]["bytes"] and lin[0]["calls"] == lin[1]["calls"] == 4
     text = capsys.readouterr().out
     assert "One decode step by op" in text and "16-token prefill chunk" in text
     assert "ninfer_nb" in text and "of limit" in text
+
+
+def test_bench_peer_runs_transformers_on_the_preset(tmp_path: Path) -> None:
+    """`--peer hf` with a preset: transformers builds the preset's shapes (random init) in a
+    subprocess before ours loads, is timed the same way, and each row gets its ratio."""
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--random", "tiny-qwen3.5", "--device", "cpu", "--prompt-len", "24",
+               "--gen", "5", "--peer", "hf", "--json", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    ours, peer = rows
+    assert ours["engine"] == "ninfer_nb" and peer["engine"] == "transformers"
+    assert peer["prompt_tokens"] == 24 and peer["generated"] == 5
+    assert peer["decode_tok_s"] > 0 and peer["prefill_tok_s"] > 0
+    assert ours["decode_vs_peer"] == ours["decode_tok_s"] / peer["decode_tok_s"]
