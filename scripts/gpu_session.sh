@@ -5,6 +5,8 @@
 #   bash scripts/gpu_session.sh bench27   bench --random qwen3.6-27b, prompts 512 and 8192, profile
 #   bash scripts/gpu_session.sh bench35   the same for qwen3.6-35b-a3b
 # Logs and JSON land in $OUT. Try kernel choices with BENCH_ARGS="--gemm mma" or "--attention mma".
+# The benches run the transformers peer first (same preset shapes, random weights); PEER=0 skips it
+# if the call gets close to its 10-minute limit.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -13,7 +15,7 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 NUMBA_CUDA_ARRAY_INTERFACE_S
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 bench() {
   python3 -m ninfer_nb bench --random "$1" --prompt-len 512,8192 --gen 64 --prefill-chunk 2048 \
-    --profile --json "$OUT/$2.json" ${BENCH_ARGS:-} 2>&1 | grep -v "^loading" | tee "$OUT/$2.log"
+    --profile --json "$OUT/$2.json" $([ "${PEER:-1}" = 1 ] && echo --peer hf) ${BENCH_ARGS:-} 2>&1 | grep -v "^loading" | tee "$OUT/$2.log"
 }
 case "${1:-check}" in
   check)
