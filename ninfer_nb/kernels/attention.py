@@ -3,8 +3,8 @@ codes with one fp32 scale per 64 values, see kvquant.py).
 
 Layouts: q [T, Hq, D]; caches [S, Hkv, D]; positions [T] int32 in device memory; query i sees
 keys 0..positions[i]; q-head h reads kv-head h // (Hq / Hkv). D <= 256.
-* decode: `attn_split_kernel` (grid: splits x Hq x T, 4 warps, online softmax per warp, warp
-  shuffles) writes per-split (acc, max, sum); `attn_combine_kernel` merges the splits. The
+* decode: `attn_split_kernel` (grid: splits x Hq x T, 4 warps, online softmax per warp over
+  two keys per pass, warp shuffles) writes per-split (acc, max, sum); `attn_combine_kernel` merges the splits. The
   split count depends only on the cache length, so one graph covers every position.
 * prefill (T > 4): `attn_prefill_kernel`, a SIMT flash-attention kernel (fp32 FMA on CUDA cores,
   no tensor cores, no inline PTX, so it runs in the simulator). Status: simulator-verified
@@ -133,22 +133,36 @@ def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, s
         acc[e] = float32(0.0)
     m = float32(NEG)
     l = float32(0.0)
-    for j in range(k0 + warp, k1, SPLIT_WARPS):
+    # Two keys per pass (j and j + SPLIT_WARPS): their dot products and shuffle reductions are
+    # independent, so the two latency chains overlap (one key per pass was latency-bound).
+    j = k0 + warp
+    while j < k1:
+        j2 = j + SPLIT_WARPS
+        has2 = j2 < k1
+        jb = j2 if has2 else j               # a lone last key: the second lane of work is discarded
         s = float32(0.0)
+        s2 = float32(0.0)
         for e in range(8):
             d = lane + 32 * e
             if d < d_head:
                 s += qv[e] * kv_load(k_cache, k_scale, j, hk, d)
+                s2 += qv[e] * kv_load(k_cache, k_scale, jb, hk, d)
         s = _warp_sum(s)
+        s2 = _warp_sum(s2)
         m_new = max(m, s)
+        if has2:
+            m_new = max(m_new, s2)
         corr = math.exp(m - m_new)
         p = math.exp(s - m_new)
-        l = l * corr + p
+        p2 = math.exp(s2 - m_new) if has2 else float32(0.0)
+        l = l * corr + p + p2
         for e in range(8):
             d = lane + 32 * e
             if d < d_head:
-                acc[e] = acc[e] * corr + p * kv_load(v_cache, v_scale, j, hk, d)
+                acc[e] = (acc[e] * corr + p * kv_load(v_cache, v_scale, j, hk, d)
+                          + p2 * kv_load(v_cache, v_scale, jb, hk, d))
         m = m_new
+        j += 2 * SPLIT_WARPS
     if lane == 0:
         sm_m[warp] = m
         sm_l[warp] = l
