@@ -4,7 +4,8 @@
 Rows are [R, D] fp32; weights [D] fp32. Simulator-safe (no warp shuffles). The block size is
 the launcher's choice (`threads_for`): a decode step normalises one hidden-size row, and with
 256 threads each thread walked 20 dependent-latency loads of a 5120 row (~10 us per call in
-the 27B decode profile); wide rows therefore get 1024 threads (5 loads each).
+the 27B decode profile); wide rows therefore get 1024 threads (5 loads each), narrow head rows
+no more threads than elements.
 """
 from __future__ import annotations
 
@@ -21,7 +22,14 @@ WIDE_D = 2048
 
 
 def threads_for(d: int) -> int:
-    return MAX_BLOCK if d > WIDE_D else BLOCK
+    """Threads per row: a power of two (the reduction needs one), no more than the row has
+    elements (q/k norms run 128/256-wide head rows), 1024 above WIDE_D."""
+    if d > WIDE_D:
+        return MAX_BLOCK
+    n = 32
+    while n < d and n < BLOCK:
+        n *= 2
+    return n
 
 
 @cuda.jit(device=True)

@@ -380,7 +380,10 @@ class CudaOps:
         ids = self.empty((t, slots), np.int32)                            # [T, k (+1 shared)]
         w = self.empty((t, slots))
         if t:
-            self._go(K_moe.moe_route_kernel, t, K_moe.ROUTE_BLOCK, logits, np.int32(top_k), np.int32(renormalize),
+            threads = 32                                                 # a power of two, <= E
+            while threads < min(n_exp, K_moe.ROUTE_BLOCK):
+                threads *= 2
+            self._go(K_moe.moe_route_kernel, t, threads, logits, np.int32(top_k), np.int32(renormalize),
                      np.int32(shared_slot), ids, w)
         return ids, w
 

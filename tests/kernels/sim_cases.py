@@ -435,3 +435,43 @@ def _moe_grouped_case(ops, seed, t, e, k, h, i, unused, hot=None):
     got = ops.moe_experts(x, ids, w, gu, dn)
     close(got, _moe_ref_bf16(x, ids, w, gu, dn), 1e-4)      # same bf16 operands: ~1e-7 seen
     close(got, cpu.moe_experts(x, ids, w, gu.astype(np.float32), dn.astype(np.float32)), 2e-2)
+
+
+def test_whole_hybrid_model_prefill_chunk_matches_cpu(ops):
+    """A tiny dense Qwen3.5 through CudaOps in the simulator against the CPU backend, for a
+    prefill chunk that continues a sequence (positions 17..33; the first chunk runs on the CPU
+    and its caches are copied over): fused projections and ops.split, one conv over q|k|v with a
+    nonzero conv state, the chunked GDN from a nonzero state, GQA prefill attention over cached
+    keys, norms. (The MoE pieces have their own cases above: the simulator is too slow for a
+    whole MoE model in CI.)"""
+    from ninfer_nb.config import ModelConfig
+    from ninfer_nb.engine.backend import random_array
+    from ninfer_nb.models.decoder import Decoder
+    from ninfer_nb.models.presets import PRESETS, random_weights
+    from ninfer_nb.models.state import new_state
+
+    cfg = ModelConfig.from_hf(dict(
+        PRESETS["tiny-qwen3.5"], vocab_size=96, hidden_size=64, intermediate_size=64,
+        num_hidden_layers=2, full_attention_interval=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=32, linear_value_head_dim=32))
+    rng = np.random.default_rng(21)
+    w = random_weights(cfg, lambda shape, kind: random_array(rng, shape, kind))
+    ids = rng.integers(0, cfg.vocab_size, 34)
+    pos = np.arange(34)
+    cpu_state = new_state(cfg, 64, np.zeros)
+    Decoder(cfg, w).forward(cpu, ids[:17], pos[:17], cpu_state)            # first chunk: CPU
+    sim_state = new_state(cfg, 64, lambda shape, dtype=np.float32: ops.zeros(shape, dtype, persistent=True))
+    for dst, src in zip(sim_state.layers, cpu_state.layers):
+        for name, buf in vars(src).items():
+            if buf is not None:
+                getattr(dst, name)[...] = buf
+    want = Decoder(cfg, w).forward(cpu, ids[17:], pos[17:], cpu_state, all_logits=True)
+    got = Decoder(cfg, w).forward(ops, ids[17:].astype(np.int32), pos[17:].astype(np.int32), sim_state,
+                                  all_logits=True)
+    close(got, want, 1e-4)
+    for dst, src in zip(sim_state.layers, cpu_state.layers):              # the caches it leaves
+        for name, buf in vars(src).items():
+            if buf is not None:
+                close(getattr(dst, name)[:34] if name in ("k", "v") else getattr(dst, name),
+                      buf[:34] if name in ("k", "v") else buf, 1e-4)
