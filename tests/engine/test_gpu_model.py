@@ -114,3 +114,20 @@ def test_tensor_core_prefill_stays_close_to_cpu(tiny_checkpoints) -> None:
     scale = np.abs(cpu).max()
     assert np.abs(gemv - cpu).max() <= 2e-2 * scale
     assert np.abs(tensor_cores - cpu).max() <= 5e-2 * scale
+
+
+@pytest.mark.parametrize("gemm,attention", [("auto", "simt"), ("mma", "simt"), ("auto", "mma")])
+def test_long_prefill_fast_paths_stay_close_to_cpu(tiny_checkpoints, gemm: str, attention: str) -> None:
+    """A 600-token prompt in chunks of 512 + 88 through the prefill fast paths, as real prompts
+    take them: the wgmma GEMM (cc 9.0, M >= 256; "mma" forces mma.sync), the chunked GDN from
+    a zero and then a carried state, the split copy kernel, prefill attention (SIMT, or the
+    opt-in tensor-core kernel) over a cache the first chunk filled. bf16 activations in the
+    GEMMs, so close to the fp32 CPU, not equal."""
+    path = bf16_checkpoint(tiny_checkpoints, "qwen35")
+    ids = [int(t) for t in np.random.default_rng(4).integers(0, 248000, 600)]
+    cpu = LLM(str(path), device="cpu", max_context=640, prefill_chunk=512).logits(ids)
+    gpu = LLM(str(path), device="cuda", max_context=640, prefill_chunk=512, prefill_gemm=gemm,
+              prefill_attention=attention).logits(ids)
+    assert gpu.shape == cpu.shape == (600, cpu.shape[1])
+    scale = np.abs(cpu).max()
+    assert np.abs(gpu - cpu).max() <= 5e-2 * scale
