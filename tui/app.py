@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-
 from pathlib import Path
 
 from textual import on, work
