@@ -74,6 +74,16 @@ def f32_to_bf16_kernel(x, xb):
 
 
 @cuda.jit(device=True)
+def grouped_tile(pid, num_m, num_n):
+    """Block pid -> (row tile, column tile) in grouped order: GROUP_M row tiles walk one column
+    tile of W together, so its weights are reused from L2 (shared with gemm_wgmma)."""
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    gsz = min(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % gsz, (pid % width) // gsz
+
+
+@cuda.jit(device=True)
 def _store2(out, rr, c, v0, v1, n_dim, even, ok1):
     if even:
         st_v2_f32(out, rr * n_dim + c, v0, v1)
@@ -115,14 +125,8 @@ def gemm_mma_kernel(xb, w, bias, out, has_bias):
     n_dim = w.shape[0]
     k_dim = w.shape[1]
     # grouped rasterisation: GROUP_M row tiles walk one column tile of W together
-    pid = int32(cuda.blockIdx.x)
-    num_m = int32((m_dim + BM - 1) // BM)
-    num_n = int32((n_dim + BN - 1) // BN)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    gsz = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % gsz
-    pid_n = (pid % width) // gsz
+    pid_m, pid_n = grouped_tile(int32(cuda.blockIdx.x), int32((m_dim + BM - 1) // BM),
+                                int32((n_dim + BN - 1) // BN))
     # global -> shared: thread copies chunk c of rows r and r + 64 of both tiles (rows clamped)
     r = tid >> 2
     c = tid & 3

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from numba import cuda, int32, uint32
 
-from ninfer_nb.kernels.gemm_mma import _store_rows
+from ninfer_nb.kernels.gemm_mma import _store_rows, grouped_tile
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, u16_2
 from ninfer_nb.kernels.ptx import (cp_async16, cp_async_commit, cp_async_wait0, cp_async_wait1,
                                    f32_zeros_64, fence_proxy_async, gptr, smem_u32, wgmma_commit, wgmma_fence,
@@ -42,7 +42,6 @@ BK = 64
 STAGES = 4
 PREFETCH = STAGES - 2                      # tiles in flight ahead of the one being multiplied
 THREADS = 128 * (BM // 64)                 # one warpgroup per 64 rows
-GROUP_M = 8
 ROW_BYTES = BK * 2                         # 128 B: one swizzle row
 A_BYTES = BM * ROW_BYTES                   # 32 KB
 STAGE_BYTES = (BM + BN) * ROW_BYTES        # 48 KB
@@ -70,14 +69,8 @@ def gemm_wgmma_kernel(xb, w, bias, out, has_bias):
     m_dim = xb.shape[0]
     n_dim = w.shape[0]
     k_dim = w.shape[1]
-    pid = int32(cuda.blockIdx.x)
-    num_m = int32((m_dim + BM - 1) // BM)
-    num_n = int32((n_dim + BN - 1) // BN)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    gsz = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % gsz
-    pid_n = (pid % width) // gsz
+    pid_m, pid_n = grouped_tile(int32(cuda.blockIdx.x), int32((m_dim + BM - 1) // BM),
+                                int32((n_dim + BN - 1) // BN))
     # global -> shared: thread copies chunk c of tile rows r, r + 64, r + 128, r + 192 of A and
     # r, r + 64 of B; all those rows share r & 7, hence one swizzled chunk offset
     r = tid >> 3
