@@ -24,23 +24,27 @@ class Decoder:
 
     def hidden(self, ops: Any, ids: Any, positions: Any, state: SequenceState) -> Any:
         """ids, positions [T] -> final-normed hidden states [T, H]; advances the caches.
-        Each residual add is fused with the norm that follows it (add_rms_norm)."""
+        Each residual add is fused with the norm that follows it (add_rms_norm). The residual
+        stream x and the normed input h live across the layers; everything a layer allocates
+        besides them is handed back when it ends (ops.scope), so a long prefill chunk needs
+        one layer's temporaries, not all of them."""
         cfg, w = self.cfg, self.weights
         eps = cfg.rms_norm_eps
         x = ops.embedding(w.embed, ids)
         chunked = ids.shape[0] >= CHUNKED_GDN_MIN_TOKENS
         h = ops.rms_norm(x, w.layers[0].input_norm, eps)
         for i, (lw, cache) in enumerate(zip(w.layers, state.layers)):
-            if isinstance(lw.mixer, AttentionWeights):
-                assert isinstance(cache, KVCache)
-                h = attention_block(ops, cfg, lw.mixer, h, positions, cache)
-            else:
-                assert isinstance(cache, GDNState)
-                h = gdn_block(ops, cfg, lw.mixer, h, cache, chunked)
-            h, x = ops.add_rms_norm(h, x, lw.post_norm, eps)
-            h = mlp_block(ops, lw.ffn, h) if isinstance(lw.ffn, MLPWeights) else moe_block(ops, lw.ffn, h)
             next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
-            h, x = ops.add_rms_norm(h, x, next_norm, eps)
+            with ops.scope():
+                if isinstance(lw.mixer, AttentionWeights):
+                    assert isinstance(cache, KVCache)
+                    y = attention_block(ops, cfg, lw.mixer, h, positions, cache)
+                else:
+                    assert isinstance(cache, GDNState)
+                    y = gdn_block(ops, cfg, lw.mixer, h, cache, chunked)
+                y, x_mid = ops.add_rms_norm(y, x, lw.post_norm, eps)
+                y = mlp_block(ops, lw.ffn, y) if isinstance(lw.ffn, MLPWeights) else moe_block(ops, lw.ffn, y)
+                h, x = ops.add_rms_norm(y, x_mid, next_norm, eps, out=(h, x))   # into the kept buffers
         return h
 
     def logits(self, ops: Any, hidden: Any) -> Any:

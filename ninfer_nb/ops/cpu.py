@@ -8,6 +8,8 @@ weights layout on disk, or requests.
 """
 from __future__ import annotations
 
+import contextlib
+
 from functools import lru_cache
 
 import numpy as np
@@ -33,10 +35,22 @@ def add(x: Array, y: Array) -> Array:
     return x + y
 
 
-def add_rms_norm(x: Array, residual: Array, weight: Array, eps: float) -> tuple[Array, Array]:
-    """Residual add fused with the next norm: (rms_norm(x + residual) * weight, x + residual)."""
+def add_rms_norm(x: Array, residual: Array, weight: Array, eps: float,
+                 out: tuple[Array, Array] | None = None) -> tuple[Array, Array]:
+    """Residual add fused with the next norm: (rms_norm(x + residual) * weight, x + residual),
+    written into `out` = (normed, sum) when given."""
     total = x + residual
-    return rms_norm(total, weight, eps), total
+    normed = rms_norm(total, weight, eps)
+    if out is None:
+        return normed, total
+    np.copyto(out[0], normed)
+    np.copyto(out[1], total)
+    return out
+
+
+def scope() -> contextlib.AbstractContextManager[None]:
+    """The CUDA backend's scratch scope (memory handed back on exit); NumPy frees by itself."""
+    return contextlib.nullcontext()
 
 
 def silu(x: Array) -> Array:

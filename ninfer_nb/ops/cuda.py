@@ -118,9 +118,10 @@ class CudaOps:
         return np.array(t) if isinstance(t, np.ndarray) else t.numpy(self.stream)
 
     @contextlib.contextmanager
-    def _temporaries(self) -> Iterator[None]:
+    def scope(self) -> Iterator[None]:
         """Scratch allocated inside is handed back on exit: intermediates of one op (the grouped
-        MoE sort and GEMM rows, the chunked GDN's W / Q' / U) do not pile up over the layers.
+        MoE sort and GEMM rows, the chunked GDN's W / Q' / U) or of one decoder layer do not
+        pile up over the layers. Nothing allocated inside may be used after the exit.
         Safe because every kernel runs on the one engine stream, in order; the rewind is
         deterministic, so a captured step still allocates the same addresses every time."""
         mark = getattr(self.scratch, "offset", None)
@@ -151,11 +152,12 @@ class CudaOps:
             self._go(K_norm.rms_norm_kernel, rows, K_norm.threads_for(d), _rows(x, d), weight, _rows(out, d), np.float32(eps))
         return out
 
-    def add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
-        """(rms_norm(x + residual) * weight, x + residual) in one kernel."""
+    def add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float,
+                     out: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+        """(rms_norm(x + residual) * weight, x + residual) in one kernel; `out` = (normed, sum)
+        buffers to write instead of new ones (they must not alias x or residual)."""
         d = x.shape[-1]
-        out = self.empty(x.shape)
-        res = self.empty(x.shape)
+        out, res = out if out is not None else (self.empty(x.shape), self.empty(x.shape))
         rows = x.size // d if d else 0
         if rows:
             self._go(K_norm.add_rms_norm_kernel, rows, K_norm.threads_for(d), _rows(x, d), _rows(residual, d), weight,
@@ -357,7 +359,7 @@ class CudaOps:
         _need(hv % hk == 0, f"gated_delta_rule_chunked: Hv={hv} must be a multiple of Hk={hk}")
         nc = (t + K_gdc.C - 1) // K_gdc.C
         out = self.empty((t, hv, dv))      # [T, Hv, Dv]: O_intra from kernel 1, += Q' S^T in kernel 2
-        with self._temporaries():
+        with self.scope():
             wb = self.empty((hv, t, dk))   # [Hv, T, Dk]  W  = T (beta e^gam k^)
             qb = self.empty((hv, t, dk))   # [Hv, T, Dk]  Q' = e^gam q^ - M (beta e^gam k^)
             ub = self.empty((hv, t, dv))   # [Hv, T, Dv]  U  = T (beta v)
@@ -420,7 +422,7 @@ class CudaOps:
         _need(hid % 2 == 0 and inter % 2 == 0, "moe_experts (grouped): H and I must be even (bf16x2 words)")
         n_chunks = (n_pairs + K_moeg.SORT_CHUNK - 1) // K_moeg.SORT_CHUNK
         n_tiles = K_moeg.max_row_tiles(n_pairs, n_exp)                   # grid bound, no host sync
-        with self._temporaries():
+        with self.scope():
             ids_f = ids.reshape(-1)                                          # [P = T*k] pair p = t*k + s
             hist = self.empty((n_chunks, n_exp), np.int32)                   # [C, E] counts -> chunk bases
             offs = self.empty((n_exp + 1,), np.int32)                        # [E+1] row offsets
