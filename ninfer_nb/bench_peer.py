@@ -82,15 +82,15 @@ def checkpoint_model(source: str | None, device: str) -> Any:
 
 
 def time_model(model: Any, prompt_len: int, gen: int, device: str) -> dict[str, float]:
-    """Cold prefill of `prompt_len` random ids (TTFT), then `gen - 1` greedy steps through the
-    KV cache (after a short warm-up generate)."""
+    """Prefill of `prompt_len` random ids (TTFT), then `gen - 1` greedy steps through the KV
+    cache, after a warm-up generate on a prompt of the same length (as ours is warmed up)."""
     import torch
 
     ids = torch.tensor([np.random.default_rng(prompt_len).integers(100, 40000, prompt_len).tolist()],
                        device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with torch.no_grad():
-        model.generate(ids[:, :16], max_new_tokens=4, do_sample=False)          # warm-up
+        model.generate(ids.flip(1), max_new_tokens=4, do_sample=False)          # warm-up
         sync()
         t0 = time.perf_counter()
         out = model(ids, use_cache=True)

@@ -29,7 +29,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, index: int = 0, *, arena_bytes: int | None = None,
-                 prefill_gemm: str = "auto", prefill_attention: str = "simt") -> None:
+                 prefill_gemm: str = "auto", prefill_attention: str = "gemm") -> None:
         from ..ops.cuda import CudaOps
         from ..runtime import device as dev
         from ..runtime.arena import DeviceArena
@@ -117,9 +117,15 @@ class CudaBackend:
         return out
 
     def ids(self, tokens: list[int], start: int) -> tuple[Any, Any]:
+        from ..runtime.tensor import Tensor
+
         ids = np.asarray(tokens, dtype=np.int32)
         pos = np.arange(start, start + len(tokens), dtype=np.int32)
-        return (self.ops.from_numpy(ids, persistent=False), self.ops.from_numpy(pos, persistent=False))
+        ids_t = self.ops.from_numpy(ids, persistent=False)
+        pos_t = self.ops.from_numpy(pos, persistent=False)
+        if isinstance(pos_t, Tensor):
+            pos_t.host = pos                   # sizes the prefill attention GEMMs (CudaOps)
+        return ids_t, pos_t
 
     def to_host(self, x: Any) -> np.ndarray:
         return self.ops.to_numpy(x)

@@ -1,7 +1,15 @@
 """Depthwise causal conv1d + SiLU with a rolling state (Gated DeltaNet input conv).
 
 x [T, C] fp32, conv_state [K-1, C] fp32 (oldest first, updated in place), weight [C, K] fp32
-(tap K-1 multiplies the current input), K <= 8. One thread per channel walks the tokens.
+(tap K-1 multiplies the current input), K <= 8.
+
+* `causal_conv1d_kernel`: one thread per channel walks the tokens and rolls the state (decode
+  and short chunks: one launch).
+* `conv1d_tokens_kernel` + `conv1d_state_kernel`: prefill chunks. The first computes every
+  (token, channel) output in parallel, TOKENS_PER_THREAD tokens per thread, reading the window
+  from x or the old state, and writes nothing else; the second then rolls the state (one thread
+  per channel), so no block reads a state row another block has already overwritten. A
+  2048-token chunk of the 27B's 10240 channels was 1.4 ms with the serial kernel (80 blocks).
 """
 from __future__ import annotations
 
@@ -41,3 +49,54 @@ def causal_conv1d_kernel(x, conv_state, weight, out):
     for j in range(MAX_K):
         if j < kw - 1:
             conv_state[j, c] = win[j]
+
+
+TOKENS_PER_THREAD = 16
+PARALLEL_MIN_T = 32         # shorter chunks: the serial kernel (one launch)
+
+
+@kernel((f32_2, f32_2, f32_2, f32_2))
+def conv1d_tokens_kernel(x, conv_state, weight, out):
+    """grid (ceil(C / 128), ceil(T / TOKENS_PER_THREAD)), block 128; reads conv_state only."""
+    taps = cuda.local.array(MAX_K, float32)
+    win = cuda.local.array(MAX_K, float32)
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c >= x.shape[1]:
+        return
+    kw = weight.shape[1]
+    n_tok = x.shape[0]
+    t0 = cuda.blockIdx.y * TOKENS_PER_THREAD
+    for j in range(MAX_K):
+        taps[j] = weight[c, j] if j < kw else float32(0.0)
+    for j in range(MAX_K):                     # the kw - 1 inputs before t0, oldest first
+        if j < kw - 1:
+            src = t0 - (kw - 1) + j            # < 0: from the state (row kw - 1 + src)
+            win[j] = x[src, c] if src >= 0 else conv_state[(kw - 1 + src) & 0xFFFF, c]
+    for i in range(TOKENS_PER_THREAD):
+        t = t0 + i
+        if t < n_tok:
+            cur = x[t, c]
+            y = cur * taps[kw - 1]
+            for j in range(MAX_K):
+                if j < kw - 1:
+                    y += win[j] * taps[j]
+            for j in range(MAX_K - 1):
+                if j < kw - 2:
+                    win[j] = win[j + 1]
+            if kw >= 2:
+                win[kw - 2] = cur
+            out[t, c] = y / (float32(1.0) + math.exp(-y))
+
+
+@kernel((f32_2, f32_2))
+def conv1d_state_kernel(x, conv_state):
+    """grid ceil(C / 128), block 128: conv_state <- the last K-1 rows of [conv_state; x]
+    (ascending rows: row j reads row j + T > j of the old state before anyone writes it)."""
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c >= x.shape[1]:
+        return
+    n_tok = x.shape[0]
+    n_state = conv_state.shape[0]
+    for j in range(n_state):
+        src = n_tok + j - n_state              # row of x, or (< 0) row n_state + src of the state
+        conv_state[j, c] = x[src, c] if src >= 0 else conv_state[(n_state + src) & 0xFFFF, c]

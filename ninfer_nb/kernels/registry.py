@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from numba import config, cuda
 
-MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "conv1d", "gdn", "gdn_chunked",
+MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "attention_gemm", "conv1d", "gdn",
+           "gdn_chunked",
            "moe", "moe_grouped", "sampling", "random_fill", "gemm_mma", "gemm_wgmma")
 
 _SPECS: dict[str, "KernelSpec"] = {}

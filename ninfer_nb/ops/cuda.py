@@ -20,6 +20,7 @@ import numpy as np
 from numba import config
 
 from ninfer_nb.kernels import attention as K_attn
+from ninfer_nb.kernels import attention_gemm as K_ag
 from ninfer_nb.kernels import conv1d as K_conv
 from ninfer_nb.kernels import elementwise as K_ew
 from ninfer_nb.kernels import embedding as K_emb
@@ -37,6 +38,8 @@ from ninfer_nb.runtime.tensor import Tensor, bfloat16
 
 SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
+ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
+ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
 
@@ -73,12 +76,13 @@ class SimStream:
 class CudaOps:
     def __init__(self, scratch: Any, stream: Any, persistent: Any = None,
                  arch: tuple[int, int] | None = None, prefill_gemm: str = "auto",
-                 prefill_attention: str = "simt") -> None:
+                 prefill_attention: str = "gemm") -> None:
         """arch: the device's compute capability; prefill_gemm: auto (wgmma on cc 9.0, else
-        mma.sync), mma, or wgmma (cc 9.0 only); prefill_attention: simt (fp32 CUDA cores) or
-        mma (tensor cores, bf16 Q/K/V/P; not yet validated on a GPU, hence not the default)."""
+        mma.sync), mma, or wgmma (cc 9.0 only); prefill_attention: gemm (S and P through the
+        tensor-core GEMMs, bf16 Q/K/V/P; head dims % 64, else simt), simt (fp32 flash kernel
+        on CUDA cores) or mma (mma.sync flash kernel; measured slower than simt on the H200)."""
         _need(prefill_gemm in ("auto", "mma", "wgmma"), f"prefill_gemm: {prefill_gemm!r}")
-        _need(prefill_attention in ("simt", "mma"), f"prefill_attention: {prefill_attention!r}")
+        _need(prefill_attention in ATTENTION_KINDS, f"prefill_attention: {prefill_attention!r}")
         self.prefill_attention = prefill_attention
         hopper = arch is not None and tuple(arch) == (9, 0)
         _need(prefill_gemm != "wgmma" or hopper, f"prefill_gemm=wgmma needs a cc 9.0 GPU (this is {arch})")
@@ -256,16 +260,22 @@ class CudaOps:
             xb = self.empty((t, k), np.uint16)
             self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * k), K_mma.CVT_THREADS, x2.reshape(-1),
                      xb.reshape(-1))
-            if self.use_wgmma and t >= K_wg.MIN_M:
-                K_wg.gemm_wgmma_kernel[K_wg.gemm_grid(t, n), K_wg.THREADS, self.stream.numba, K_wg.SMEM_BYTES](
-                    xb, weight, b, out2, has_bias)
-            else:
-                self._go(K_mma.gemm_mma_kernel, K_mma.gemm_grid(t, n), K_mma.THREADS, xb, weight, b, out2,
-                         has_bias)
+            self._gemm_bf16(xb, weight, out2, b, has_bias)
         else:
             grid = ((n + K_lin.BN - 1) // K_lin.BN, (t + K_lin.BM - 1) // K_lin.BM)
             self._go(K_lin.gemm_kernel, grid, 256, x2, weight, b, out2, has_bias)
         return out
+
+    def _gemm_bf16(self, xb: Any, weight: Any, out: Any, bias: Any = None, has_bias: Any = np.int32(0)) -> None:
+        """out [M, N] fp32 = xb [M, K] bf16 @ weight [N, K]^T bf16 (+ bias) on the tensor cores:
+        wgmma on cc 9.0 for M >= 256, mma.sync otherwise. K % 64 == 0, 16-byte aligned."""
+        m, n = out.shape
+        b = bias if bias is not None else out.reshape(-1)               # unused dummy
+        if self.use_wgmma and m >= K_wg.MIN_M:
+            K_wg.gemm_wgmma_kernel[K_wg.gemm_grid(m, n), K_wg.THREADS, self.stream.numba, K_wg.SMEM_BYTES](
+                xb, weight, b, out, has_bias)
+        else:
+            self._go(K_mma.gemm_mma_kernel, K_mma.gemm_grid(m, n), K_mma.THREADS, xb, weight, b, out, has_bias)
 
     # --- rotary + attention ----------------------------------------------------------
     def rope(self, x: Any, positions: Any, rotary_dim: int, theta: float) -> Any:
@@ -312,6 +322,10 @@ class CudaOps:
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
             grid = ((t * (hq // hkv) + K_attn.PRE_BM - 1) // K_attn.PRE_BM, hkv)  # rows of 1 kv head
+            if (self.prefill_attention == "gemm" and not SIM and d % K_mma.K_ALIGN == 0
+                    and t > K_lin.GEMV_MAX_T):                           # as the linear layers: T <= 16 stays fp32
+                self._attention_gemm(q, k_cache, v_cache, ks, vs, positions, scale, out)
+                return out
             if self.prefill_attention == "mma" and K_attn.mma_supported(d):  # tensor cores, bf16 Q/K/V/P
                 kern, threads = K_attn.attn_prefill_mma_kernel, K_attn.MMA_THREADS
             else:                                                        # SIMT, fp32 throughout
@@ -320,12 +334,55 @@ class CudaOps:
                      ks, vs, positions, np.float32(scale), _rows(out, d))
         return out
 
+    def _attention_gemm(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, positions: Any,
+                        scale: float, out: Any) -> None:
+        """Prefill attention as S = Q K^T, softmax, O = P V on the tensor-core GEMMs
+        (kernels/attention_gemm.py). The number of keys comes from the host copy of the
+        positions (prefill inputs carry one); without it, the whole cache length."""
+        t, hq, d = q.shape
+        hkv = k_cache.shape[1]
+        grp = hq // hkv
+        host = getattr(positions, "host", None)
+        n_keys = int(host.max()) + 1 if host is not None and len(host) else k_cache.shape[0]
+        lp = K_ag.padded_keys(min(n_keys, k_cache.shape[0]))
+        rows = t * grp
+        # rows per S / P block: S (fp32) and P (bf16) of one block stay under ATTN_GEMM_BYTES
+        block = max(K_wg.MIN_M, min(rows, ATTN_GEMM_BYTES // (6 * lp) // K_wg.MIN_M * K_wg.MIN_M))
+        out2 = _rows(out, d)
+        with self.scope():
+            qb = self.empty((hkv, rows, d), np.uint16)                  # [Hkv, T*G, D] bf16
+            kb = self.empty((hkv, lp, d), np.uint16)                    # [Hkv, Lp, D]  bf16
+            vt = self.empty((hkv, d, lp), np.uint16)                    # [Hkv, D, Lp]  bf16
+            self._go(K_ag.attn_gather_q_kernel, (rows, hkv), 128, q, qb)
+            self._go(K_ag.attn_gather_kv_kernel, (lp // K_ag.TILE, (d + K_ag.TILE - 1) // K_ag.TILE, hkv),
+                     (K_ag.TILE, 8), k_cache, v_cache, ks, vs, positions, kb, vt)
+            for h in range(hkv):
+                kb_h = kb[h : h + 1].reshape(lp, d)
+                vt_h = vt[h : h + 1].reshape(d, lp)
+                qb_h = qb[h : h + 1].reshape(rows, d)
+                for r0 in range(0, rows, block):
+                    r1 = min(rows, r0 + block)
+                    with self.scope():
+                        s = self.empty((r1 - r0, lp))                   # [R, Lp] fp32 scores
+                        self._gemm_bf16(qb_h[r0:r1], kb_h, s)
+                        p = self.empty((r1 - r0, lp), np.uint16)        # [R, Lp] bf16 probabilities
+                        self._go(K_ag.attn_softmax_rows_kernel, r1 - r0, K_ag.SOFTMAX_THREADS, s, positions,
+                                 np.int32(r0), np.int32(grp), np.float32(scale), p)
+                        o = self.empty((r1 - r0, d))                    # [R, D] fp32
+                        self._gemm_bf16(p, vt_h, o)
+                        self._go(K_ag.attn_scatter_o_kernel, r1 - r0, 128, o, np.int32(r0), np.int32(h),
+                                 np.int32(grp), np.int32(hq), out2)
+
     # --- Gated DeltaNet --------------------------------------------------------------
     def causal_conv1d(self, x: Any, conv_state: Any, weight: Any) -> Any:
         t, c = x.shape
         _need(weight.shape[1] <= K_conv.MAX_K, f"causal_conv1d: kernel width > {K_conv.MAX_K}")
         out = self.empty((t, c))
-        if t:
+        if t >= K_conv.PARALLEL_MIN_T:
+            grid = ((c + 127) // 128, (t + K_conv.TOKENS_PER_THREAD - 1) // K_conv.TOKENS_PER_THREAD)
+            self._go(K_conv.conv1d_tokens_kernel, grid, 128, x, conv_state, weight, out)
+            self._go(K_conv.conv1d_state_kernel, (c + 127) // 128, 128, x, conv_state)
+        elif t:
             self._go(K_conv.causal_conv1d_kernel, (c + 127) // 128, 128, x, conv_state, weight, out)
         return out
 

@@ -27,13 +27,17 @@ def storage_dtype(dtype: np.dtype) -> np.dtype:
 
 
 class Tensor:
-    __slots__ = ("ptr", "shape", "dtype", "owner", "_cai")
+    __slots__ = ("ptr", "shape", "dtype", "owner", "host", "_cai")
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: Any, owner: Any = None) -> None:
         self.ptr = int(ptr)
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.owner = owner
+        # A NumPy copy of the contents, set by whoever uploads a small input that no kernel
+        # writes afterwards (a prefill chunk's positions), so launches can be sized on the
+        # host without a device read-back. None otherwise; views do not inherit it.
+        self.host: np.ndarray | None = None
         self._cai: dict | None = None
 
     # --- array-like surface used by the models -----------------------------------------

@@ -26,8 +26,8 @@ GPU_SHAPES = {
     "llama": ("llama", {}),
 }
 # bf16 checkpoints like real ones (uploaded as bf16; the CPU widens the same values).
-BF16_SHAPES = {
-    "qwen35": ("qwen35", dict(linear_key_head_dim=32, linear_value_head_dim=32)),
+BF16_SHAPES = {   # head_dim 64: prefill attention takes the GEMM path (head dims % 64)
+    "qwen35": ("qwen35", dict(linear_key_head_dim=32, linear_value_head_dim=32, head_dim=64)),
     "qwen35_moe": ("qwen35_moe", dict(wrapper=True, linear_key_head_dim=32, linear_value_head_dim=64,
                                       head_dim=64)),
 }
@@ -146,14 +146,15 @@ def test_tensor_core_prefill_matches_bf16_rounded_cpu(tiny_checkpoints, monkeypa
     assert np.abs(tensor_cores - rounded).max() <= 1e-2 * scale
 
 
-@pytest.mark.parametrize("gemm,attention", [("auto", "simt"), ("mma", "simt"), ("auto", "mma")])
+@pytest.mark.parametrize("gemm,attention", [("auto", "gemm"), ("mma", "gemm"), ("auto", "simt"), ("auto", "mma")])
 def test_long_prefill_fast_paths_match_bf16_rounded_cpu(tiny_checkpoints, monkeypatch, gemm: str,
                                                         attention: str) -> None:
     """A 600-token prompt in chunks of 512 + 88 through the prefill fast paths, as real prompts
     take them: the wgmma GEMM (cc 9.0, M >= 256; "mma" forces mma.sync), the chunked GDN from
-    a zero and then a carried state, the split copy kernel, prefill attention (SIMT, or the
-    opt-in tensor-core kernel, bf16 Q/K/V/P) over a cache the first chunk filled; against the
-    CPU with the GEMMs' bf16 input rounding."""
+    a zero and then a carried state, the split copy kernel, prefill attention (through the
+    GEMMs, the default; the SIMT kernel; the mma.sync kernel; the last and first with bf16
+    Q/K/V/P) over a cache the first chunk filled; against the CPU with the linear layers' bf16
+    input rounding (not the attention's, hence the wider bound for the bf16 attention paths)."""
     path = bf16_checkpoint(tiny_checkpoints, "qwen35")
     ids = [int(t) for t in np.random.default_rng(4).integers(0, 248000, 600)]
     ref = cpu_logits_with_bf16_gemm_inputs(path, ids, monkeypatch, max_context=640, prefill_chunk=512)

@@ -118,6 +118,11 @@ def test_conv1d_and_gates(ops):
     st_ref = st.copy()
     close(ops.causal_conv1d(x, st, w), cpu.causal_conv1d(x, st_ref, w))
     close(st, st_ref, 0)
+    for t, kw in ((40, 4), (35, 2)):            # prefill: parallel tokens kernel + state roll
+        x, w, st = rnd(rng, t, c), rnd(rng, c, kw), rnd(rng, kw - 1, c)
+        st_ref = st.copy()
+        close(ops.causal_conv1d(x, st, w), cpu.causal_conv1d(x, st_ref, w))
+        close(st, st_ref, 0)
     a, b = rnd(rng, 4, 6, scale=8.0), rnd(rng, 4, 6)
     alog, dtb = rnd(rng, 6), rnd(rng, 6)
     g, beta = ops.gdn_gates(a, b, alog, dtb)
@@ -475,3 +480,65 @@ def test_whole_hybrid_model_prefill_chunk_matches_cpu(ops):
             if buf is not None:
                 close(getattr(dst, name)[:34] if name in ("k", "v") else getattr(dst, name),
                       buf[:34] if name in ("k", "v") else buf, 1e-4)
+
+
+# --- prefill attention through the GEMMs (kernels/attention_gemm.py) -------------------------
+
+@pytest.mark.parametrize("cdtype", [np.float32, BF16])
+def test_attention_gemm_kernels(ops, cdtype):
+    """The gather, softmax and scatter kernels of the GEMM attention path, with the two GEMMs
+    done in NumPy on the same bf16 operands: each kernel's output exactly (gathers) or at fp32
+    rounding (softmax, scatter), and the composed result against ops.cpu.attention on
+    bf16-rounded q, k, v (P's bf16 rounding: 1e-2). Keys past the chunk's last position hold
+    NaN in the cache and must not reach the output."""
+    from ninfer_nb.kernels import attention_gemm as K
+
+    rng = np.random.default_rng(11)
+    t, hq, hkv, d, start = 5, 6, 2, 64, 60
+    grp, s_len = hq // hkv, 80
+    q = rnd(rng, t, hq, d)
+    kf, vf = rnd(rng, s_len, hkv, d), rnd(rng, s_len, hkv, d)
+    kf[start + t:], vf[start + t:] = np.nan, np.nan
+    kc, vc = kf.astype(cdtype), vf.astype(cdtype)
+    if cdtype == BF16:
+        kc, vc = kc.view(np.uint16), vc.view(np.uint16)
+    pos = np.arange(start, start + t, dtype=np.int32)
+    n_keys, lp = start + t, K.padded_keys(start + t)                     # 65 keys -> 128
+    rows = t * grp
+    qb = np.zeros((hkv, rows, d), np.uint16)
+    kb = np.full((hkv, lp, d), 0xFFFF, np.uint16)
+    vt = np.full((hkv, d, lp), 0xFFFF, np.uint16)
+    K.attn_gather_q_kernel[(rows, hkv), 128, 0](q, qb)
+    K.attn_gather_kv_kernel[(lp // K.TILE, d // K.TILE, hkv), (K.TILE, 8), 0](kc, vc, q, q, pos, kb, vt)
+    q_grouped = q.reshape(t, hkv, grp, d).transpose(1, 0, 2, 3).reshape(hkv, rows, d)
+    np.testing.assert_array_equal(qb, q_grouped.astype(BF16).view(np.uint16))
+    k_want = np.zeros((hkv, lp, d), np.float32)
+    v_want = np.zeros((hkv, d, lp), np.float32)
+    k_want[:, :n_keys] = kf[:n_keys].transpose(1, 0, 2)
+    v_want[:, :, :n_keys] = vf[:n_keys].transpose(1, 2, 0)
+    np.testing.assert_array_equal(kb, k_want.astype(BF16).view(np.uint16))
+    np.testing.assert_array_equal(vt, v_want.astype(BF16).view(np.uint16))
+
+    def wide(a):
+        return a.view(BF16).astype(np.float32)
+
+    scale = d ** -0.5
+    out = np.full((t * hq, d), np.nan, np.float32)
+    for h in range(hkv):
+        sc = wide(qb[h]) @ wide(kb[h]).T                                    # [R, Lp]
+        for r0, r1 in ((0, 7), (7, rows)):                                  # two row blocks
+            p = np.full((r1 - r0, lp), 0xFFFF, np.uint16)
+            K.attn_softmax_rows_kernel[r1 - r0, K.SOFTMAX_THREADS, 0](
+                np.ascontiguousarray(sc[r0:r1]), pos, np.int32(r0), np.int32(grp), np.float32(scale), p)
+            valid = np.arange(lp)[None, :] <= pos[np.arange(r0, r1) // grp][:, None]
+            z = np.where(valid, sc[r0:r1] * scale, -np.inf)
+            want = np.exp(z - z.max(axis=1, keepdims=True))
+            want /= want.sum(axis=1, keepdims=True)
+            close(wide(p), want.astype(BF16).astype(np.float32), 1e-2)
+            assert (wide(p)[~valid] == 0).all()
+            o = (wide(p) @ wide(vt[h]).T).astype(np.float32)                  # [R, D]
+            K.attn_scatter_o_kernel[r1 - r0, 128, 0](o, np.int32(r0), np.int32(h), np.int32(grp),
+                                                     np.int32(hq), out)
+    r16 = [a.astype(BF16).astype(np.float32) for a in (q, kf, vf)]
+    ref = cpu.attention(r16[0], r16[1], r16[2], pos, scale).reshape(t * hq, d)
+    close(out, ref, 1e-2)

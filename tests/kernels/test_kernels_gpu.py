@@ -6,6 +6,8 @@ bf16-rounded values (so the tolerance measures the kernel, not the rounding).
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -110,7 +112,26 @@ def test_rope(env, rng, t, heads, d, rd):
     close(env.host(ops.rope(env.up(x), env.up(pos), rd, 1e7)), cpu.rope(x, pos, rd, 1e7), TOL32)
 
 
-def _attn_case(env, rng, cdtype, s, hq, hkv, d, start, t):
+def _check_attention(o, q, kf, vf, pos, scale, kind):
+    """SIMT / decode kernels: fp32 throughout (1e-4). The GEMM path: bf16 Q, K, V and P, so
+    against the reference on bf16-rounded q, k, v; P's rounding leaves ~4e-3 (1e-2 allowed)."""
+    if kind == "gemm":
+        r16 = [a.astype(BF16).astype(np.float32) for a in (q, kf, vf)]
+        return close(o, cpu.attention(r16[0], r16[1], r16[2], pos, scale), 1e-2)
+    return close(o, cpu.attention(q, kf, vf, pos, scale), TOL32 * 10)
+
+
+@contextlib.contextmanager
+def _prefill_kind(ops, kind):
+    saved = ops.prefill_attention
+    ops.prefill_attention = kind
+    try:
+        yield
+    finally:
+        ops.prefill_attention = saved
+
+
+def _attn_case(env, rng, cdtype, s, hq, hkv, d, start, t, kind="gemm"):
     ops = env.fresh()
     kc = rnd(rng, s, hkv, d).astype(cdtype)
     vc = rnd(rng, s, hkv, d).astype(cdtype)
@@ -124,23 +145,30 @@ def _attn_case(env, rng, cdtype, s, hq, hkv, d, start, t):
     close(env.host(KC).astype(np.float32), kc_ref, 0)
     close(env.host(VC).astype(np.float32), vc_ref, 0)
     q = rnd(rng, t, hq, d)
-    o = env.host(ops.attention(env.up(q), KC, VC, P, d ** -0.5))
-    return close(o, cpu.attention(q, kc_ref, vc_ref, pos, d ** -0.5), TOL32 * 10)
+    with _prefill_kind(ops, kind):
+        o = env.host(ops.attention(env.up(q), KC, VC, P, d ** -0.5))
+    decode_or_simt = "simt" if t <= 16 or kind == "simt" or d % 64 else kind
+    return _check_attention(o, q, kc_ref, vc_ref, pos, d ** -0.5, decode_or_simt)
 
 
+@pytest.mark.parametrize("kind", ["gemm", "simt"])
 @pytest.mark.parametrize("cdtype", [np.float32, BF16])
 @pytest.mark.parametrize("start,t", [(0, 1), (4000, 1), (700, 3), (0, 300), (300, 77)])
-def test_attention_qwen_dims(env, rng, cdtype, start, t):
-    """24 q heads / 4 kv heads x 256 (decode split-K for T <= 4, tiled prefill above)."""
-    _attn_case(env, rng, cdtype, 4096, 24, 4, 256, start, t)
+def test_attention_qwen_dims(env, rng, cdtype, start, t, kind):
+    """24 q heads / 4 kv heads x 256 (decode split-K for T <= 4; prefill above: the GEMM path
+    or the SIMT flash kernel)."""
+    if t <= 4 and kind != "gemm":
+        pytest.skip("decode takes the split-K kernel whatever the prefill kind")
+    _attn_case(env, rng, cdtype, 4096, 24, 4, 256, start, t, kind)
 
 
-@pytest.mark.parametrize("d,t,start", [(64, 1, 37), (128, 20, 5), (96, 2, 600)])
+@pytest.mark.parametrize("d,t,start", [(64, 1, 37), (128, 20, 5), (96, 2, 600), (64, 300, 40), (96, 33, 7)])
 def test_attention_small_heads(env, rng, d, t, start):
+    """Other head dims; 96 is not a multiple of the GEMMs' K step, so it takes the SIMT kernel."""
     _attn_case(env, rng, np.float32, 1024, 8, 2, d, start, t)
 
 
-@pytest.mark.parametrize("t,c,kw", [(1, 10240, 4), (100, 10240, 4), (7, 300, 3)])
+@pytest.mark.parametrize("t,c,kw", [(1, 10240, 4), (100, 10240, 4), (7, 300, 3), (2048, 10240, 4), (33, 300, 2)])
 def test_causal_conv1d(env, rng, t, c, kw):
     ops = env.fresh()
     x, w, st = rnd(rng, t, c), rnd(rng, c, kw), rnd(rng, kw - 1, c)
@@ -241,7 +269,8 @@ def test_sampling(env, rng, b, v):
 
 @pytest.mark.parametrize("start,t", [(0, 1), (3000, 1), (700, 3), (0, 300), (300, 77)])
 def test_attention_int8_kv(env, rng, start, t):
-    """INT8-G64 caches: codes and scales written exactly like ops.cpu, attention on them."""
+    """INT8-G64 caches: codes and scales written exactly like ops.cpu, attention on them (the
+    GEMM path gathers dequantised bf16 keys / values for prefill)."""
     ops = env.fresh()
     s, hq, hkv, d = 4096, 24, 4, 256
     kc, vc = np.zeros((s, hkv, d), np.int8), np.zeros((s, hkv, d), np.int8)
@@ -258,7 +287,10 @@ def test_attention_int8_kv(env, rng, start, t):
     close(env.host(KS), ks, 0)
     q = rnd(rng, t, hq, d)
     o = env.host(ops.attention(env.up(q), KC, VC, P, d ** -0.5, KS, VS))
-    close(o, cpu.attention(q, kc, vc, pos, d ** -0.5, ks, vs), TOL32 * 10)
+    kf = kc.astype(np.float32) * np.repeat(ks, 64, axis=-1)
+    vf = vc.astype(np.float32) * np.repeat(vs, 64, axis=-1)
+    close(cpu.attention(q, kc, vc, pos, d ** -0.5, ks, vs), cpu.attention(q, kf, vf, pos, d ** -0.5), TOL32)
+    _check_attention(o, q, kf, vf, pos, d ** -0.5, "simt" if t <= 16 else "gemm")
 
 
 
@@ -311,19 +343,23 @@ def test_gated_delta_rule_chunked_vs_recurrent_timing(env, rng):
     close(res["chunked"][1], res["recurrent"][1], TOL32 * 10)
 
 
+@pytest.mark.parametrize("kind", ["gemm", "simt"])
 @pytest.mark.parametrize("cdtype", [np.float32, BF16])
-def test_attention_prefill_qwen27b_second_chunk(env, rng, cdtype):
-    """Tiled GQA prefill kernel at the Qwen3.6-27B attention shape (24 q / 4 kv heads x 256): a
-    512-token chunk at positions 1536..2047 over a cache whose earlier rows hold random keys."""
+def test_attention_prefill_qwen27b_second_chunk(env, rng, cdtype, kind):
+    """Prefill attention at the Qwen3.6-27B shape (24 q / 4 kv heads x 256): a 512-token chunk
+    at positions 1536..2047 over a cache whose earlier rows hold random keys and whose later
+    rows hold NaN (never to be read)."""
     ops = env.fresh()
     s, hq, hkv, d, start, t = 2048, 24, 4, 256, 1536, 512
+    s = 2304
     kc = rnd(rng, s, hkv, d).astype(cdtype)
     vc = rnd(rng, s, hkv, d).astype(cdtype)
+    kc[start + t:], vc[start + t:] = np.nan, np.nan
     pos = np.arange(start, start + t, dtype=np.int32)
     q = rnd(rng, t, hq, d)
-    o = env.host(ops.attention(env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5))
-    ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5)
-    close(o, ref, TOL32 * 10)
+    with _prefill_kind(ops, kind):
+        o = env.host(ops.attention(env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5))
+    _check_attention(o, q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5, kind)
 
 
 def _time_attn(env, fn, reps=3):
@@ -354,12 +390,12 @@ def test_attention_prefill_mma_qwen27b(env, rng, cdtype, monkeypatch):
     Q, KC, VC, P = env.up(q), env.up(kc), env.up(vc), env.up(pos)
     times = {}
     outs = {}
-    for name in ("simt", "mma"):
+    for name in ("simt", "mma", "gemm"):
         monkeypatch.setattr(ops, "prefill_attention", name)
         times[name], o = _time_attn(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
         outs[name] = env.host(o)
     print(f"\nprefill attention T={t} at {start}, Hq={hq} Hkv={hkv} D={d} ({np.dtype(cdtype).name} cache): "
-          f"SIMT {times['simt'] * 1e3:.2f} ms, mma {times['mma'] * 1e3:.2f} ms")
+          f"SIMT {times['simt'] * 1e3:.2f} ms, mma {times['mma'] * 1e3:.2f} ms, gemm {times['gemm'] * 1e3:.2f} ms")
     kf, vf = kc.astype(np.float32), vc.astype(np.float32)
     close(outs["mma"], cpu.attention(q, kf, vf, pos, d ** -0.5), 2e-2)
     r16 = [a.astype(BF16).astype(np.float32) for a in (q, kf, vf)]
@@ -378,15 +414,15 @@ def test_attention_prefill_mma_timing_8k(env, rng, hq, hkv, monkeypatch):
     Q = env.up(rnd(rng, t, hq, d))
     times = {}
     outs = {}
-    for name in ("simt", "mma"):
+    for name in ("simt", "mma", "gemm"):
         monkeypatch.setattr(ops, "prefill_attention", name)
         times[name], o = _time_attn(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
         outs[name] = env.host(o)
     flops = 4 * hq * d * t * (start + (t + 1) / 2)
-    print(f"\nprefill attention T={t} at {start}, Hq={hq} Hkv={hkv} D={d}: SIMT {times['simt'] * 1e3:.2f} ms "
-          f"({flops / times['simt'] * 1e-12:.1f} TFLOP/s), mma {times['mma'] * 1e3:.2f} ms "
-          f"({flops / times['mma'] * 1e-12:.1f} TFLOP/s)")
+    print(f"\nprefill attention T={t} at {start}, Hq={hq} Hkv={hkv} D={d}: "
+          + ", ".join(f"{k} {v * 1e3:.2f} ms ({flops / v * 1e-12:.1f} TFLOP/s)" for k, v in times.items()))
     close(outs["mma"], outs["simt"], 2e-2)
+    close(outs["gemm"], outs["simt"], 2e-2)
 
 
 # --- grouped MoE on the tensor cores: x and h are bf16 MMA operands, fp32 accumulate ------------
