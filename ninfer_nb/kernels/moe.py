@@ -28,6 +28,12 @@ MAX_TOPK = 32
 MOE_WARPS = 8
 
 
+@cuda.jit(device=True)
+def _beats(u, v, j, e):
+    """1 if logit u of expert j ranks before logit v of expert e (larger, or equal and lower id)."""
+    return 1 if (u > v or (u == v and j < e)) else 0
+
+
 @kernel((f32_2, i32, i32, i32, i32_2, f32_2))
 def moe_route_kernel(logits, top_k, renorm, shared, ids, weights):
     """grid T, block ROUTE_BLOCK. logits [T, E + shared] (E <= ROUTE_MAX_E) -> ids [T, k + shared]
@@ -55,10 +61,16 @@ def moe_route_kernel(logits, top_k, renorm, shared, ids, weights):
     for e in range(tid, n_exp, nthr):
         v = row[e]
         rank = 0
-        for j in range(n_exp):
-            u = row[j]
-            if u > v or (u == v and j < e):
-                rank += 1
+        j = 0
+        # 4 independent shared loads per step: a plain loop waits on every load in turn
+        # (moe_route was 11.5 us per token at E = 256 in the 35B decode profile)
+        while j + 4 <= n_exp:
+            rank += (_beats(row[j], v, j, e) + _beats(row[j + 1], v, j + 1, e)
+                     + _beats(row[j + 2], v, j + 2, e) + _beats(row[j + 3], v, j + 3, e))
+            j += 4
+        while j < n_exp:
+            rank += _beats(row[j], v, j, e)
+            j += 1
         if rank < top_k:
             ids[t, rank] = e
             top_p[rank] = v                      # logit for now; the max is slot 0's
