@@ -54,11 +54,13 @@ Shared-memory indices are `masked base & NN + constant` (no numba wraparound cod
 folds into the load), and the tile-load loops start at a runtime offset so they are not
 unrolled: ptxas (sm_90) then reports 80 registers for kernel 1 and 125 for kernel 2, no spills.
 Scratch: W, Q', U = T Hv (2 Dk + Dv) fp32 (~75 MB at T=1024), handed back after the call.
-NOT TIMED: verified in the CUDA simulator against ops/cpu.gated_delta_rule (outputs and final
-state) and compiled to PTX; speed on real hardware is still to be measured
-(tests/kernels/test_kernels_gpu.py::test_gated_delta_rule_chunked_vs_recurrent_timing prints it).
-Knobs if it is slow: prefetch the next chunk's tiles in kernel 2 (only ~3 blocks per SM hide
-the global-load latency before each barrier), wider state slices R with more threads per block.
+Measured on the H200: T = 8192, Hv = 48: 11.7 ms (the recurrent kernel: 17.4 ms); in the
+27B prefill profile 2.97 ms per layer for a 2048-token chunk, a third of the chunk's time and
+several times the model above. test_gated_delta_rule_chunked_vs_recurrent_timing (-s) now also
+prints the prepare kernel alone, to tell which of the two is slow. Knobs: tensor cores for the
+tile products (the Gram matrices, M = P T, W/U/Q'/O_intra and kernel 2's X = [W; Q'] S^T are
+all small GEMMs), prefetch the next chunk's tiles in kernel 2 (only ~3 blocks per SM hide the
+global-load latency before each barrier), wider state slices R with more threads per block.
 """
 from __future__ import annotations
 
