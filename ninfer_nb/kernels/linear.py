@@ -6,6 +6,8 @@
   averaged ~3.0 TB/s in the 27B decode profile; the design spike's 4-deep SIMT variant reached
   ~4.0 TB/s, numba-kernels-measured.md section 3), 4 tokens per pass, fp32 FMA, warp-shuffle
   reduction. `vec = 0` selects a scalar path (K % 8 != 0 or unaligned).
+* `gemv_bf16_splitk_kernel`: the same loop over 4 K slices per row pair, for weights with few,
+  long rows (see its docstring); CudaOps picks it by shape (`splitk_gemv`).
 * `gemm_kernel` (prefill chunks, any dtype of W): 64x64x16 shared-memory tiles, 4x4 per thread.
   CUDA cores only (no tensor cores yet). Simulator-safe.
 """
@@ -169,6 +171,100 @@ def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
                 out[t0 + 3, n0] = a30 + b0
                 if has1:
                     out[t0 + 3, n1] = a31 + b1
+
+
+SPLITK_WARPS_PER_PAIR = 4   # gemv_bf16_splitk: K slices per row pair (one warp each)
+SPLITK_PAIRS = GEMV_WARPS // SPLITK_WARPS_PER_PAIR
+SPLITK_ROWS_PER_BLOCK = SPLITK_PAIRS * GEMV_ROWS
+
+
+@kernel((f32_2, u16_2, f32_1, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
+def gemv_bf16_splitk_kernel(x, w, bias, out, has_bias):
+    """grid ceil(N / 4), block 256; the vectorised path only (K % 8 == 0, 16-byte aligned).
+    x [T, K] fp32, w [N, K] bf16, out [T, N] fp32, T <= 4 per pass like gemv_bf16_kernel.
+
+    For weights with few rows and long rows (the 27B's 5120 x 17408 and 5120 x 6144, the 35B's
+    2048 x 4096): gemv_bf16_kernel gives each warp 2 whole rows, so N = 5120 is 320 blocks for
+    264 resident (2 per SM), and the second, 56-block wave leaves most SMs idle (86 % and 79 %
+    of the copy bandwidth in the 27B profile). Here the 4 warps of a row pair each stream one
+    K slice (a multiple of 256 columns) of both rows: 4 rows per block, N = 5120 is 1280 short
+    blocks (~5 waves, so the last one costs little). The slices' sums meet in shared memory in
+    a fixed order, so the result is deterministic (no atomics)."""
+    red = cuda.shared.array((GEMV_WARPS, 8), float32)
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    pair = warp // SPLITK_WARPS_PER_PAIR
+    sl = warp - pair * SPLITK_WARPS_PER_PAIR
+    n_rows = w.shape[0]
+    k_dim = w.shape[1]
+    n_tok = x.shape[0]
+    n0 = (cuda.blockIdx.x * SPLITK_PAIRS + pair) * GEMV_ROWS
+    live = n0 < n_rows                           # dead pairs still reach the barriers
+    n0 = n0 if live else 0
+    has1 = n0 + 1 < n_rows
+    n1 = n0 + 1 if has1 else n0
+    k_len = ((k_dim + SPLITK_WARPS_PER_PAIR * 256 - 1) // (SPLITK_WARPS_PER_PAIR * 256)) * 256
+    k_beg = sl * k_len
+    k_end = min(k_dim, k_beg + k_len)
+    for t0 in range(0, n_tok, 4):
+        ok1 = t0 + 1 < n_tok
+        ok2 = t0 + 2 < n_tok
+        ok3 = t0 + 3 < n_tok
+        acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0),
+               float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+        r0 = n0 * k_dim
+        r1 = n1 * k_dim
+        k = k_beg + lane * 8
+        if live:
+            while k + (UNROLL - 1) * 256 < k_end:
+                w00 = ldg_stream_v4_u32(w, r0 + k)
+                w10 = ldg_stream_v4_u32(w, r1 + k)
+                w01 = ldg_stream_v4_u32(w, r0 + k + 256)
+                w11 = ldg_stream_v4_u32(w, r1 + k + 256)
+                w02 = ldg_stream_v4_u32(w, r0 + k + 512)
+                w12 = ldg_stream_v4_u32(w, r1 + k + 512)
+                w03 = ldg_stream_v4_u32(w, r0 + k + 768)
+                w13 = ldg_stream_v4_u32(w, r1 + k + 768)
+                xi = t0 * k_dim + k
+                acc = _chunk(x, xi, k_dim, w00, w10, ok1, ok2, ok3, acc)
+                acc = _chunk(x, xi + 256, k_dim, w01, w11, ok1, ok2, ok3, acc)
+                acc = _chunk(x, xi + 512, k_dim, w02, w12, ok1, ok2, ok3, acc)
+                acc = _chunk(x, xi + 768, k_dim, w03, w13, ok1, ok2, ok3, acc)
+                k += UNROLL * 256
+            while k < k_end:
+                w00 = ldg_stream_v4_u32(w, r0 + k)
+                w10 = ldg_stream_v4_u32(w, r1 + k)
+                acc = _chunk(x, t0 * k_dim + k, k_dim, w00, w10, ok1, ok2, ok3, acc)
+                k += 256
+        a00, a01, a10, a11, a20, a21, a30, a31 = acc
+        a00 = warp_sum(a00)
+        a01 = warp_sum(a01)
+        a10 = warp_sum(a10)
+        a11 = warp_sum(a11)
+        a20 = warp_sum(a20)
+        a21 = warp_sum(a21)
+        a30 = warp_sum(a30)
+        a31 = warp_sum(a31)
+        if lane == 0:
+            red[warp, 0] = a00
+            red[warp, 1] = a01
+            red[warp, 2] = a10
+            red[warp, 3] = a11
+            red[warp, 4] = a20
+            red[warp, 5] = a21
+            red[warp, 6] = a30
+            red[warp, 7] = a31
+        cuda.syncthreads()
+        if live and sl == 0 and lane < 8:            # lane j adds value j over the slices
+            v = float32(0.0)
+            for j in range(SPLITK_WARPS_PER_PAIR):
+                v += red[warp + j, lane]
+            tok = t0 + (lane >> 1)
+            row = n0 if (lane & 1) == 0 else n1
+            if tok < n_tok and ((lane & 1) == 0 or has1):
+                b = bias[row] if has_bias != 0 else float32(0.0)
+                out[tok, row] = v + b
+        cuda.syncthreads()                           # red is rewritten by the next pass
 
 
 BM = 64

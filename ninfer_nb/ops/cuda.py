@@ -40,6 +40,8 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
+SPLITK_MAX_N = 8192        # split-K decode GEMV (when enabled): weights with at most this many rows
+SPLITK_MIN_K = 2048        # ... and at least this many columns
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
 
@@ -90,6 +92,9 @@ class CudaOps:
         self.stream = stream
         self.persistent = persistent
         self.use_wgmma = hopper and prefill_gemm != "mma"
+        # Decode GEMV over K slices for few-row, long-row weights (linear.gemv_bf16_splitk_kernel).
+        # Off until a GPU run validates and times it (bench --splitk-gemv turns it on).
+        self.splitk_gemv = False
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
@@ -252,8 +257,13 @@ class CudaOps:
             self._go(K_lin.gemv_f32_kernel, grid, 32 * K_lin.GEMV_F32_WARPS, x2, weight, b, out2, has_bias)
         elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
-            grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
-            self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias, vec)
+            if self.splitk_gemv and vec and n <= SPLITK_MAX_N and k >= SPLITK_MIN_K:
+                grid = (n + K_lin.SPLITK_ROWS_PER_BLOCK - 1) // K_lin.SPLITK_ROWS_PER_BLOCK
+                self._go(K_lin.gemv_bf16_splitk_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
+            else:
+                grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
+                self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias,
+                         vec)
         elif (weight.dtype == bfloat16 and not SIM and k % K_mma.K_ALIGN == 0
               and _ptr(x2) % 16 == 0 and _ptr(weight) % 16 == 0 and _ptr(out2) % 16 == 0):
             # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy, then a bf16 GEMM

@@ -73,6 +73,44 @@ def test_linear(env, rng, n, k, t):
     close(env.host(ops.linear(X, W)), ref - b, TOL32 * 10)
 
 
+@pytest.mark.parametrize("n,k", [(5120, 17408), (5120, 6144), (2048, 4096), (257, 2048), (6, 2304), (3, 2048)])
+@pytest.mark.parametrize("t", [1, 5, 16])
+def test_linear_splitk_gemv(env, rng, n, k, t):
+    """The split-K decode GEMV (4 K slices per row pair, shared-memory sum): the 27B / 35B
+    few-row shapes, an uneven last slice (K = 2304: slices of 768, the fourth empty), blocks
+    with dead row pairs (N = 3, 6), and 1 / 2 / 4 passes over the tokens; against NumPy and the
+    whole-row kernel; prints both kernels' times at T = 1 (-s)."""
+    import time
+
+    ops = env.fresh()
+    w = rnd_bf16(rng, n, k)
+    x, b = rnd(rng, t, k), rnd(rng, n)
+    W, X, B = env.up(w), env.up(x), env.up(b)
+    ref = cpu.linear(x, w.astype(np.float32), b)
+    times = {}
+    outs = {}
+    for split in (False, True):
+        ops.splitk_gemv = split
+        try:
+            o = ops.linear(X, W, B)
+            env.stream.synchronize()
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                ops.linear(X, W, B)
+                env.stream.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            times[split], outs[split] = best, env.host(o)
+        finally:
+            ops.splitk_gemv = False
+    close(outs[True], ref, TOL32 * 10)
+    close(outs[True], outs[False], TOL32 * 10)
+    if t == 1:
+        gbs = {s: w.nbytes / v / 1e9 for s, v in times.items()}
+        print(f"\nGEMV {n}x{k} T=1: whole rows {times[False] * 1e6:.1f} us ({gbs[False]:.0f} GB/s), "
+              f"split-K {times[True] * 1e6:.1f} us ({gbs[True]:.0f} GB/s)")
+
+
 def test_linear_fp32_weight(env, rng):
     ops = env.fresh()
     w, x = rnd(rng, 300, 130), rnd(rng, 5, 130)
