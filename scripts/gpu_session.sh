@@ -32,9 +32,14 @@ if [ -f /tmp/m/a ] && [ -f /tmp/m/b ] && [ -f .mc/part ]; then
 fi
 case "${1:-check}" in
   check)
-    python3 -m pytest -m gpu -q -p no:cacheprovider --durations=15 --junitxml="$OUT/junit.xml" \
-      tests/kernels tests/runtime tests/engine/test_gpu_model.py 2>&1 | tee "$OUT/pytest_gpu.log"
-    echo "pytest exit code: ${PIPESTATUS[0]}" ;;
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider --durations=15 --junitxml="$OUT/junit.xml" \
+      tests/kernels tests/runtime tests/engine/test_gpu_model.py > "$OUT/pytest_gpu.log" 2>&1
+    rc=$?
+    # the timing lines the tests print (-s): kernel vs kernel, TFLOP/s, GB/s
+    grep -E "prefill attention|GEMV |gated delta rule|grouped mma|TFLOP|max error|TTFT" "$OUT/pytest_gpu.log" \
+      | tee "$OUT/timings.txt"
+    grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.log" | tail -30
+    echo "pytest exit code: $rc" ;;
   bench27) bench qwen3.6-27b bench27 ;;
   bench35) bench qwen3.6-35b-a3b bench35 ;;
   *) echo "usage: $0 check|bench27|bench35" >&2; exit 2 ;;
