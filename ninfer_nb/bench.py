@@ -216,8 +216,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--attention", choices=["gemm", "simt", "mma"], default="gemm",
                    help="prefill attention: tensor-core GEMMs + softmax (gemm), fp32 flash kernel (simt), "
                         "mma.sync flash kernel (mma)")
-    p.add_argument("--splitk-gemv", action="store_true",
-                   help="decode GEMVs over K slices for weights with few, long rows (not yet the default)")
+    p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
+                   help="turn on kernels not yet validated on a GPU: splitk_gemv, moe_decode_unrolled")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")
@@ -244,10 +244,15 @@ def main(argv: Sequence[str]) -> int:
               prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph,
               kv_cache=args.kv_cache, prefill_gemm=args.gemm, prefill_attention=args.attention)
     load_s = time.perf_counter() - t_load
-    if args.splitk_gemv:
-        if llm.backend.name != "cuda":
-            raise SystemExit("bench: --splitk-gemv needs the CUDA backend")
-        llm.backend.ops.splitk_gemv = True
+    if args.experimental:
+        from .ops.cuda import EXPERIMENTAL
+
+        names = frozenset(n.strip() for n in args.experimental.split(",") if n.strip())
+        unknown = sorted(names - EXPERIMENTAL.keys())
+        if unknown or llm.backend.name != "cuda":
+            raise SystemExit(f"bench: --experimental needs the CUDA backend and names from "
+                             f"{sorted(EXPERIMENTAL)} (got {sorted(names)})")
+        llm.backend.ops.experimental = names
     first = llm.generate([1, 2, 3], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     start_to_first_token = time.time() - process_start_time() - peer_s
     sys.stderr.write(f"bench: {llm.model_id} on {llm.device_name}; loaded in {load_s:.1f} s, "

@@ -49,3 +49,14 @@ def test_bench_peer_runs_transformers_on_the_preset(tmp_path: Path) -> None:
     assert peer["prompt_tokens"] == 24 and peer["generated"] == 5
     assert peer["decode_tok_s"] > 0 and peer["prefill_tok_s"] > 0
     assert ours["decode_vs_peer"] == ours["decode_tok_s"] / peer["decode_tok_s"]
+
+
+def test_bench_experimental_kernels_need_cuda_and_known_names() -> None:
+    """`--experimental` turns on unvalidated CUDA kernels by name; on the CPU backend, or with
+    a name the engine does not know, bench stops with a message instead of silently ignoring it."""
+    import pytest
+
+    for names in ("splitk_gemv", "no_such_kernel"):
+        with pytest.raises(SystemExit, match="--experimental needs the CUDA backend"):
+            main(["bench", "--random", "tiny-qwen3.5", "--device", "cpu", "--prompt-len", "8", "--gen", "2",
+                  "--experimental", names])

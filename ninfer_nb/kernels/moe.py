@@ -7,6 +7,14 @@
   one warp per (slot, j). `moe_down_kernel`: out[t, n] = sum_s w[t, s] * down[e_s, n] . h[t*k+s],
   one warp per (t, n), slots summed in order (deterministic, no atomics). Both stream weights
   with 16-byte loads when `vec` (H % 8 == 0 and I % 8 == 0), else scalar loads.
+* `moe_gate_up_unrolled_kernel` / `moe_down_unrolled_kernel`: the same contracts with more
+  16-byte loads in flight (H % 1024 == 0 and I % 256 == 0). The plain kernels keep one or two
+  loads in flight per lane: the gate_up loop is not unrolled, and moe_down walks the k slots one
+  after the other (2 chunks of a 512-wide row each), so a 35B decode layer took 26 us for
+  ~28 MB of expert weights (54 % of the copy bandwidth). Here gate_up issues 4 chunks of both
+  rows (8 loads) before any math, and down flattens (slot, chunk) pairs, issues 4 at a time,
+  scales each lane's partial by its slot weight and reduces once. Opt-in
+  (CudaOps.experimental "moe_decode_unrolled") until a GPU run validates and times them.
 Decode-oriented (each routed pair streams its expert's weights): CudaOps.moe_experts uses them for
 T < moe_grouped.GROUPED_MIN_T; longer prefill chunks take the grouped-by-expert path (moe_grouped.py).
 """
@@ -168,5 +176,105 @@ def moe_down_kernel(h, ids, weights, down, out, vec):
                 a += widen(down[e, n, kk]) * h[ts, kk]
         a = warp_sum(a)
         total += weights[t, s] * a
+    if lane == 0:
+        out[t, n] = total
+
+
+MOE_UNROLL = 4          # chunks of 256 columns (8 bf16 per lane) per pass in the unrolled kernels
+
+
+@kernel((f32_2, i32_2, u16_3, f32_2), sim=False, fastmath=True, launch_bounds=(256, 2))
+def moe_gate_up_unrolled_kernel(x, ids, gate_up, h):
+    """moe_gate_up_kernel's contract, vectorised path only, H % (256 MOE_UNROLL) == 0."""
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    inter = h.shape[1]
+    hid = x.shape[1]
+    ts = cuda.blockIdx.y
+    top_k = ids.shape[1]
+    t = ts // top_k
+    j = cuda.blockIdx.x * MOE_WARPS + warp
+    if j >= inter:
+        return
+    e = ids[t, ts - t * top_k]
+    rg = (e * 2 * inter + j) * hid
+    ru = rg + inter * hid
+    xr = t * hid
+    ag = float32(0.0)
+    au = float32(0.0)
+    for kk in range(lane * 8, hid, 256 * MOE_UNROLL):
+        g0 = ldg_stream_v4_u32(gate_up, rg + kk)
+        u0 = ldg_stream_v4_u32(gate_up, ru + kk)
+        g1 = ldg_stream_v4_u32(gate_up, rg + kk + 256)
+        u1 = ldg_stream_v4_u32(gate_up, ru + kk + 256)
+        g2 = ldg_stream_v4_u32(gate_up, rg + kk + 512)
+        u2 = ldg_stream_v4_u32(gate_up, ru + kk + 512)
+        g3 = ldg_stream_v4_u32(gate_up, rg + kk + 768)
+        u3 = ldg_stream_v4_u32(gate_up, ru + kk + 768)
+        xa = ldg_v4_f32(x, xr + kk)
+        xb = ldg_v4_f32(x, xr + kk + 4)
+        ag += _dot8(g0, xa, xb)
+        au += _dot8(u0, xa, xb)
+        xa = ldg_v4_f32(x, xr + kk + 256)
+        xb = ldg_v4_f32(x, xr + kk + 260)
+        ag += _dot8(g1, xa, xb)
+        au += _dot8(u1, xa, xb)
+        xa = ldg_v4_f32(x, xr + kk + 512)
+        xb = ldg_v4_f32(x, xr + kk + 516)
+        ag += _dot8(g2, xa, xb)
+        au += _dot8(u2, xa, xb)
+        xa = ldg_v4_f32(x, xr + kk + 768)
+        xb = ldg_v4_f32(x, xr + kk + 772)
+        ag += _dot8(g3, xa, xb)
+        au += _dot8(u3, xa, xb)
+    ag = warp_sum(ag)
+    au = warp_sum(au)
+    if lane == 0:
+        h[ts, j] = (ag / (1.0 + math.exp(-ag))) * au
+
+
+@cuda.jit(device=True)
+def _down_addr(ids, t, item, nch, hid, inter, n, lane):
+    """(weight offset, h offset, slot) of flattened item = slot * nch + chunk for this lane."""
+    top_k = ids.shape[1]
+    s = item // nch
+    kk = (item - s * nch) * 256 + lane * 8
+    return (ids[t, s] * hid + n) * inter + kk, (t * top_k + s) * inter + kk, s
+
+
+@kernel((f32_2, i32_2, f32_2, u16_3, f32_2), sim=False, fastmath=True, launch_bounds=(256, 2))
+def moe_down_unrolled_kernel(h, ids, weights, down, out):
+    """moe_down_kernel's contract, vectorised path only, I % 256 == 0. The 4 items' weight
+    loads are issued before any math (items past the end repeat the last one and count 0).
+    The sum over slots is folded into each lane's partial (linear): one warp reduction."""
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    hid = out.shape[1]
+    inter = h.shape[1]
+    t = cuda.blockIdx.y
+    n = cuda.blockIdx.x * MOE_WARPS + warp
+    if n >= hid:
+        return
+    nch = inter // 256
+    n_items = ids.shape[1] * nch
+    last = n_items - 1
+    total = float32(0.0)
+    for i in range(0, n_items, MOE_UNROLL):
+        w0, h0, s0 = _down_addr(ids, t, min(i, last), nch, hid, inter, n, lane)
+        w1, h1, s1 = _down_addr(ids, t, min(i + 1, last), nch, hid, inter, n, lane)
+        w2, h2, s2 = _down_addr(ids, t, min(i + 2, last), nch, hid, inter, n, lane)
+        w3, h3, s3 = _down_addr(ids, t, min(i + 3, last), nch, hid, inter, n, lane)
+        v0 = ldg_stream_v4_u32(down, w0)
+        v1 = ldg_stream_v4_u32(down, w1)
+        v2 = ldg_stream_v4_u32(down, w2)
+        v3 = ldg_stream_v4_u32(down, w3)
+        c1 = weights[t, s1] if i + 1 <= last else float32(0.0)
+        c2 = weights[t, s2] if i + 2 <= last else float32(0.0)
+        c3 = weights[t, s3] if i + 3 <= last else float32(0.0)
+        total += weights[t, s0] * _dot8(v0, ldg_v4_f32(h, h0), ldg_v4_f32(h, h0 + 4))
+        total += c1 * _dot8(v1, ldg_v4_f32(h, h1), ldg_v4_f32(h, h1 + 4))
+        total += c2 * _dot8(v2, ldg_v4_f32(h, h2), ldg_v4_f32(h, h2 + 4))
+        total += c3 * _dot8(v3, ldg_v4_f32(h, h3), ldg_v4_f32(h, h3 + 4))
+    total = warp_sum(total)
     if lane == 0:
         out[t, n] = total

@@ -40,6 +40,10 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
+EXPERIMENTAL = {           # opt-in kernels, off until a GPU run validates and times them
+    "splitk_gemv": "decode GEMV over 4 K slices per row pair for weights with few, long rows",
+    "moe_decode_unrolled": "MoE decode expert kernels with 8 / 4 weight loads in flight per lane",
+}
 SPLITK_MAX_N = 8192        # split-K decode GEMV (when enabled): weights with at most this many rows
 SPLITK_MIN_K = 2048        # ... and at least this many columns
 F32 = np.dtype(np.float32)
@@ -92,9 +96,8 @@ class CudaOps:
         self.stream = stream
         self.persistent = persistent
         self.use_wgmma = hopper and prefill_gemm != "mma"
-        # Decode GEMV over K slices for few-row, long-row weights (linear.gemv_bf16_splitk_kernel).
-        # Off until a GPU run validates and times it (bench --splitk-gemv turns it on).
-        self.splitk_gemv = False
+        # Kernels written but not yet validated on a GPU (EXPERIMENTAL); bench --experimental.
+        self.experimental: frozenset[str] = frozenset()
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
@@ -257,7 +260,7 @@ class CudaOps:
             self._go(K_lin.gemv_f32_kernel, grid, 32 * K_lin.GEMV_F32_WARPS, x2, weight, b, out2, has_bias)
         elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
-            if self.splitk_gemv and vec and n <= SPLITK_MAX_N and k >= SPLITK_MIN_K:
+            if "splitk_gemv" in self.experimental and vec and n <= SPLITK_MAX_N and k >= SPLITK_MIN_K:
                 grid = (n + K_lin.SPLITK_ROWS_PER_BLOCK - 1) // K_lin.SPLITK_ROWS_PER_BLOCK
                 self._go(K_lin.gemv_bf16_splitk_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
             else:
@@ -470,6 +473,12 @@ class CudaOps:
         h = self.empty((t * top_k, inter))                               # [T*k, I]
         vec = np.int32(hid % 8 == 0 and inter % 8 == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down, h)))
         w8 = K_moe.MOE_WARPS
+        if ("moe_decode_unrolled" in self.experimental and vec and hid % (256 * K_moe.MOE_UNROLL) == 0
+                and inter % 256 == 0):
+            self._go(K_moe.moe_gate_up_unrolled_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids,
+                     gate_up, h)
+            self._go(K_moe.moe_down_unrolled_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out)
+            return out
         self._go(K_moe.moe_gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h, vec)
         self._go(K_moe.moe_down_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out, vec)
         return out

@@ -90,7 +90,7 @@ def test_linear_splitk_gemv(env, rng, n, k, t):
     times = {}
     outs = {}
     for split in (False, True):
-        ops.splitk_gemv = split
+        ops.experimental = frozenset({"splitk_gemv"} if split else ())
         try:
             o = ops.linear(X, W, B)
             env.stream.synchronize()
@@ -102,7 +102,7 @@ def test_linear_splitk_gemv(env, rng, n, k, t):
                 best = min(best, time.perf_counter() - t0)
             times[split], outs[split] = best, env.host(o)
         finally:
-            ops.splitk_gemv = False
+            ops.experimental = frozenset()
     close(outs[True], ref, TOL32 * 10)
     close(outs[True], outs[False], TOL32 * 10)
     if t == 1:
@@ -259,15 +259,36 @@ def test_moe_route(env, rng, t, e, k, shared):
 
 
 @pytest.mark.parametrize("t,e,k,i,h", [(1, 256, 8, 512, 2048), (4, 256, 8, 512, 2048), (3, 16, 4, 36, 100)])
-def test_moe_experts(env, rng, t, e, k, i, h):
+@pytest.mark.parametrize("unrolled", [False, True])
+def test_moe_experts(env, rng, t, e, k, i, h, unrolled):
+    """Per-pair (decode) expert kernels; `unrolled`: the experimental moe_decode_unrolled pair
+    (taken where H % 1024 == 0 and I % 256 == 0; the 36 x 100 case keeps the plain kernels).
+    Prints the time of one call at the 35B shape (-s)."""
+    import time
+
     ops = env.fresh()
     gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
     x = rnd(rng, t, h)
     ids = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
     w = rng.random((t, k), dtype=np.float32)
-    out = env.host(ops.moe_experts(env.up(x), env.up(ids), env.up(w), env.up(gu), env.up(dn)))
+    args = (env.up(x), env.up(ids), env.up(w), env.up(gu), env.up(dn))
+    ops.experimental = frozenset({"moe_decode_unrolled"} if unrolled else ())
+    try:
+        out = env.host(ops.moe_experts(*args))
+        best = float("inf")
+        for _ in range(5):
+            env.stream.synchronize()
+            t0 = time.perf_counter()
+            ops.moe_experts(*args)
+            env.stream.synchronize()
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        ops.experimental = frozenset()
     ref = cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn))
     close(out, ref, TOL32 * 10)
+    if i == 512:
+        print(f"\nMoE decode experts T={t} k={k} I={i} H={h} ({'unrolled' if unrolled else 'plain'}): "
+              f"{best * 1e6:.1f} us")
 
 
 @pytest.mark.parametrize("b,v", [(4, 248320), (3, 1000)])
