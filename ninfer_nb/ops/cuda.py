@@ -43,6 +43,7 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 EXPERIMENTAL = {           # opt-in kernels, off until a GPU run validates and times them
     "splitk_gemv": "decode GEMV over 4 K slices per row pair for weights with few, long rows",
     "moe_decode_unrolled": "MoE decode expert kernels with 8 / 4 weight loads in flight per lane",
+    "gqa_decode_attention": "decode attention reading each kv head once for its whole q-head group",
 }
 SPLITK_MAX_N = 8192        # split-K decode GEMV (when enabled): weights with at most this many rows
 SPLITK_MIN_K = 2048        # ... and at least this many columns
@@ -329,8 +330,13 @@ class CudaOps:
             n_split = max(1, (s_len + K_attn.SPLIT_LEN - 1) // K_attn.SPLIT_LEN)
             part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
             part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
-            self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
-                     ks, vs, positions, np.float32(scale), np.int32(K_attn.SPLIT_LEN), part_o, part_ml)
+            hkv = k_cache.shape[1]
+            if "gqa_decode_attention" in self.experimental and 1 < hq // hkv <= K_attn.GQA_MAX_G:
+                self._go(K_attn.attn_split_gqa_kernel, (n_split, hkv, t), 32 * K_attn.GQA_WARPS, q, k_cache,
+                         v_cache, ks, vs, positions, np.float32(scale), np.int32(K_attn.SPLIT_LEN), part_o, part_ml)
+            else:
+                self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
+                         ks, vs, positions, np.float32(scale), np.int32(K_attn.SPLIT_LEN), part_o, part_ml)
             self._go(K_attn.attn_combine_kernel, (hq, t), 256, part_o, part_ml, out)
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)

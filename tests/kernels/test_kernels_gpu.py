@@ -200,6 +200,52 @@ def test_attention_qwen_dims(env, rng, cdtype, start, t, kind):
     _attn_case(env, rng, cdtype, 4096, 24, 4, 256, start, t, kind)
 
 
+@pytest.mark.parametrize("cdtype", [np.float32, BF16, np.int8])
+@pytest.mark.parametrize("hq,hkv,start,t", [(24, 4, 4000, 1), (16, 2, 700, 3), (8, 2, 30, 1), (16, 2, 8190, 1)])
+def test_attention_gqa_decode(env, rng, cdtype, hq, hkv, start, t):
+    """The experimental grouped decode kernel (one block per kv head and split, all G q heads)
+    against the per-head kernel and NumPy, on fp32 / bf16 / int8 caches; prints both times at
+    8K context (-s)."""
+    import time
+
+    ops = env.fresh()
+    s, d = 8192, 256
+    pos = np.arange(start, start + t, dtype=np.int32)
+    q = rnd(rng, t, hq, d)
+    kf, vf = rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
+    if cdtype == np.int8:
+        kc, vc = np.zeros((s, hkv, d), np.int8), np.zeros((s, hkv, d), np.int8)
+        ks, vs = np.zeros((s, hkv, d // 64), np.float32), np.zeros((s, hkv, d // 64), np.float32)
+        cpu.kv_store(kc, vc, kf, vf, np.arange(s), ks, vs)
+        kf = kc.astype(np.float32) * np.repeat(ks, 64, axis=-1)
+        vf = vc.astype(np.float32) * np.repeat(vs, 64, axis=-1)
+        args = (env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5, env.up(ks), env.up(vs))
+    else:
+        kc, vc = kf.astype(cdtype), vf.astype(cdtype)
+        kf, vf = kc.astype(np.float32), vc.astype(np.float32)
+        args = (env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5)
+    outs, times = {}, {}
+    for name in ("per_head", "gqa"):
+        ops.experimental = frozenset({"gqa_decode_attention"} if name == "gqa" else ())
+        try:
+            o = env.host(ops.attention(*args))
+            best = float("inf")
+            for _ in range(5):
+                env.stream.synchronize()
+                t0 = time.perf_counter()
+                ops.attention(*args)
+                env.stream.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            outs[name], times[name] = o, best
+        finally:
+            ops.experimental = frozenset()
+    close(outs["gqa"], cpu.attention(q, kf, vf, pos, d ** -0.5), TOL32 * 10)
+    close(outs["gqa"], outs["per_head"], TOL32 * 10)
+    if start + t > 8000:
+        print(f"\ndecode attention Hq={hq} Hkv={hkv} at {start + t} ({np.dtype(cdtype).name} cache): "
+              f"per head {times['per_head'] * 1e6:.1f} us, grouped {times['gqa'] * 1e6:.1f} us")
+
+
 @pytest.mark.parametrize("d,t,start", [(64, 1, 37), (128, 20, 5), (96, 2, 600), (64, 300, 40), (96, 33, 7)])
 def test_attention_small_heads(env, rng, d, t, start):
     """Other head dims; 96 is not a multiple of the GEMMs' K step, so it takes the SIMT kernel."""
