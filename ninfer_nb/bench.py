@@ -283,7 +283,13 @@ def main(argv: Sequence[str]) -> int:
     profile = profile_step(llm) if args.profile else []
     chunk = min(args.prefill_chunk, max(lens))
     prefill_profile = profile_step(llm, chunk) if args.profile else []
-    report = {"model": llm.model_id, "profile": profile, "prefill_profile": prefill_profile,
+    step_gap = {}
+    if profile:   # the profile runs at the last prompt's context, like that prompt's decode
+        last = [r for r in rows if r["engine"] == "ninfer_nb"][-1]
+        step_gap = {"decode_step_us": 1e6 / last["decode_tok_s"],
+                    "decode_ops_us": sum(r["time_us"] for r in profile),
+                    "decode_ops": sum(r["calls"] for r in profile)}
+    report = {"model": llm.model_id, "profile": profile, "prefill_profile": prefill_profile, **step_gap,
               "load_s": load_s,
               "start_to_first_token_s": start_to_first_token, "device": llm.device_name, "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
     if args.json:
@@ -291,6 +297,10 @@ def main(argv: Sequence[str]) -> int:
             json.dump(report, f, indent=1)
     if profile:
         _print_profile("One decode step by op", profile, bw / 1e9)
+        gap = step_gap["decode_step_us"] - step_gap["decode_ops_us"]
+        print(f"The timed decode step took {step_gap['decode_step_us']:.0f} us: {gap:.0f} us "
+              f"({gap / step_gap['decode_step_us']:.1%}) more than its {step_gap['decode_ops']} ops timed "
+              f"alone (launch gaps between kernels; fewer, fused kernels close it)")
         _print_profile(f"One {chunk}-token prefill chunk ending at context {max(lens) + args.gen} by op",
                        prefill_profile, bw / 1e9)
     print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "

@@ -21,6 +21,8 @@ def test_bench_reports_every_figure_and_profiles(tmp_path: Path, capsys) -> None
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["ttft_ms"] > 0
         assert r["bytes_per_token"] > 0 and 0 < r["fraction_of_limit"]
     decode, prefill = report["profile"], report["prefill_profile"]
+    assert report["decode_step_us"] > 0 and report["decode_ops_us"] > 0
+    assert report["decode_ops"] == sum(r["calls"] for r in decode)
     names = {r["op"] for r in decode}
     assert {"gated_delta_rule", "attention"} <= names and "attention" in {r["op"] for r in prefill}
     # linear layers per weight shape (tiny-qwen3.5: hidden 256, MLP 512, vocab 248320)
@@ -33,6 +35,7 @@ def test_bench_reports_every_figure_and_profiles(tmp_path: Path, capsys) -> None
     assert lin[1]["bytes"] > lin[0]["bytes"] and lin[0]["calls"] == lin[1]["calls"] == 4
     text = capsys.readouterr().out
     assert "One decode step by op" in text and "16-token prefill chunk" in text
+    assert "The timed decode step took" in text
     assert "ninfer_nb" in text and "of limit" in text
 
 
