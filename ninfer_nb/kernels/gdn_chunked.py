@@ -56,7 +56,13 @@ unrolled: ptxas (sm_90) then reports 80 registers for kernel 1 and 125 for kerne
 Scratch: W, Q', U = T Hv (2 Dk + Dv) fp32 (~75 MB at T=1024), handed back after the call.
 Measured on the H200: T = 8192, Hv = 48: 11.7 ms (the recurrent kernel: 17.4 ms); in the
 27B prefill profile 2.97 ms per layer for a 2048-token chunk, a third of the chunk's time and
-several times the model above. test_gated_delta_rule_chunked_vs_recurrent_timing (-s) now also
+several times the model above. The likely reason, found by reading the code after that run:
+kernel 2's tile loads were load-then-store loops that the compiler does not unroll, so each
+thread had one global load in flight, ~32 of them per X tile (4 tiles) and 64 per K chunk,
+every chunk step: ~190 dependent global-latency waits per step, ~75 us at the measured speed.
+Kernel 2 now issues LOAD_BATCH = 8 loads before storing them (ptxas: 87 registers, was 125;
+no spills); simulator-verified, not yet timed. Kernel 1 keeps its loops: batching them there
+spills at its 80-register budget. test_gated_delta_rule_chunked_vs_recurrent_timing (-s) now also
 prints the prepare kernel alone, to tell which of the two is slow. Knobs: tensor cores for the
 tile products (the Gram matrices, M = P T, W/U/Q'/O_intra and kernel 2's X = [W; Q'] S^T are
 all small GEMMs), prefetch the next chunk's tiles in kernel 2 (only ~3 blocks per SM hide the
@@ -101,6 +107,10 @@ NN = 0x7FFFFFFF           # index & NN is provably >= 0: numba drops its negativ
 BUF2 = C * SLD            # 8256 floats: max([2C][33] X tile, [C][129] K chunk)
 SBUF = R * SLD            # state slice [R][SLD]
 VBUF = C * VLD            # V' [C][VLD]
+LOAD_BATCH = 8            # global loads a thread issues before storing them to shared memory
+X_ROWS_PER_THREAD = 2 * C // (STATE_THREADS // XT)   # rows of the [2C][XT] tile per thread (32)
+K_ROWS_PER_THREAD = C // (STATE_THREADS // MAX_DK)   # rows of the [C][Dk] K chunk per thread (64)
+assert X_ROWS_PER_THREAD % LOAD_BATCH == 0 and K_ROWS_PER_THREAD % LOAD_BATCH == 0
 
 
 def supported(d_k: int, d_v: int) -> bool:
@@ -386,6 +396,7 @@ def gdc_state_kernel(k, wb, qb, ub, ks, ec, state, out):
     acc = cuda.local.array((4, 4), float32)
     xa = cuda.local.array(4, float32)
     xb = cuda.local.array(4, float32)
+    tmp = cuda.local.array(LOAD_BATCH, float32)
 
     h = cuda.blockIdx.x & NN
     r0 = (cuda.blockIdx.y * R) & NN
@@ -415,15 +426,22 @@ def gdc_state_kernel(k, wb, qb, ub, ks, ec, state, out):
                 acc[a, b] = float32(0.0)
         for d0 in range(0, d_k, XT):
             col = tid % XT
-            for row in range(tid // XT, 2 * C, STATE_THREADS // XT):
-                i = c0 + row % C
-                x = float32(0.0)
-                if i < n_t and d0 + col < d_k:
-                    if row < C:
-                        x = wb[h, i & NN, (d0 + col) & NN]
-                    else:
-                        x = qb[h, i & NN, (d0 + col) & NN]
-                buf[(row * XLD + col) & NN] = x
+            # LOAD_BATCH independent global loads into registers, then their shared stores: a
+            # load-then-store loop keeps one load in flight, and this tile is 32 loads a thread
+            for jb in range(0, X_ROWS_PER_THREAD, LOAD_BATCH):
+                for u in range(LOAD_BATCH):
+                    row = tid // XT + (jb + u) * (STATE_THREADS // XT)
+                    i = c0 + row % C
+                    x = float32(0.0)
+                    if i < n_t and d0 + col < d_k:
+                        if row < C:
+                            x = wb[h, i & NN, (d0 + col) & NN]
+                        else:
+                            x = qb[h, i & NN, (d0 + col) & NN]
+                    tmp[u] = x
+                for u in range(LOAD_BATCH):
+                    row = tid // XT + (jb + u) * (STATE_THREADS // XT)
+                    buf[(row * XLD + col) & NN] = tmp[u]
             cuda.syncthreads()
             for dd in range(XT):
                 bx = (rb * XLD + dd) & NN
@@ -448,12 +466,17 @@ def gdc_state_kernel(k, wb, qb, ub, ks, ec, state, out):
                 vp[(row * VLD + r) & NN] = x
         # --- step b: S = ec S + V'^T K~  (K~ = k^ e^(gam_last - gam) = k ks) ------------------
         d = tid % MAX_DK
-        for row in range(tid // MAX_DK, C, STATE_THREADS // MAX_DK):
-            i = c0 + row
-            x = float32(0.0)
-            if i < n_t and d < d_k:
-                x = k[i & NN, hk, d] * ks[h, i & NN]
-            buf[(row * SLD + d) & NN] = x
+        for jb in range(0, K_ROWS_PER_THREAD, LOAD_BATCH):   # batched as in step a (64 rows)
+            for u in range(LOAD_BATCH):
+                row = tid // MAX_DK + (jb + u) * (STATE_THREADS // MAX_DK)
+                i = c0 + row
+                x = float32(0.0)
+                if i < n_t and d < d_k:
+                    x = k[i & NN, hk, d] * ks[h, i & NN]
+                tmp[u] = x
+            for u in range(LOAD_BATCH):
+                row = tid // MAX_DK + (jb + u) * (STATE_THREADS // MAX_DK)
+                buf[(row * SLD + d) & NN] = tmp[u]
         cuda.syncthreads()
         e_c = ec[h, c & NN]
         for b in range(4):
