@@ -160,7 +160,7 @@ class _ProfiledOps:
             else:
                 nbytes = sum(int(getattr(a, "nbytes", 0)) for a in (*args, *outs))
             key = name
-            if name == "linear":              # per weight shape: the per-linear target
+            if name in ("linear", "linear_split"):   # per weight shape: the per-linear target
                 key = f"linear {args[1].shape[0]}x{args[1].shape[1]}"
             row = self.stats.setdefault(key, [0.0, 0.0, 0.0])
             row[0] += dt
@@ -218,7 +218,7 @@ def main(argv: Sequence[str]) -> int:
                         "mma.sync flash kernel (mma)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on kernels not yet validated on a GPU: splitk_gemv, moe_decode_unrolled, "
-                        "gqa_decode_attention")
+                        "gqa_decode_attention, gemm_parts")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")
@@ -291,7 +291,8 @@ def main(argv: Sequence[str]) -> int:
                     "decode_ops": sum(r["calls"] for r in profile)}
     report = {"model": llm.model_id, "profile": profile, "prefill_profile": prefill_profile, **step_gap,
               "load_s": load_s,
-              "start_to_first_token_s": start_to_first_token, "device": llm.device_name, "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
+              "start_to_first_token_s": start_to_first_token, "device": llm.device_name,
+              "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -85,8 +85,9 @@ Expected cost at the Qwen3.6-35B-A3B shape (H 2048, E 256, k 8, I 512, bf16 expe
   against the bf16-operand reference at 2e-3): T = 2048, 257 experts (shared one folded in),
   k = 9: 4.08 ms per layer, 28 TFLOP/s -- well below the estimate above, and 48 % of a 35B
   prefill chunk. The plain 4-byte LDG/LDS staging with one barrier per 32-wide k-tile is the
-  suspect; the next steps below are what would close it. GROUPED_MIN_T is an untuned estimate (per-pair cost grows ~linearly with T, grouped cost
-  starts at roughly one read of every touched expert; they cross near k * T ~ 2 E at this shape).
+  suspect; the next steps below are what would close it. GROUPED_MIN_T is an untuned estimate
+  (per-pair cost grows ~linearly with T, grouped cost starts at roughly one read of every
+  touched expert; they cross near k * T ~ 2 E at this shape).
 
 Possible next steps (GPU-only, not simulator-checkable): cp.async 16-byte staging of the B
 tiles (and of A once x is bf16), ldmatrix.x4 fragment loads with a swizzle instead of the

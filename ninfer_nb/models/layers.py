@@ -22,11 +22,10 @@ def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
     t = x.shape[0]
     d = cfg.head_dim
     qd, kvd = cfg.num_heads * d, cfg.num_kv_heads * d
-    proj = ops.linear(x, w.qkv, w.qkv_bias)                  # [T, q | gate | k | v]
-    if w.gated:
-        q, gate, k, v = ops.split(proj, (qd, qd, kvd, kvd))
+    if w.gated:                                              # the fused [T, q | gate | k | v]
+        q, gate, k, v = ops.linear_split(x, w.qkv, w.qkv_bias, (qd, qd, kvd, kvd))
     else:
-        (q, k, v), gate = ops.split(proj, (qd, kvd, kvd)), None
+        (q, k, v), gate = ops.linear_split(x, w.qkv, w.qkv_bias, (qd, kvd, kvd)), None
     q = q.reshape(t, cfg.num_heads, d)
     k = k.reshape(t, cfg.num_kv_heads, d)
     v = v.reshape(t, cfg.num_kv_heads, d)
@@ -53,8 +52,8 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNSta
     t = x.shape[0]
     hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
     hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
-    proj = ops.linear(x, w.in_proj)                         # [T, q | k | v | z | a | b]
-    mixed, z, a, b = ops.split(proj, (cfg.conv_dim, hv * dv, hv, hv))
+    mixed, z, a, b = ops.linear_split(x, w.in_proj, None,   # the fused [T, q | k | v | z | a | b]
+                                      (cfg.conv_dim, hv * dv, hv, hv))
     mixed = ops.causal_conv1d(mixed, state.conv, w.conv)   # [T, q | k | v]
     q, k, v = ops.split(mixed, (hk * dk, hk * dk, hv * dv))
     g, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)

@@ -184,6 +184,11 @@ def split(x: Array, sizes: tuple[int, ...]) -> tuple[Array, ...]:
     return tuple(np.ascontiguousarray(x[..., a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
 
 
+def linear_split(x: Array, weight: Array, bias: Array | None, sizes: tuple[int, ...]) -> tuple[Array, ...]:
+    """A fused projection straight to its parts: split(linear(x, weight, bias), sizes)."""
+    return split(linear(x, weight, bias), sizes)
+
+
 def causal_conv1d(x: Array, conv_state: Array, weight: Array) -> Array:
     """Depthwise causal conv + SiLU. x [T, C]; conv_state [K-1, C] holds the previous K-1 inputs
     (oldest first) and is updated in place; weight [C, K] (tap K-1 multiplies the current input)."""

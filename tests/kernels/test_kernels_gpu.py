@@ -111,6 +111,30 @@ def test_linear_splitk_gemv(env, rng, n, k, t):
               f"split-K {times[True] * 1e6:.1f} us ({gbs[True]:.0f} GB/s)")
 
 
+@pytest.mark.parametrize("t", [17, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_split_gemm_parts(env, rng, t, bias):
+    """ops.linear_split: the fused projection as split(linear) and, with the experimental
+    "gemm_parts", as one tensor-core GEMM per part of the weight rows (mma.sync at T = 17,
+    wgmma on cc 9.0 at T = 300 when the ops take it); both vs NumPy on bf16-rounded x."""
+    ops = env.fresh()
+    sizes = (256, 128, 48, 48)
+    w = rnd_bf16(rng, sum(sizes), 512)
+    x, b = rnd(rng, t, 512), rnd(rng, sum(sizes))
+    ref = cpu.split(cpu.linear(x.astype(BF16).astype(np.float32), w.astype(np.float32), b if bias else None),
+                    sizes)
+    X, W, B = env.up(x), env.up(w), env.up(b) if bias else None
+    for parts in (False, True):
+        ops.experimental = frozenset({"gemm_parts"} if parts else ())
+        try:
+            got = [env.host(p) for p in ops.linear_split(X, W, B, sizes)]
+        finally:
+            ops.experimental = frozenset()
+        assert [g.shape for g in got] == [r.shape for r in ref]
+        for g, r in zip(got, ref):
+            close(g, r, TOL32 * 10)
+
+
 def test_linear_fp32_weight(env, rng):
     ops = env.fresh()
     w, x = rnd(rng, 300, 130), rnd(rng, 5, 130)
