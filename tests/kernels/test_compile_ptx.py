@@ -1,8 +1,10 @@
 """Every registered kernel compiles to PTX with its real signatures (no GPU needed).
 
-Measured on the 2-core dev box: every signature of every kernel for cc 9.0 ~25 s; the other
-targets (8.0, 8.9, 12.0) compile every kernel with its first signature, ~25-32 s each; ~110 s
-in all, inside the ~4 minute CI budget.
+Every signature of every kernel compiles for cc 9.0. The other targets (8.0, 8.9, 12.0) compile
+the kernels that use warp shuffles or inline PTX (`sim=False` in the registry), whose code is
+what could differ between architectures, with their first signature; the plain kernels' PTX
+does not depend on the target. (All kernels for the three targets took ~100 s of a CI run that
+has 15 minutes in all.)
 """
 from __future__ import annotations
 
@@ -45,5 +47,7 @@ def test_compile_sm90(name: str, i: int) -> None:
 @pytest.mark.parametrize("cc", OTHER_CC, ids=[f"sm{a}{b}" for a, b in OTHER_CC])
 def test_compile_other_targets(cc: tuple[int, int]) -> None:
     for name, spec in sorted(SPECS.items()):
+        if spec.sim:
+            continue
         ptx = spec.compile_ptx(spec.sigs[0], cc)
         assert f".target sm_{cc[0]}{cc[1]}" in ptx, name
