@@ -74,6 +74,35 @@ def _chunk(x, xi, k_dim, w0, w1, ok1, ok2, ok3, acc):
     return (a00, a01, a10, a11, a20, a21, a30, a31)
 
 
+@cuda.jit(device=True)
+def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc):
+    """This lane's share of two weight rows (flat offsets r0, r1) times up to 4 tokens of x
+    over columns k, k + 256, ... < k_end (k = first column + lane * 8). UNROLL chunks of 256
+    columns per pass: all 2 * UNROLL weight loads are issued before any math, so each lane
+    keeps 8 x 16 B in flight (latency hiding); then the last < UNROLL chunks."""
+    while k + (UNROLL - 1) * 256 < k_end:
+        w00 = ldg_stream_v4_u32(w, r0 + k)
+        w10 = ldg_stream_v4_u32(w, r1 + k)
+        w01 = ldg_stream_v4_u32(w, r0 + k + 256)
+        w11 = ldg_stream_v4_u32(w, r1 + k + 256)
+        w02 = ldg_stream_v4_u32(w, r0 + k + 512)
+        w12 = ldg_stream_v4_u32(w, r1 + k + 512)
+        w03 = ldg_stream_v4_u32(w, r0 + k + 768)
+        w13 = ldg_stream_v4_u32(w, r1 + k + 768)
+        xi = t0 * k_dim + k
+        acc = _chunk(x, xi, k_dim, w00, w10, ok1, ok2, ok3, acc)
+        acc = _chunk(x, xi + 256, k_dim, w01, w11, ok1, ok2, ok3, acc)
+        acc = _chunk(x, xi + 512, k_dim, w02, w12, ok1, ok2, ok3, acc)
+        acc = _chunk(x, xi + 768, k_dim, w03, w13, ok1, ok2, ok3, acc)
+        k += UNROLL * 256
+    while k < k_end:
+        w00 = ldg_stream_v4_u32(w, r0 + k)
+        w10 = ldg_stream_v4_u32(w, r1 + k)
+        acc = _chunk(x, t0 * k_dim + k, k_dim, w00, w10, ok1, ok2, ok3, acc)
+        k += 256
+    return acc
+
+
 @kernel((f32_2, u16_2, f32_1, f32_2, i32, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
 def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
     """grid ceil(N / 16), block 256. x [T, K] fp32, w [N, K] bf16, out [T, N] fp32."""
@@ -101,31 +130,8 @@ def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
         ok3 = t0 + 3 < n_tok
         acc = (a00, a01, a10, a11, a20, a21, a30, a31)
         if vec != 0:
-            r0 = n0 * k_dim
-            r1 = n1 * k_dim                  # = r0 for a lone last row: loaded, never stored
-            k = lane * 8
-            # UNROLL chunks of 256 columns per pass: all 2 * UNROLL weight loads are issued
-            # before any math, so each lane keeps 8 x 16 B in flight (latency hiding).
-            while k + (UNROLL - 1) * 256 < k_dim:
-                w00 = ldg_stream_v4_u32(w, r0 + k)
-                w10 = ldg_stream_v4_u32(w, r1 + k)
-                w01 = ldg_stream_v4_u32(w, r0 + k + 256)
-                w11 = ldg_stream_v4_u32(w, r1 + k + 256)
-                w02 = ldg_stream_v4_u32(w, r0 + k + 512)
-                w12 = ldg_stream_v4_u32(w, r1 + k + 512)
-                w03 = ldg_stream_v4_u32(w, r0 + k + 768)
-                w13 = ldg_stream_v4_u32(w, r1 + k + 768)
-                xi = t0 * k_dim + k
-                acc = _chunk(x, xi, k_dim, w00, w10, ok1, ok2, ok3, acc)
-                acc = _chunk(x, xi + 256, k_dim, w01, w11, ok1, ok2, ok3, acc)
-                acc = _chunk(x, xi + 512, k_dim, w02, w12, ok1, ok2, ok3, acc)
-                acc = _chunk(x, xi + 768, k_dim, w03, w13, ok1, ok2, ok3, acc)
-                k += UNROLL * 256
-            while k < k_dim:                 # the last < UNROLL chunks
-                w00 = ldg_stream_v4_u32(w, r0 + k)
-                w10 = ldg_stream_v4_u32(w, r1 + k)
-                acc = _chunk(x, t0 * k_dim + k, k_dim, w00, w10, ok1, ok2, ok3, acc)
-                k += 256
+            # r1 = r0 for a lone last row: loaded, never stored
+            acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, lane * 8, k_dim, t0, k_dim, ok1, ok2, ok3, acc)
             a00, a01, a10, a11, a20, a21, a30, a31 = acc
         else:
             for k in range(lane, k_dim, 32):
@@ -213,30 +219,9 @@ def gemv_bf16_splitk_kernel(x, w, bias, out, has_bias):
         ok3 = t0 + 3 < n_tok
         acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0),
                float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-        r0 = n0 * k_dim
-        r1 = n1 * k_dim
-        k = k_beg + lane * 8
         if live:
-            while k + (UNROLL - 1) * 256 < k_end:
-                w00 = ldg_stream_v4_u32(w, r0 + k)
-                w10 = ldg_stream_v4_u32(w, r1 + k)
-                w01 = ldg_stream_v4_u32(w, r0 + k + 256)
-                w11 = ldg_stream_v4_u32(w, r1 + k + 256)
-                w02 = ldg_stream_v4_u32(w, r0 + k + 512)
-                w12 = ldg_stream_v4_u32(w, r1 + k + 512)
-                w03 = ldg_stream_v4_u32(w, r0 + k + 768)
-                w13 = ldg_stream_v4_u32(w, r1 + k + 768)
-                xi = t0 * k_dim + k
-                acc = _chunk(x, xi, k_dim, w00, w10, ok1, ok2, ok3, acc)
-                acc = _chunk(x, xi + 256, k_dim, w01, w11, ok1, ok2, ok3, acc)
-                acc = _chunk(x, xi + 512, k_dim, w02, w12, ok1, ok2, ok3, acc)
-                acc = _chunk(x, xi + 768, k_dim, w03, w13, ok1, ok2, ok3, acc)
-                k += UNROLL * 256
-            while k < k_end:
-                w00 = ldg_stream_v4_u32(w, r0 + k)
-                w10 = ldg_stream_v4_u32(w, r1 + k)
-                acc = _chunk(x, t0 * k_dim + k, k_dim, w00, w10, ok1, ok2, ok3, acc)
-                k += 256
+            acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, k_beg + lane * 8, k_end, t0, k_dim, ok1, ok2, ok3,
+                               acc)
         a00, a01, a10, a11, a20, a21, a30, a31 = acc
         a00 = warp_sum(a00)
         a01 = warp_sum(a01)
