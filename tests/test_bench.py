@@ -19,6 +19,7 @@ def test_bench_reports_every_figure_and_profiles(tmp_path: Path, capsys) -> None
     assert [r["prompt_tokens"] for r in rows] == [24, 40]
     for r in rows:
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["ttft_ms"] > 0
+        assert len(r["ttft_ms_runs"]) == 3 and r["ttft_ms"] == sorted(r["ttft_ms_runs"])[1]   # the median
         assert r["bytes_per_token"] > 0 and 0 < r["fraction_of_limit"]
     decode, prefill = report["profile"], report["prefill_profile"]
     assert report["decode_step_us"] > 0 and report["decode_ops_us"] > 0
