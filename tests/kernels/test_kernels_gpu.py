@@ -80,7 +80,6 @@ def test_linear_splitk_gemv(env, rng, n, k, t):
     few-row shapes, an uneven last slice (K = 2304: slices of 768, the fourth empty), blocks
     with dead row pairs (N = 3, 6), and 1 / 2 / 4 passes over the tokens; against NumPy and the
     whole-row kernel; prints both kernels' times at T = 1 (-s)."""
-    import time
 
     ops = env.fresh()
     w = rnd_bf16(rng, n, k)
@@ -90,19 +89,9 @@ def test_linear_splitk_gemv(env, rng, n, k, t):
     times = {}
     outs = {}
     for split in (False, True):
-        ops.experimental = frozenset({"splitk_gemv"} if split else ())
-        try:
-            o = ops.linear(X, W, B)
-            env.stream.synchronize()
-            best = float("inf")
-            for _ in range(5):
-                t0 = time.perf_counter()
-                ops.linear(X, W, B)
-                env.stream.synchronize()
-                best = min(best, time.perf_counter() - t0)
-            times[split], outs[split] = best, env.host(o)
-        finally:
-            ops.experimental = frozenset()
+        with _experimental(ops, *(["splitk_gemv"] if split else [])):
+            times[split], o = _best_time(env, lambda: ops.linear(X, W, B), reps=5)
+            outs[split] = env.host(o)
     close(outs[True], ref, TOL32 * 10)
     close(outs[True], outs[False], TOL32 * 10)
     if t == 1:
@@ -125,11 +114,8 @@ def test_linear_split_gemm_parts(env, rng, t, bias):
                     sizes)
     X, W, B = env.up(x), env.up(w), env.up(b) if bias else None
     for parts in (False, True):
-        ops.experimental = frozenset({"gemm_parts"} if parts else ())
-        try:
+        with _experimental(ops, *(["gemm_parts"] if parts else [])):
             got = [env.host(p) for p in ops.linear_split(X, W, B, sizes)]
-        finally:
-            ops.experimental = frozenset()
         assert [g.shape for g in got] == [r.shape for r in ref]
         for g, r in zip(got, ref):
             close(g, r, TOL32 * 10)
@@ -183,6 +169,31 @@ def _check_attention(o, q, kf, vf, pos, scale, kind):
     return close(o, cpu.attention(q, kf, vf, pos, scale), TOL32 * 10)
 
 
+def _best_time(env, fn, reps=3):
+    """(best wall time of `reps` synchronised calls after a warm-up call, the last output)."""
+    import time
+
+    fn()                                                    # warm-up (compiles)
+    best = float("inf")
+    for _ in range(reps):
+        env.stream.synchronize()
+        t0 = time.perf_counter()
+        o = fn()
+        env.stream.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best, o
+
+
+@contextlib.contextmanager
+def _experimental(ops, *names):
+    """Turn on the named experimental kernels (CudaOps.experimental) inside the block."""
+    ops.experimental = frozenset(names)
+    try:
+        yield
+    finally:
+        ops.experimental = frozenset()
+
+
 @contextlib.contextmanager
 def _prefill_kind(ops, kind):
     saved = ops.prefill_attention
@@ -230,7 +241,6 @@ def test_attention_gqa_decode(env, rng, cdtype, hq, hkv, start, t):
     """The experimental grouped decode kernel (one block per kv head and split, all G q heads)
     against the per-head kernel and NumPy, on fp32 / bf16 / int8 caches; prints both times at
     8K context (-s)."""
-    import time
 
     ops = env.fresh()
     s, d = 8192, 256
@@ -250,19 +260,9 @@ def test_attention_gqa_decode(env, rng, cdtype, hq, hkv, start, t):
         args = (env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5)
     outs, times = {}, {}
     for name in ("per_head", "gqa"):
-        ops.experimental = frozenset({"gqa_decode_attention"} if name == "gqa" else ())
-        try:
-            o = env.host(ops.attention(*args))
-            best = float("inf")
-            for _ in range(5):
-                env.stream.synchronize()
-                t0 = time.perf_counter()
-                ops.attention(*args)
-                env.stream.synchronize()
-                best = min(best, time.perf_counter() - t0)
-            outs[name], times[name] = o, best
-        finally:
-            ops.experimental = frozenset()
+        with _experimental(ops, *(["gqa_decode_attention"] if name == "gqa" else [])):
+            times[name], o = _best_time(env, lambda: ops.attention(*args), reps=5)
+            outs[name] = env.host(o)
     close(outs["gqa"], cpu.attention(q, kf, vf, pos, d ** -0.5), TOL32 * 10)
     close(outs["gqa"], outs["per_head"], TOL32 * 10)
     if start + t > 8000:
@@ -334,7 +334,6 @@ def test_moe_experts(env, rng, t, e, k, i, h, unrolled):
     """Per-pair (decode) expert kernels; `unrolled`: the experimental moe_decode_unrolled pair
     (taken where H % 1024 == 0 and I % 256 == 0; the 36 x 100 case keeps the plain kernels).
     Prints the time of one call at the 35B shape (-s)."""
-    import time
 
     ops = env.fresh()
     gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
@@ -342,18 +341,9 @@ def test_moe_experts(env, rng, t, e, k, i, h, unrolled):
     ids = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
     w = rng.random((t, k), dtype=np.float32)
     args = (env.up(x), env.up(ids), env.up(w), env.up(gu), env.up(dn))
-    ops.experimental = frozenset({"moe_decode_unrolled"} if unrolled else ())
-    try:
-        out = env.host(ops.moe_experts(*args))
-        best = float("inf")
-        for _ in range(5):
-            env.stream.synchronize()
-            t0 = time.perf_counter()
-            ops.moe_experts(*args)
-            env.stream.synchronize()
-            best = min(best, time.perf_counter() - t0)
-    finally:
-        ops.experimental = frozenset()
+    with _experimental(ops, *(["moe_decode_unrolled"] if unrolled else [])):
+        best, o = _best_time(env, lambda: ops.moe_experts(*args), reps=5)
+        out = env.host(o)
     ref = cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn))
     close(out, ref, TOL32 * 10)
     if i == 512:
@@ -504,20 +494,6 @@ def test_attention_prefill_qwen27b_second_chunk(env, rng, cdtype, kind):
     _check_attention(o, q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5, kind)
 
 
-def _time_attn(env, fn, reps=3):
-    import time
-
-    fn()                                                    # warm-up (compiles)
-    best = float("inf")
-    for _ in range(reps):
-        env.stream.synchronize()
-        t0 = time.perf_counter()
-        o = fn()
-        env.stream.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best, o
-
-
 @pytest.mark.parametrize("cdtype", [np.float32, BF16])
 def test_attention_prefill_mma_qwen27b(env, rng, cdtype, monkeypatch):
     """Tensor-core prefill kernel (attn_prefill_mma_kernel) at the Qwen3.6-27B shape: a 512-token
@@ -534,7 +510,7 @@ def test_attention_prefill_mma_qwen27b(env, rng, cdtype, monkeypatch):
     outs = {}
     for name in ("simt", "mma", "gemm"):
         monkeypatch.setattr(ops, "prefill_attention", name)
-        times[name], o = _time_attn(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
+        times[name], o = _best_time(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
         outs[name] = env.host(o)
     print(f"\nprefill attention T={t} at {start}, Hq={hq} Hkv={hkv} D={d} ({np.dtype(cdtype).name} cache): "
           f"SIMT {times['simt'] * 1e3:.2f} ms, mma {times['mma'] * 1e3:.2f} ms, gemm {times['gemm'] * 1e3:.2f} ms")
@@ -558,7 +534,7 @@ def test_attention_prefill_mma_timing_8k(env, rng, hq, hkv, monkeypatch):
     outs = {}
     for name in ("simt", "mma", "gemm"):
         monkeypatch.setattr(ops, "prefill_attention", name)
-        times[name], o = _time_attn(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
+        times[name], o = _best_time(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
         outs[name] = env.host(o)
     flops = 4 * hq * d * t * (start + (t + 1) / 2)
     print(f"\nprefill attention T={t} at {start}, Hq={hq} Hkv={hkv} D={d}: "
