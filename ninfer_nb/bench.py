@@ -132,30 +132,13 @@ class _ProfiledOps:
             if name == "split" and args[0].shape[0] == 1:
                 return fn(*args)          # one token: pointer views, no kernel to time
             if self.backend.name == "cuda":
-                # Kernel time without Python launch gaps: capture the op PROFILE_REPEAT times
-                # back to back in one graph and time replays, so a graph launch's own cost
-                # (several microseconds) is spread over the repeats instead of added to every
-                # small op. In-place ops update their state many times: the profile runs after
-                # the timed benchmark, on a state nobody reads again.
-                from .runtime.events import Event
-                from .runtime.graph import CudaGraph
+                # Kernel time without Python launch gaps (runtime.graph.time_in_graph). In-place
+                # ops update their state many times: the profile runs after the timed
+                # benchmark, on a state nobody reads again.
+                from .runtime.graph import time_in_graph
 
-                def repeated() -> Any:
-                    for _ in range(PROFILE_REPEAT - 1):
-                        with self.ops.scope():        # the repeats' outputs share addresses
-                            fn(*args, **kwargs)
-                    return fn(*args, **kwargs)
-
-                graph = CudaGraph(self.backend.stream)
-                out = graph.capture(repeated)
-                graph.replay()
-                e0 = Event().record(self.backend.stream)
-                for _ in range(PROFILE_REPLAYS):
-                    graph.replay()
-                e1 = Event().record(self.backend.stream)
-                e1.synchronize()
-                dt = e0.elapsed_ms(e1) / (1e3 * PROFILE_REPLAYS * PROFILE_REPEAT)
-                graph.close()
+                dt, out = time_in_graph(self.backend.stream, lambda: fn(*args, **kwargs), self.ops.scope,
+                                        PROFILE_REPEAT, PROFILE_REPLAYS)
             else:
                 t0 = time.perf_counter()
                 out = fn(*args, **kwargs)

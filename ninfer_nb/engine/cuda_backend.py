@@ -43,7 +43,8 @@ class CudaBackend:
         self.arena = DeviceArena(size)
         self.scratch = self.arena.carve(min(int(size * SCRATCH_FRACTION), SCRATCH_MAX))
         self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena,
-                           arch=info.compute_capability, prefill_gemm=prefill_gemm,
+                           arch=info.compute_capability, sm_count=info.multiprocessors,
+                           prefill_gemm=prefill_gemm,
                            prefill_attention=prefill_attention)
         self._inputs: tuple[Any, Any] | None = None
         self._graph: Any = None

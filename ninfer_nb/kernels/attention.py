@@ -4,8 +4,12 @@ codes with one fp32 scale per 64 values, see kvquant.py).
 Layouts: q [T, Hq, D]; caches [S, Hkv, D]; positions [T] int32 in device memory; query i sees
 keys 0..positions[i]; q-head h reads kv-head h // (Hq / Hkv). D <= 256.
 * decode: `attn_split_kernel` (grid: splits x Hq x T, 4 warps, online softmax per warp over
-  two keys per pass, warp shuffles) writes per-split (acc, max, sum); `attn_combine_kernel` merges the splits. The
-  split count depends only on the cache length, so one graph covers every position.
+  two keys per pass, warp shuffles) writes per-split (acc, max, sum); `attn_combine_kernel`
+  merges the splits. The split count is fixed per launch (CudaOps sizes it to fill the GPU:
+  `decode_splits`), and each split's length follows the query's position on the device:
+  ceil((pos + 1) / n_split) keys, at least MIN_SPLIT_KEYS. So one graph covers every position
+  and every block does a few passes at any context. (With fixed 256-key splits, every active
+  block walked 32 dependent passes: ~55 us per layer at 512 and at 8K context alike.)
 * prefill (T > 4): `attn_prefill_kernel`, a SIMT flash-attention kernel (fp32 FMA on CUDA cores,
   no tensor cores, no inline PTX, so it runs in the simulator; ptxas: 128 registers, no spills,
   46,848 B static shared memory). On the H200: 26.8 ms for a 2048-token 27B chunk at
@@ -69,7 +73,26 @@ from ninfer_nb.kernels.warp import warp_sum as _warp_sum
 NEG = -1.0e30
 MAX_D = 256
 SPLIT_WARPS = 4
-SPLIT_LEN = 256       # keys per split (decode)
+MIN_SPLIT_KEYS = 16   # decode: shortest split (two passes of the 4 warps)
+SPLIT_WAVES = 4       # decode: splits x heads x tokens ~ this many waves of resident blocks
+SPLIT_BLOCKS_PER_SM = 4   # attn_split_kernel's launch_bounds minimum
+
+
+def decode_splits(cache_len: int, blocks_per_split: int, resident_blocks: int) -> int:
+    """Decode split count: enough blocks (splits x `blocks_per_split`, the heads x tokens of one
+    launch) for SPLIT_WAVES waves of `resident_blocks`, and no more than a cache of
+    `cache_len` keys can fill at MIN_SPLIT_KEYS each."""
+    want = -(-SPLIT_WAVES * resident_blocks // max(blocks_per_split, 1))
+    return max(1, min(want, -(-cache_len // MIN_SPLIT_KEYS)))
+
+
+@cuda.jit(device=True, inline=True)
+def _split_range(pos, sp, n_split):
+    """Keys [k0, k1) of split sp for a query at position pos (it sees keys 0..pos)."""
+    n_keys = pos + 1
+    split_len = max((n_keys + n_split - 1) // n_split, MIN_SPLIT_KEYS)
+    k0 = sp * split_len
+    return k0, min(k0 + split_len, n_keys)
 
 
 @kernel((f32_3, f32_3, f32_3, f32_3, i32_1), (u16_3, u16_3, f32_3, f32_3, i32_1))
@@ -106,14 +129,14 @@ def kv_store_int8_kernel(k_codes, v_codes, k_scale, v_scale, k, v, positions):
             codes[p, h, gg * GROUP + i] = max(-127, min(127, c))
 
 
-_SPLIT_SIGS = [(f32_3, c, c, f32_3, f32_3, i32_1, f32, i32, f32_4, f32_4) for c in (f32_3, u16_3, i8_3)]
+_SPLIT_SIGS = [(f32_3, c, c, f32_3, f32_3, i32_1, f32, f32_4, f32_4) for c in (f32_3, u16_3, i8_3)]
 
 
 @kernel(*_SPLIT_SIGS, sim=False, launch_bounds=(128, 4))
-def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, split_len, part_o,
-                      part_ml):
+def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, part_o, part_ml):
     """grid (n_split, Hq, T), block 128. part_o [T, Hq, n_split, D] (unnormalised),
-    part_ml [T, Hq, n_split, 2] = (running max, running sum)."""
+    part_ml [T, Hq, n_split, 2] = (running max, running sum); a split past the query's keys
+    writes (NEG, 0)."""
     sm_m = cuda.shared.array(SPLIT_WARPS, float32)
     sm_l = cuda.shared.array(SPLIT_WARPS, float32)
     sm_acc = cuda.shared.array((SPLIT_WARPS, MAX_D), float32)
@@ -126,9 +149,7 @@ def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, s
     warp = cuda.threadIdx.x >> 5
     d_head = q.shape[2]
     hk = h // (q.shape[1] // k_cache.shape[1])
-    pos = positions[t]
-    k0 = sp * split_len
-    k1 = min(k0 + split_len, pos + 1)
+    k0, k1 = _split_range(positions[t], sp, part_o.shape[2])
     for e in range(8):
         d = lane + 32 * e
         qv[e] = q[t, h, d] * scale if d < d_head else float32(0.0)
@@ -191,11 +212,11 @@ def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, s
 
 GQA_MAX_G = 8         # q heads per kv head the grouped decode kernel handles
 GQA_WARPS = 4
+GQA_BLOCKS_PER_SM = 2     # attn_split_gqa_kernel's launch_bounds minimum
 
 
 @kernel(*_SPLIT_SIGS, sim=False, launch_bounds=(32 * GQA_WARPS, 2))
-def attn_split_gqa_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, split_len, part_o,
-                          part_ml):
+def attn_split_gqa_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, part_o, part_ml):
     """Decode split-K attention for all G = Hq / Hkv q heads of one kv head in one block (G <=
     GQA_MAX_G): grid (n_split, Hkv, T), block 128, same outputs as attn_split_kernel (which the
     combine kernel merges). attn_split_kernel runs one block per q head, so every kv head's
@@ -223,9 +244,7 @@ def attn_split_gqa_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scal
     d_head = q.shape[2]
     grp = q.shape[1] // k_cache.shape[1]
     h0 = hk * grp
-    pos = positions[t]
-    k0 = sp * split_len
-    k1 = min(k0 + split_len, pos + 1)
+    k0, k1 = _split_range(positions[t], sp, part_o.shape[2])
     for i in range(tid, grp * d_head, 32 * GQA_WARPS):
         g = i // d_head
         d = i - g * d_head
@@ -286,12 +305,15 @@ def attn_split_gqa_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scal
             part_ml[t, h0 + g, sp, 1] = ll
 
 
-@kernel((f32_4, f32_4, f32_3))
-def attn_combine_kernel(part_o, part_ml, out):
-    """grid (Hq, T), block 256: out[t, h, :] = merge of the splits."""
+@kernel((f32_4, f32_4, i32_1, f32_3))
+def attn_combine_kernel(part_o, part_ml, positions, out):
+    """grid (Hq, T), block 256: out[t, h, :] = merge of the splits that hold keys."""
     h = cuda.blockIdx.x
     t = cuda.blockIdx.y
     n_split = part_o.shape[2]
+    n_keys = positions[t] + 1
+    split_len = max((n_keys + n_split - 1) // n_split, MIN_SPLIT_KEYS)
+    n_split = min(n_split, (n_keys + split_len - 1) // split_len)
     mm = float32(NEG)
     for s in range(n_split):
         mm = max(mm, part_ml[t, h, s, 0])

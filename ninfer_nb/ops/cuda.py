@@ -40,14 +40,18 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
-EXPERIMENTAL = {           # opt-in kernels, off until a GPU run validates and times them
-    "splitk_gemv": "decode GEMV over 4 K slices per row pair for weights with few, long rows",
-    "moe_decode_unrolled": "MoE decode expert kernels with 8 / 4 weight loads in flight per lane",
+EXPERIMENTAL = {           # opt-in kernels, off until a GPU run shows they win (bench --experimental)
     "gqa_decode_attention": "decode attention reading each kv head once for its whole q-head group",
-    "gemm_parts": "prefill: one GEMM per part of a fused projection instead of GEMM + split copy",
 }
-SPLITK_MAX_N = 8192        # split-K decode GEMV (when enabled): weights with at most this many rows
-SPLITK_MIN_K = 2048        # ... and at least this many columns
+# Split-K decode GEMV (4 K slices per row pair) for weights with at most SPLITK_MAX_N rows and at
+# least SPLITK_MIN_K columns. H200, T = 1, in the 27B profile: 5120x17408 85 % -> 93 % of copy
+# bandwidth; 5120x6144 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
+SPLITK_MAX_N = 8192
+SPLITK_MIN_K = 12288
+# MoE decode expert kernels with 8 / 4 loads in flight per lane (moe_*_unrolled_kernel), for up
+# to this many tokens. H200, 35B profile: 1.04 -> 0.92 ms per decode token; at T = 4 the
+# kernel test timed them slower than the plain pair, so batches keep the plain kernels.
+MOE_UNROLLED_MAX_T = 1
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
 
@@ -83,15 +87,17 @@ class SimStream:
 
 class CudaOps:
     def __init__(self, scratch: Any, stream: Any, persistent: Any = None,
-                 arch: tuple[int, int] | None = None, prefill_gemm: str = "auto",
+                 arch: tuple[int, int] | None = None, sm_count: int = 132, prefill_gemm: str = "auto",
                  prefill_attention: str = "gemm") -> None:
-        """arch: the device's compute capability; prefill_gemm: auto (wgmma on cc 9.0, else
+        """arch: the device's compute capability; sm_count: its multiprocessors (sizes the
+        decode attention split grid); prefill_gemm: auto (wgmma on cc 9.0, else
         mma.sync), mma, or wgmma (cc 9.0 only); prefill_attention: gemm (S and P through the
         tensor-core GEMMs, bf16 Q/K/V/P; head dims % 64, else simt), simt (fp32 flash kernel
         on CUDA cores) or mma (mma.sync flash kernel; measured slower than simt on the H200)."""
         _need(prefill_gemm in ("auto", "mma", "wgmma"), f"prefill_gemm: {prefill_gemm!r}")
         _need(prefill_attention in ATTENTION_KINDS, f"prefill_attention: {prefill_attention!r}")
         self.prefill_attention = prefill_attention
+        self.sm_count = sm_count
         hopper = arch is not None and tuple(arch) == (9, 0)
         _need(prefill_gemm != "wgmma" or hopper, f"prefill_gemm=wgmma needs a cc 9.0 GPU (this is {arch})")
         self.scratch = scratch
@@ -160,6 +166,7 @@ class CudaOps:
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         d = x.shape[-1]
+        _need(d <= K_norm.MAX_D, f"norm rows of {d} > {K_norm.MAX_D}")
         out = self.empty(x.shape)
         rows = x.size // d if d else 0
         if rows:
@@ -171,6 +178,7 @@ class CudaOps:
         """(rms_norm(x + residual) * weight, x + residual) in one kernel; `out` = (normed, sum)
         buffers to write instead of new ones (they must not alias x or residual)."""
         d = x.shape[-1]
+        _need(d <= K_norm.MAX_D, f"norm rows of {d} > {K_norm.MAX_D}")
         out, res = out if out is not None else (self.empty(x.shape), self.empty(x.shape))
         rows = x.size // d if d else 0
         if rows:
@@ -237,14 +245,15 @@ class CudaOps:
         return tuple(parts)
 
     def linear_split(self, x: Any, weight: Any, bias: Any, sizes: tuple[int, ...]) -> tuple[Any, ...]:
-        """split(linear(x, weight, bias), sizes). With "gemm_parts" on and a tensor-core
-        chunk (T > 16), one GEMM per part on the part's rows of the fused weight (contiguous:
-        weight[n0:n1]) writes each part straight into its own buffer, so the split copy pass
-        (5.8 % of a 27B prefill chunk) goes away; x is converted to bf16 once for all parts."""
+        """split(linear(x, weight, bias), sizes). For a tensor-core chunk (T > 16), one GEMM
+        per part on the part's rows of the fused weight (contiguous: weight[n0:n1]) writes each
+        part straight into its own buffer, so the split copy pass goes away; x is converted to
+        bf16 once for all parts. H200, 2048-token chunk: 16480x5120 36.3 -> 30.1 ms per 27B
+        chunk, 12352x2048 10.8 -> 6.6 ms per 35B chunk. Decode keeps linear + split (views)."""
         n, k = weight.shape
         t = x.size // k if k else 0
         bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-        if not ("gemm_parts" in self.experimental and t > K_lin.GEMV_MAX_T and not SIM
+        if not (t > K_lin.GEMV_MAX_T and not SIM
                 and weight.dtype == bfloat16 and k % K_mma.K_ALIGN == 0 and sum(sizes) == n
                 and all(b % 2 == 0 for b in bounds) and _ptr(x) % 16 == 0 and _ptr(weight) % 16 == 0):
             return self.split(self.linear(x, weight, bias), sizes)
@@ -262,6 +271,7 @@ class CudaOps:
 
     def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:
         d = x.shape[-1]
+        _need(d <= K_norm.MAX_D, f"norm rows of {d} > {K_norm.MAX_D}")
         out = self.empty(x.shape)
         rows = x.size // d if d else 0
         if rows:
@@ -286,7 +296,7 @@ class CudaOps:
             self._go(K_lin.gemv_f32_kernel, grid, 32 * K_lin.GEMV_F32_WARPS, x2, weight, b, out2, has_bias)
         elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
-            if "splitk_gemv" in self.experimental and vec and n <= SPLITK_MAX_N and k >= SPLITK_MIN_K:
+            if vec and n <= SPLITK_MAX_N and k >= SPLITK_MIN_K:
                 grid = (n + K_lin.SPLITK_ROWS_PER_BLOCK - 1) // K_lin.SPLITK_ROWS_PER_BLOCK
                 self._go(K_lin.gemv_bf16_splitk_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
             else:
@@ -351,18 +361,17 @@ class CudaOps:
         ks = k_scale if k_scale is not None else q                       # unused dummies when
         vs = v_scale if v_scale is not None else q                       # the cache is not int8
         if t <= DECODE_MAX_T and not SIM:
-            s_len = k_cache.shape[0]
-            n_split = max(1, (s_len + K_attn.SPLIT_LEN - 1) // K_attn.SPLIT_LEN)
+            hkv = k_cache.shape[1]
+            gqa = "gqa_decode_attention" in self.experimental and 1 < hq // hkv <= K_attn.GQA_MAX_G
+            heads, per_sm = (hkv, K_attn.GQA_BLOCKS_PER_SM) if gqa else (hq, K_attn.SPLIT_BLOCKS_PER_SM)
+            n_split = K_attn.decode_splits(k_cache.shape[0], heads * t, per_sm * self.sm_count)
             part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
             part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
-            hkv = k_cache.shape[1]
-            if "gqa_decode_attention" in self.experimental and 1 < hq // hkv <= K_attn.GQA_MAX_G:
-                self._go(K_attn.attn_split_gqa_kernel, (n_split, hkv, t), 32 * K_attn.GQA_WARPS, q, k_cache,
-                         v_cache, ks, vs, positions, np.float32(scale), np.int32(K_attn.SPLIT_LEN), part_o, part_ml)
-            else:
-                self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
-                         ks, vs, positions, np.float32(scale), np.int32(K_attn.SPLIT_LEN), part_o, part_ml)
-            self._go(K_attn.attn_combine_kernel, (hq, t), 256, part_o, part_ml, out)
+            kern, warps = ((K_attn.attn_split_gqa_kernel, K_attn.GQA_WARPS) if gqa
+                           else (K_attn.attn_split_kernel, K_attn.SPLIT_WARPS))
+            self._go(kern, (n_split, heads, t), 32 * warps, q, k_cache, v_cache, ks, vs, positions,
+                     np.float32(scale), part_o, part_ml)
+            self._go(K_attn.attn_combine_kernel, (hq, t), 256, part_o, part_ml, positions, out)
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
             grid = ((t * (hq // hkv) + K_attn.PRE_BM - 1) // K_attn.PRE_BM, hkv)  # rows of 1 kv head
@@ -504,8 +513,7 @@ class CudaOps:
         h = self.empty((t * top_k, inter))                               # [T*k, I]
         vec = np.int32(hid % 8 == 0 and inter % 8 == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down, h)))
         w8 = K_moe.MOE_WARPS
-        if ("moe_decode_unrolled" in self.experimental and vec and hid % (256 * K_moe.MOE_UNROLL) == 0
-                and inter % 256 == 0):
+        if t <= MOE_UNROLLED_MAX_T and vec and hid % (256 * K_moe.MOE_UNROLL) == 0 and inter % 256 == 0:
             self._go(K_moe.moe_gate_up_unrolled_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids,
                      gate_up, h)
             self._go(K_moe.moe_down_unrolled_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out)

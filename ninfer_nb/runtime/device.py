@@ -44,6 +44,7 @@ class DeviceInfo:
     name: str
     compute_capability: tuple[int, int]
     total_bytes: int
+    multiprocessors: int
 
 
 _selected: int | None = None
@@ -80,8 +81,9 @@ def info(ordinal: int | None = None) -> DeviceInfo:
     attr = drv.CUdevice_attribute
     major = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
     minor = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+    sms = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
     total = check(drv.cuDeviceTotalMem(dev))
-    return DeviceInfo(o, name, (int(major), int(minor)), int(total))
+    return DeviceInfo(o, name, (int(major), int(minor)), int(total), int(sms))
 
 
 def mem_info() -> tuple[int, int]:

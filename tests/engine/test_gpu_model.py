@@ -146,14 +146,13 @@ def test_tensor_core_prefill_matches_bf16_rounded_cpu(tiny_checkpoints, monkeypa
     assert np.abs(tensor_cores - rounded).max() <= 1e-2 * scale
 
 
-@pytest.mark.parametrize("gemm,attention,experimental", [("auto", "gemm", ""), ("mma", "gemm", ""),
-                                                         ("auto", "simt", ""), ("auto", "mma", ""),
-                                                         ("auto", "gemm", "gemm_parts")])
+@pytest.mark.parametrize("gemm,attention", [("auto", "gemm"), ("mma", "gemm"), ("auto", "simt"), ("auto", "mma")])
 def test_long_prefill_fast_paths_match_bf16_rounded_cpu(tiny_checkpoints, monkeypatch, gemm: str,
-                                                        attention: str, experimental: str) -> None:
+                                                        attention: str) -> None:
     """A 600-token prompt in chunks of 512 + 88 through the prefill fast paths, as real prompts
-    take them: the wgmma GEMM (cc 9.0, M >= 256; "mma" forces mma.sync), the chunked GDN from
-    a zero and then a carried state, the split copy kernel, prefill attention (through the
+    take them: the wgmma GEMM (cc 9.0, M >= 256; "mma" forces mma.sync) with one GEMM per part
+    of the fused projections, the chunked GDN from a zero and then a carried state, the split
+    copy kernel (conv output), prefill attention (through the
     GEMMs, the default; the SIMT kernel; the mma.sync kernel; the last and first with bf16
     Q/K/V/P) over a cache the first chunk filled; against the CPU with the linear layers' bf16
     input rounding (not the attention's, hence the wider bound for the bf16 attention paths)."""
@@ -162,10 +161,9 @@ def test_long_prefill_fast_paths_match_bf16_rounded_cpu(tiny_checkpoints, monkey
     ref = cpu_logits_with_bf16_gemm_inputs(path, ids, monkeypatch, max_context=640, prefill_chunk=512)
     llm = LLM(str(path), device="cuda", max_context=640, prefill_chunk=512, prefill_gemm=gemm,
               prefill_attention=attention)
-    llm.backend.ops.experimental = frozenset(filter(None, [experimental]))
     gpu = llm.logits(ids)
     assert gpu.shape == ref.shape == (600, ref.shape[1])
     scale = np.abs(ref).max()
     err = np.abs(gpu - ref).max() / scale
-    print(f"\n{gemm}/{attention}/{experimental or '-'}: max error / max logit {err:.2e}")
+    print(f"\n{gemm}/{attention}: max error / max logit {err:.2e}")
     assert np.abs(gpu - ref).max() <= (1e-2 if attention == "simt" else 3e-2) * scale

@@ -16,12 +16,12 @@ class GpuEnv:
         from ninfer_nb.runtime.arena import DeviceArena
         from ninfer_nb.runtime.stream import Stream
 
-        device.select("cuda:0")
+        info = device.select("cuda:0")
         self.arena = DeviceArena(arena_bytes)
         self.scratch = self.arena.carve(scratch_bytes)
         self.mark = self.arena.offset
         self.stream = Stream()
-        self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena)
+        self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena, sm_count=info.multiprocessors)
 
     def fresh(self) -> Any:
         """Reset scratch + persistent allocations and fill the scratch with NaN sentinels."""

@@ -74,6 +74,10 @@ def test_norms(ops):
     o, res = ops.add_rms_norm(xw, rw, ww, 1e-6)
     close(res, xw + rw)
     close(o, cpu.rms_norm(xw + rw, ww, 1e-6))
+    xa, ra = xw.copy(), rw.copy()                # in place: normed over x, sum over residual
+    o, res = ops.add_rms_norm(xa, ra, ww, 1e-6, out=(xa, ra))
+    close(ra, xw + rw)
+    close(xa, cpu.rms_norm(xw + rw, ww, 1e-6))
 
 
 @pytest.mark.parametrize("wdtype", [np.float32, BF16])

@@ -13,6 +13,7 @@ import pytest
 
 from ninfer_nb.kernels import sampling as S
 from ninfer_nb.ops import cpu
+from ninfer_nb.ops import cuda as cuda_ops
 from tests.kernels.gpu_util import BF16, F32Experts, GpuEnv, close, rnd, rnd_bf16
 
 pytestmark = pytest.mark.gpu
@@ -43,7 +44,8 @@ def test_elementwise(env, rng, t, h):
     close(env.host(ops.swiglu(env.up(gu))), cpu.swiglu(gu), TOL32)
 
 
-@pytest.mark.parametrize("shape", [(1, 5120), (9, 2048), (3, 48, 128), (2, 24, 256), (4, 6, 64), (2, 3, 32)])
+@pytest.mark.parametrize("shape", [(1, 5120), (9, 2048), (3, 48, 128), (2, 24, 256), (4, 6, 64), (2, 3, 32),
+                                   (2, 8192), (3, 20), (1, 3000)])
 def test_norms(env, rng, shape):
     ops = env.fresh()
     x, r, z = rnd(rng, *shape), rnd(rng, *shape), rnd(rng, *shape)
@@ -54,6 +56,9 @@ def test_norms(env, rng, shape):
     close(env.host(res), x + r, TOL32)
     close(env.host(o), cpu.rms_norm(x + r, w, 1e-6), TOL32)
     close(env.host(ops.gated_rms_norm(X, Z, W, 1e-6)), cpu.gated_rms_norm(x, z, w, 1e-6), TOL32)
+    ops.add_rms_norm(X, R, W, 1e-6, out=(X, R))            # in place, as the decoder layers call it
+    close(env.host(R), x + r, TOL32)
+    close(env.host(X), cpu.rms_norm(x + r, w, 1e-6), TOL32)
 
 
 @pytest.mark.parametrize("n,k", [(17408, 5120), (5120, 17408), (2048, 4096), (1000, 100), (77, 40),
@@ -75,7 +80,7 @@ def test_linear(env, rng, n, k, t):
 
 @pytest.mark.parametrize("n,k", [(5120, 17408), (5120, 6144), (2048, 4096), (257, 2048), (6, 2304), (3, 2048)])
 @pytest.mark.parametrize("t", [1, 5, 16])
-def test_linear_splitk_gemv(env, rng, n, k, t):
+def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
     """The split-K decode GEMV (4 K slices per row pair, shared-memory sum): the 27B / 35B
     few-row shapes, an uneven last slice (K = 2304: slices of 768, the fourth empty), blocks
     with dead row pairs (N = 3, 6), and 1 / 2 / 4 passes over the tokens; against NumPy and the
@@ -89,9 +94,9 @@ def test_linear_splitk_gemv(env, rng, n, k, t):
     times = {}
     outs = {}
     for split in (False, True):
-        with _experimental(ops, *(["splitk_gemv"] if split else [])):
-            times[split], o = _best_time(env, lambda: ops.linear(X, W, B), reps=5)
-            outs[split] = env.host(o)
+        monkeypatch.setattr(cuda_ops, "SPLITK_MIN_K", 2048 if split else 1 << 30)
+        times[split], o = _best_time(env, lambda: ops.linear(X, W, B), reps=5, graph=True)
+        outs[split] = env.host(o)
     close(outs[True], ref, TOL32 * 10)
     close(outs[True], outs[False], TOL32 * 10)
     if t == 1:
@@ -103,8 +108,8 @@ def test_linear_splitk_gemv(env, rng, n, k, t):
 @pytest.mark.parametrize("t", [17, 300])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_split_gemm_parts(env, rng, t, bias):
-    """ops.linear_split: the fused projection as split(linear) and, with the experimental
-    "gemm_parts", as one tensor-core GEMM per part of the weight rows (mma.sync at T = 17,
+    """ops.linear_split: the fused projection as split(linear) and as ops.linear_split's one
+    tensor-core GEMM per part of the weight rows (mma.sync at T = 17,
     wgmma on cc 9.0 at T = 300 when the ops take it); both vs NumPy on bf16-rounded x."""
     ops = env.fresh()
     sizes = (256, 128, 48, 48)
@@ -114,8 +119,8 @@ def test_linear_split_gemm_parts(env, rng, t, bias):
                     sizes)
     X, W, B = env.up(x), env.up(w), env.up(b) if bias else None
     for parts in (False, True):
-        with _experimental(ops, *(["gemm_parts"] if parts else [])):
-            got = [env.host(p) for p in ops.linear_split(X, W, B, sizes)]
+        got = [env.host(p) for p in (ops.linear_split(X, W, B, sizes) if parts
+                                     else ops.split(ops.linear(X, W, B), sizes))]
         assert [g.shape for g in got] == [r.shape for r in ref]
         for g, r in zip(got, ref):
             close(g, r, TOL32 * 10)
@@ -169,11 +174,18 @@ def _check_attention(o, q, kf, vf, pos, scale, kind):
     return close(o, cpu.attention(q, kf, vf, pos, scale), TOL32 * 10)
 
 
-def _best_time(env, fn, reps=3):
-    """(best wall time of `reps` synchronised calls after a warm-up call, the last output)."""
+def _best_time(env, fn, reps=3, graph=False):
+    """(time per call, the last output). graph=False: the best wall time of `reps` synchronised
+    calls after a warm-up call (for ms-scale prefill ops; it includes ~0.15 ms of Python launch
+    cost). graph=True: GPU time per call from `reps` replays of a graph holding 8 calls
+    (runtime.graph.time_in_graph), for the microsecond-scale decode kernels."""
     import time
 
+    from ninfer_nb.runtime.graph import time_in_graph
+
     fn()                                                    # warm-up (compiles)
+    if graph:
+        return time_in_graph(env.stream, fn, env.ops.scope, repeat=8, replays=reps)
     best = float("inf")
     for _ in range(reps):
         env.stream.synchronize()
@@ -261,7 +273,7 @@ def test_attention_gqa_decode(env, rng, cdtype, hq, hkv, start, t):
     outs, times = {}, {}
     for name in ("per_head", "gqa"):
         with _experimental(ops, *(["gqa_decode_attention"] if name == "gqa" else [])):
-            times[name], o = _best_time(env, lambda: ops.attention(*args), reps=5)
+            times[name], o = _best_time(env, lambda: ops.attention(*args), reps=5, graph=True)
             outs[name] = env.host(o)
     close(outs["gqa"], cpu.attention(q, kf, vf, pos, d ** -0.5), TOL32 * 10)
     close(outs["gqa"], outs["per_head"], TOL32 * 10)
@@ -330,8 +342,8 @@ def test_moe_route(env, rng, t, e, k, shared):
 
 @pytest.mark.parametrize("t,e,k,i,h", [(1, 256, 8, 512, 2048), (4, 256, 8, 512, 2048), (3, 16, 4, 36, 100)])
 @pytest.mark.parametrize("unrolled", [False, True])
-def test_moe_experts(env, rng, t, e, k, i, h, unrolled):
-    """Per-pair (decode) expert kernels; `unrolled`: the experimental moe_decode_unrolled pair
+def test_moe_experts(env, rng, t, e, k, i, h, unrolled, monkeypatch):
+    """Per-pair (decode) expert kernels; `unrolled`: the moe_*_unrolled pair, forced for every T
     (taken where H % 1024 == 0 and I % 256 == 0; the 36 x 100 case keeps the plain kernels).
     Prints the time of one call at the 35B shape (-s)."""
 
@@ -341,9 +353,9 @@ def test_moe_experts(env, rng, t, e, k, i, h, unrolled):
     ids = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
     w = rng.random((t, k), dtype=np.float32)
     args = (env.up(x), env.up(ids), env.up(w), env.up(gu), env.up(dn))
-    with _experimental(ops, *(["moe_decode_unrolled"] if unrolled else [])):
-        best, o = _best_time(env, lambda: ops.moe_experts(*args), reps=5)
-        out = env.host(o)
+    monkeypatch.setattr(cuda_ops, "MOE_UNROLLED_MAX_T", 4 if unrolled else 0)
+    best, o = _best_time(env, lambda: ops.moe_experts(*args), reps=5, graph=True)
+    out = env.host(o)
     ref = cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn))
     close(out, ref, TOL32 * 10)
     if i == 512:
