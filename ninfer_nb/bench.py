@@ -210,8 +210,7 @@ def main(argv: Sequence[str]) -> int:
                    help="prefill attention: tensor-core GEMMs + softmax (gemm), fp32 flash kernel (simt), "
                         "mma.sync flash kernel (mma)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
-                   help="turn on kernels not yet validated on a GPU: splitk_gemv, moe_decode_unrolled, "
-                        "gqa_decode_attention, gemm_parts")
+                   help="turn on opt-in kernels (ops/cuda.py EXPERIMENTAL; none at the moment)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")

@@ -74,16 +74,17 @@ NEG = -1.0e30
 MAX_D = 256
 SPLIT_WARPS = 4
 MIN_SPLIT_KEYS = 16   # decode: shortest split (two passes of the 4 warps)
-SPLIT_WAVES = 4       # decode: splits x heads x tokens ~ this many waves of resident blocks
+SPLIT_WAVES = 2       # decode: splits x heads x tokens ~ this many waves of resident blocks
 SPLIT_BLOCKS_PER_SM = 4   # attn_split_kernel's launch_bounds minimum
+MAX_SPLITS = 1024     # decode splits the combine kernel merges
 
 
 def decode_splits(cache_len: int, blocks_per_split: int, resident_blocks: int) -> int:
     """Decode split count: enough blocks (splits x `blocks_per_split`, the heads x tokens of one
-    launch) for SPLIT_WAVES waves of `resident_blocks`, and no more than a cache of
-    `cache_len` keys can fill at MIN_SPLIT_KEYS each."""
+    launch) for SPLIT_WAVES waves of `resident_blocks`, no more than a cache of `cache_len`
+    keys can fill at MIN_SPLIT_KEYS each, and at most MAX_SPLITS (the combine's buffer)."""
     want = -(-SPLIT_WAVES * resident_blocks // max(blocks_per_split, 1))
-    return max(1, min(want, -(-cache_len // MIN_SPLIT_KEYS)))
+    return max(1, min(want, -(-cache_len // MIN_SPLIT_KEYS), MAX_SPLITS))
 
 
 @cuda.jit(device=True, inline=True)
@@ -132,16 +133,29 @@ def kv_store_int8_kernel(k_codes, v_codes, k_scale, v_scale, k, v, positions):
 _SPLIT_SIGS = [(f32_3, c, c, f32_3, f32_3, i32_1, f32, f32_4, f32_4) for c in (f32_3, u16_3, i8_3)]
 
 
+KEYS_PER_PASS = 4     # decode: keys a warp loads (K and V rows) before any math
+
+
 @kernel(*_SPLIT_SIGS, sim=False, launch_bounds=(128, 4))
 def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, part_o, part_ml):
     """grid (n_split, Hq, T), block 128. part_o [T, Hq, n_split, D] (unnormalised),
     part_ml [T, Hq, n_split, 2] = (running max, running sum); a split past the query's keys
-    writes (NEG, 0)."""
+    writes (NEG, 0).
+
+    Warp w walks keys j = k0 + w, + 4, ... KEYS_PER_PASS at a time: it issues the K and the V
+    loads of all of them (lane: dims lane + 32 e) before any math, so one pass waits for one
+    memory round trip, then runs the independent dot products and shuffle reductions side
+    by side, and one online-softmax update for the group. (Two keys per pass with the V loads
+    after the softmax waited two round trips per two keys.) Keys past k1 load key k0 + w
+    again and get p = 0."""
     sm_m = cuda.shared.array(SPLIT_WARPS, float32)
     sm_l = cuda.shared.array(SPLIT_WARPS, float32)
     sm_acc = cuda.shared.array((SPLIT_WARPS, MAX_D), float32)
     qv = cuda.local.array(8, float32)
     acc = cuda.local.array(8, float32)
+    kk = cuda.local.array((KEYS_PER_PASS, 8), float32)
+    vv = cuda.local.array((KEYS_PER_PASS, 8), float32)
+    sc = cuda.local.array(KEYS_PER_PASS, float32)
     sp = cuda.blockIdx.x
     h = cuda.blockIdx.y
     t = cuda.blockIdx.z
@@ -156,36 +170,36 @@ def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, p
         acc[e] = float32(0.0)
     m = float32(NEG)
     l = float32(0.0)
-    # Two keys per pass (j and j + SPLIT_WARPS): their dot products and shuffle reductions are
-    # independent, so the two latency chains overlap (one key per pass was latency-bound).
     j = k0 + warp
     while j < k1:
-        j2 = j + SPLIT_WARPS
-        has2 = j2 < k1
-        jb = j2 if has2 else j               # a lone last key: the second lane of work is discarded
-        s = float32(0.0)
-        s2 = float32(0.0)
-        for e in range(8):
-            d = lane + 32 * e
-            if d < d_head:
-                s += qv[e] * kv_load(k_cache, k_scale, j, hk, d)
-                s2 += qv[e] * kv_load(k_cache, k_scale, jb, hk, d)
-        s = _warp_sum(s)
-        s2 = _warp_sum(s2)
-        m_new = max(m, s)
-        if has2:
-            m_new = max(m_new, s2)
+        for u in range(KEYS_PER_PASS):
+            ju = j + u * SPLIT_WARPS
+            ju = ju if ju < k1 else j
+            for e in range(8):
+                d = lane + 32 * e
+                ok = d < d_head
+                kk[u, e] = kv_load(k_cache, k_scale, ju, hk, d) if ok else float32(0.0)
+                vv[u, e] = kv_load(v_cache, v_scale, ju, hk, d) if ok else float32(0.0)
+        m_new = m
+        for u in range(KEYS_PER_PASS):
+            s_ = float32(0.0)
+            for e in range(8):
+                s_ += qv[e] * kk[u, e]
+            s_ = _warp_sum(s_)
+            if j + u * SPLIT_WARPS < k1:
+                m_new = max(m_new, s_)
+            sc[u] = s_
         corr = math.exp(m - m_new)
-        p = math.exp(s - m_new)
-        p2 = math.exp(s2 - m_new) if has2 else float32(0.0)
-        l = l * corr + p + p2
+        l = l * corr
         for e in range(8):
-            d = lane + 32 * e
-            if d < d_head:
-                acc[e] = (acc[e] * corr + p * kv_load(v_cache, v_scale, j, hk, d)
-                          + p2 * kv_load(v_cache, v_scale, jb, hk, d))
+            acc[e] = acc[e] * corr
+        for u in range(KEYS_PER_PASS):
+            p = math.exp(sc[u] - m_new) if j + u * SPLIT_WARPS < k1 else float32(0.0)
+            l += p
+            for e in range(8):
+                acc[e] += p * vv[u, e]
         m = m_new
-        j += 2 * SPLIT_WARPS
+        j += KEYS_PER_PASS * SPLIT_WARPS
     if lane == 0:
         sm_m[warp] = m
         sm_l[warp] = l
@@ -210,121 +224,70 @@ def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, p
         part_ml[t, h, sp, 1] = ll
 
 
-GQA_MAX_G = 8         # q heads per kv head the grouped decode kernel handles
-GQA_WARPS = 4
-GQA_BLOCKS_PER_SM = 2     # attn_split_gqa_kernel's launch_bounds minimum
+COMBINE_THREADS = 256
+COMBINE_UNROLL = 8
 
 
-@kernel(*_SPLIT_SIGS, sim=False, launch_bounds=(32 * GQA_WARPS, 2))
-def attn_split_gqa_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, part_o, part_ml):
-    """Decode split-K attention for all G = Hq / Hkv q heads of one kv head in one block (G <=
-    GQA_MAX_G): grid (n_split, Hkv, T), block 128, same outputs as attn_split_kernel (which the
-    combine kernel merges). attn_split_kernel runs one block per q head, so every kv head's
-    keys and values are read G times (6 on the 27B, 8 on the 35B: 1.1 TB/s effective in the
-    27B profile at 8K context). Here a warp loads a key's K and V row once (lane: dims lane +
-    32 e) and runs the G heads' dot products, shuffle reductions and online softmaxes on it;
-    the G dot products are independent, so they overlap as the two-key passes of the per-head
-    kernel did. Q (pre-scaled) sits in shared memory, [G][D]. Experimental (CudaOps
-    "gqa_decode_attention") until a GPU run validates and times it."""
-    sq = cuda.shared.array((GQA_MAX_G, MAX_D), float32)
-    sm_m = cuda.shared.array((GQA_WARPS, GQA_MAX_G), float32)
-    sm_l = cuda.shared.array((GQA_WARPS, GQA_MAX_G), float32)
-    sm_acc = cuda.shared.array((GQA_WARPS, GQA_MAX_G, MAX_D), float32)
-    acc = cuda.local.array((GQA_MAX_G, 8), float32)
-    m = cuda.local.array(GQA_MAX_G, float32)
-    l = cuda.local.array(GQA_MAX_G, float32)
-    kv = cuda.local.array(8, float32)
-    vv = cuda.local.array(8, float32)
-    sp = cuda.blockIdx.x
-    hk = cuda.blockIdx.y
-    t = cuda.blockIdx.z
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    warp = tid >> 5
-    d_head = q.shape[2]
-    grp = q.shape[1] // k_cache.shape[1]
-    h0 = hk * grp
-    k0, k1 = _split_range(positions[t], sp, part_o.shape[2])
-    for i in range(tid, grp * d_head, 32 * GQA_WARPS):
-        g = i // d_head
-        d = i - g * d_head
-        sq[g, d] = q[t, h0 + g, d] * scale
-    for g in range(GQA_MAX_G):
-        m[g] = float32(NEG)
-        l[g] = float32(0.0)
-        for e in range(8):
-            acc[g, e] = float32(0.0)
-    cuda.syncthreads()
-    j = k0 + warp
-    while j < k1:
-        for e in range(8):
-            d = lane + 32 * e
-            kv[e] = kv_load(k_cache, k_scale, j, hk, d) if d < d_head else float32(0.0)
-            vv[e] = kv_load(v_cache, v_scale, j, hk, d) if d < d_head else float32(0.0)
-        for g in range(GQA_MAX_G):
-            if g < grp:
-                s = float32(0.0)
-                for e in range(8):
-                    d = lane + 32 * e
-                    if d < d_head:
-                        s += sq[g, d] * kv[e]
-                s = _warp_sum(s)
-                m_new = max(m[g], s)
-                corr = math.exp(m[g] - m_new)
-                p = math.exp(s - m_new)
-                l[g] = l[g] * corr + p
-                for e in range(8):
-                    acc[g, e] = acc[g, e] * corr + p * vv[e]
-                m[g] = m_new
-        j += GQA_WARPS
-    for g in range(GQA_MAX_G):
-        if g < grp:
-            if lane == 0:
-                sm_m[warp, g] = m[g]
-                sm_l[warp, g] = l[g]
-            for e in range(8):
-                d = lane + 32 * e
-                if d < d_head:
-                    sm_acc[warp, g, d] = acc[g, e]
-    cuda.syncthreads()
-    for i in range(tid, grp * d_head, 32 * GQA_WARPS):   # merge the warps, head by head
-        g = i // d_head
-        d = i - g * d_head
-        mm = float32(NEG)
-        for w_ in range(GQA_WARPS):
-            mm = max(mm, sm_m[w_, g])
-        o = float32(0.0)
-        for w_ in range(GQA_WARPS):
-            o += sm_acc[w_, g, d] * math.exp(sm_m[w_, g] - mm)
-        part_o[t, h0 + g, sp, d] = o
-        if d == 0:
-            ll = float32(0.0)
-            for w_ in range(GQA_WARPS):
-                ll += sm_l[w_, g] * math.exp(sm_m[w_, g] - mm)
-            part_ml[t, h0 + g, sp, 0] = mm
-            part_ml[t, h0 + g, sp, 1] = ll
-
-
-@kernel((f32_4, f32_4, i32_1, f32_3))
+@kernel((f32_4, f32_4, i32_1, f32_3), launch_bounds=(COMBINE_THREADS, 1))
 def attn_combine_kernel(part_o, part_ml, positions, out):
-    """grid (Hq, T), block 256: out[t, h, :] = merge of the splits that hold keys."""
+    """grid (Hq, T), block COMBINE_THREADS: out[t, h, :] = merge of the splits that hold keys.
+    The split weights exp(m_s - max) are computed in parallel (one split per thread) into
+    shared memory; each output dim then sums its splits COMBINE_UNROLL loads at a time (a plain
+    loop waited one memory round trip per split: ~40 us per layer at 132 splits)."""
+    wts = cuda.shared.array(MAX_SPLITS, float32)
+    red = cuda.shared.array(COMBINE_THREADS, float32)
     h = cuda.blockIdx.x
     t = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
     n_split = part_o.shape[2]
     n_keys = positions[t] + 1
     split_len = max((n_keys + n_split - 1) // n_split, MIN_SPLIT_KEYS)
     n_split = min(n_split, (n_keys + split_len - 1) // split_len)
-    mm = float32(NEG)
-    for s in range(n_split):
-        mm = max(mm, part_ml[t, h, s, 0])
+    mx = float32(NEG)
+    for s_ in range(tid, n_split, COMBINE_THREADS):
+        mx = max(mx, part_ml[t, h, s_, 0])
+    red[tid] = mx
+    cuda.syncthreads()
+    st = COMBINE_THREADS // 2
+    while st > 0:
+        if tid < st:
+            red[tid] = max(red[tid], red[tid + st])
+        cuda.syncthreads()
+        st //= 2
+    mm = red[0]
+    cuda.syncthreads()
     ll = float32(0.0)
-    for s in range(n_split):
-        ll += part_ml[t, h, s, 1] * math.exp(part_ml[t, h, s, 0] - mm)
-    inv = float32(1.0) / ll
-    for d in range(cuda.threadIdx.x, out.shape[2], cuda.blockDim.x):
+    for s_ in range(tid, n_split, COMBINE_THREADS):
+        w_ = math.exp(part_ml[t, h, s_, 0] - mm)
+        wts[s_] = w_
+        ll += part_ml[t, h, s_, 1] * w_
+    red[tid] = ll
+    cuda.syncthreads()
+    st = COMBINE_THREADS // 2
+    while st > 0:
+        if tid < st:
+            red[tid] += red[tid + st]
+        cuda.syncthreads()
+        st //= 2
+    inv = float32(1.0) / red[0]
+    for d in range(tid, out.shape[2], COMBINE_THREADS):
         o = float32(0.0)
-        for s in range(n_split):
-            o += part_o[t, h, s, d] * math.exp(part_ml[t, h, s, 0] - mm)
+        s_ = 0
+        while s_ + COMBINE_UNROLL <= n_split:
+            o0 = part_o[t, h, s_, d]
+            o1 = part_o[t, h, s_ + 1, d]
+            o2 = part_o[t, h, s_ + 2, d]
+            o3 = part_o[t, h, s_ + 3, d]
+            o4 = part_o[t, h, s_ + 4, d]
+            o5 = part_o[t, h, s_ + 5, d]
+            o6 = part_o[t, h, s_ + 6, d]
+            o7 = part_o[t, h, s_ + 7, d]
+            o += (o0 * wts[s_] + o1 * wts[s_ + 1] + o2 * wts[s_ + 2] + o3 * wts[s_ + 3]
+                  + o4 * wts[s_ + 4] + o5 * wts[s_ + 5] + o6 * wts[s_ + 6] + o7 * wts[s_ + 7])
+            s_ += COMBINE_UNROLL
+        while s_ < n_split:
+            o += part_o[t, h, s_, d] * wts[s_]
+            s_ += 1
         out[t, h, d] = o * inv
 
 

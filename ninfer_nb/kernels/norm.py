@@ -8,11 +8,14 @@ wide rows therefore get 1024 threads (5 loads each), narrow head rows no more th
 elements. The block sum is warp shuffles plus one shared exchange (2 barriers); a shared-memory
 tree over 1024 threads took 11 barriers and left add_rms_norm at 6.5 us per 5120 row (H200
 profile). Under the CUDA simulator, which has no shuffles, the same sum is the shared tree.
-Each thread keeps its (at most PER_THREAD) elements in registers and issues all its loads
-before any store: the loops used to alternate load and store (which the compiler may not
-reorder, the arrays may alias) and re-read the stored residual for the output pass, ~16
-dependent L2 round trips per 2048 row: add_rms_norm took 4.8 us per 35B decode row.
-Rows longer than PER_THREAD x 1024 = 8192 are refused by CudaOps.
+add_rms_norm (always a hidden-size row) keeps each thread's (at most PER_THREAD) elements in
+registers and issues all its loads before any store. Its loops used to alternate load and
+store (which the compiler may not reorder: the arrays may alias) and re-read the stored
+residual for the output pass, ~16 dependent L2 round trips per 2048 row: 4.8 us per 35B
+decode row; 3.2 us with registers (H200 profile).
+Its rows may not exceed PER_THREAD x 1024 = 8192 (CudaOps checks); launch_bounds(1024, 1)
+keeps it at <= 64 registers, so a 1024-thread block can launch (a register-array
+gated_rms_norm at 1024 threads failed with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES without it).
 """
 from __future__ import annotations
 
@@ -79,30 +82,23 @@ MAX_D = PER_THREAD * MAX_BLOCK
 
 @kernel((f32_2, f32_1, f32_2, f32))
 def rms_norm_kernel(x, w, out, eps):
-    """grid R, block threads_for(D): out[r] = x[r] / rms(x[r]) * w."""
+    """grid R, block threads_for(D): out[r] = x[r] / rms(x[r]) * w. A plain strided loop: its
+    rows are mostly narrow (q / k norms over 128- or 256-wide heads), where a register-array
+    version's 64 registers halved the occupancy of a prefill's ~100K small blocks."""
     red = cuda.shared.array(MAX_BLOCK, float32)
-    xv = cuda.local.array(PER_THREAD, float32)
-    wv = cuda.local.array(PER_THREAD, float32)
     r = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    nthr = cuda.blockDim.x
     d = x.shape[1]
-    for e in range(PER_THREAD):                  # all loads issued before any use
-        i = tid + e * nthr
-        xv[e] = x[r, i] if i < d else float32(0.0)
-        wv[e] = w[i] if i < d else float32(0.0)
     acc = float32(0.0)
-    for e in range(PER_THREAD):
-        acc += xv[e] * xv[e]
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        v = x[r, i]
+        acc += v * v
     ss = _block_sum(red, acc)
     inv = float32(1.0) / math.sqrt(ss / d + eps)
-    for e in range(PER_THREAD):
-        i = tid + e * nthr
-        if i < d:
-            out[r, i] = (xv[e] * inv) * wv[e]
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        out[r, i] = (x[r, i] * inv) * w[i]
 
 
-@kernel((f32_2, f32_2, f32_1, f32_2, f32_2, f32))
+@kernel((f32_2, f32_2, f32_1, f32_2, f32_2, f32), launch_bounds=(MAX_BLOCK, 1))
 def add_rms_norm_kernel(x, residual, w, out, new_residual, eps):
     """grid R, block threads_for(D): new_residual = x + residual; out = rms_norm(new_residual) * w.
     out / new_residual may be x / residual (each element is read before it is written)."""
@@ -138,27 +134,17 @@ def add_rms_norm_kernel(x, residual, w, out, new_residual, eps):
 
 @kernel((f32_2, f32_2, f32_1, f32_2, f32))
 def gated_rms_norm_kernel(x, z, w, out, eps):
-    """grid R, block threads_for(D): out = rms_norm(x) * w * silu(z)."""
+    """grid R, block threads_for(D): out = rms_norm(x) * w * silu(z). A plain strided loop, for
+    the same reason as rms_norm_kernel (GDN heads: rows of 128)."""
     red = cuda.shared.array(MAX_BLOCK, float32)
-    xv = cuda.local.array(PER_THREAD, float32)
-    zv = cuda.local.array(PER_THREAD, float32)
-    wv = cuda.local.array(PER_THREAD, float32)
     r = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    nthr = cuda.blockDim.x
     d = x.shape[1]
-    for e in range(PER_THREAD):
-        i = tid + e * nthr
-        xv[e] = x[r, i] if i < d else float32(0.0)
-        zv[e] = z[r, i] if i < d else float32(0.0)
-        wv[e] = w[i] if i < d else float32(0.0)
     acc = float32(0.0)
-    for e in range(PER_THREAD):
-        acc += xv[e] * xv[e]
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        v = x[r, i]
+        acc += v * v
     ss = _block_sum(red, acc)
     inv = float32(1.0) / math.sqrt(ss / d + eps)
-    for e in range(PER_THREAD):
-        i = tid + e * nthr
-        if i < d:
-            zz = zv[e]
-            out[r, i] = ((xv[e] * inv) * wv[e]) * (zz / (1.0 + math.exp(-zz)))
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        zz = z[r, i]
+        out[r, i] = ((x[r, i] * inv) * w[i]) * (zz / (1.0 + math.exp(-zz)))

@@ -40,9 +40,7 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
-EXPERIMENTAL = {           # opt-in kernels, off until a GPU run shows they win (bench --experimental)
-    "gqa_decode_attention": "decode attention reading each kv head once for its whole q-head group",
-}
+EXPERIMENTAL: dict[str, str] = {}   # opt-in kernels (name: what), off until a GPU run shows they win
 # Split-K decode GEMV (4 K slices per row pair) for weights with at most SPLITK_MAX_N rows and at
 # least SPLITK_MIN_K columns. H200, T = 1, in the 27B profile: 5120x17408 85 % -> 93 % of copy
 # bandwidth; 5120x6144 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
@@ -166,7 +164,6 @@ class CudaOps:
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         d = x.shape[-1]
-        _need(d <= K_norm.MAX_D, f"norm rows of {d} > {K_norm.MAX_D}")
         out = self.empty(x.shape)
         rows = x.size // d if d else 0
         if rows:
@@ -271,7 +268,6 @@ class CudaOps:
 
     def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:
         d = x.shape[-1]
-        _need(d <= K_norm.MAX_D, f"norm rows of {d} > {K_norm.MAX_D}")
         out = self.empty(x.shape)
         rows = x.size // d if d else 0
         if rows:
@@ -361,17 +357,12 @@ class CudaOps:
         ks = k_scale if k_scale is not None else q                       # unused dummies when
         vs = v_scale if v_scale is not None else q                       # the cache is not int8
         if t <= DECODE_MAX_T and not SIM:
-            hkv = k_cache.shape[1]
-            gqa = "gqa_decode_attention" in self.experimental and 1 < hq // hkv <= K_attn.GQA_MAX_G
-            heads, per_sm = (hkv, K_attn.GQA_BLOCKS_PER_SM) if gqa else (hq, K_attn.SPLIT_BLOCKS_PER_SM)
-            n_split = K_attn.decode_splits(k_cache.shape[0], heads * t, per_sm * self.sm_count)
+            n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
             part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
             part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
-            kern, warps = ((K_attn.attn_split_gqa_kernel, K_attn.GQA_WARPS) if gqa
-                           else (K_attn.attn_split_kernel, K_attn.SPLIT_WARPS))
-            self._go(kern, (n_split, heads, t), 32 * warps, q, k_cache, v_cache, ks, vs, positions,
-                     np.float32(scale), part_o, part_ml)
-            self._go(K_attn.attn_combine_kernel, (hq, t), 256, part_o, part_ml, positions, out)
+            self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
+                     ks, vs, positions, np.float32(scale), part_o, part_ml)
+            self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, out)
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
             grid = ((t * (hq // hkv) + K_attn.PRE_BM - 1) // K_attn.PRE_BM, hkv)  # rows of 1 kv head

@@ -34,5 +34,6 @@ def test_split_lengths_follow_the_position() -> None:
 
 def test_decode_splits_bounded_by_the_cache() -> None:
     assert A.decode_splits(40, 24, 528) == 3            # ceil(40 / 16): no split without keys
-    assert A.decode_splits(1 << 16, 24, 528) == 88      # 4 waves of 528 resident blocks / 24 heads
+    assert A.decode_splits(1 << 16, 24, 528) == -(-A.SPLIT_WAVES * 528 // 24)   # waves of resident blocks
+    assert A.decode_splits(1 << 20, 1, 4 * 132) == A.MAX_SPLITS            # the combine's buffer
     assert A.decode_splits(1 << 16, 10_000, 528) == 1

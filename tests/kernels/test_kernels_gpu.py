@@ -248,6 +248,41 @@ def test_attention_qwen_dims(env, rng, cdtype, start, t, kind):
 
 
 @pytest.mark.parametrize("cdtype", [np.float32, BF16, np.int8])
+@pytest.mark.parametrize("hq,hkv,start,t", [(24, 4, 4000, 1), (16, 2, 700, 3), (8, 2, 30, 1), (16, 2, 8190, 1),
+                                            (24, 4, 0, 1), (16, 2, 13, 4), (24, 4, 511, 1)])
+def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatch):
+    """Decode attention (split kernel + combine) over an 8K cache at short and long positions,
+    including the first key alone and a few tokens at once, on fp32 / bf16 / int8 caches,
+    against NumPy for several split counts (SPLIT_WAVES); prints the times at 8K and 512 (-s)."""
+    from ninfer_nb.kernels import attention as K_attn
+
+    ops = env.fresh()
+    s, d = 8192, 256
+    pos = np.arange(start, start + t, dtype=np.int32)
+    q = rnd(rng, t, hq, d)
+    kf, vf = rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
+    if cdtype == np.int8:
+        kc, vc = np.zeros((s, hkv, d), np.int8), np.zeros((s, hkv, d), np.int8)
+        ks, vs = np.zeros((s, hkv, d // 64), np.float32), np.zeros((s, hkv, d // 64), np.float32)
+        cpu.kv_store(kc, vc, kf, vf, np.arange(s), ks, vs)
+        kf = kc.astype(np.float32) * np.repeat(ks, 64, axis=-1)
+        vf = vc.astype(np.float32) * np.repeat(vs, 64, axis=-1)
+        args = (env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5, env.up(ks), env.up(vs))
+    else:
+        kc, vc = kf.astype(cdtype), vf.astype(cdtype)
+        kf, vf = kc.astype(np.float32), vc.astype(np.float32)
+        args = (env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5)
+    ref = cpu.attention(q, kf, vf, pos, d ** -0.5)
+    times = {}
+    for waves in (1, 2, 4):
+        monkeypatch.setattr(K_attn, "SPLIT_WAVES", waves)
+        times[waves], o = _best_time(env, lambda: ops.attention(*args), reps=5, graph=True)
+        close(env.host(o), ref, TOL32 * 10)
+    if start + t in (8191, 512) and t == 1:
+        print(f"\ndecode attention Hq={hq} Hkv={hkv} at {start + t} ({np.dtype(cdtype).name} cache): "
+              + ", ".join(f"{w} waves {v * 1e6:.1f} us" for w, v in times.items()))
+
+
 @pytest.mark.parametrize("hq,hkv,start,t", [(24, 4, 4000, 1), (16, 2, 700, 3), (8, 2, 30, 1), (16, 2, 8190, 1)])
 def test_attention_gqa_decode(env, rng, cdtype, hq, hkv, start, t):
     """The experimental grouped decode kernel (one block per kv head and split, all G q heads)
