@@ -12,7 +12,7 @@ import math
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, f32_3
+from ninfer_nb.kernels.nbtypes import f32_1, f32_2, f32_3, i32
 from ninfer_nb.kernels.registry import kernel
 from ninfer_nb.kernels.warp import warp_sum as _warp_sum
 
@@ -39,9 +39,20 @@ def gdn_gates_kernel(a, b, a_log, dt_bias, g_out, beta_out):
         i += stride
 
 
-@kernel((f32_3, f32_3, f32_3, f32_2, f32_2, f32_3, f32_3), sim=False, launch_bounds=(128, 4))
-def gdr_recurrent_kernel(q, k, v, g, beta, state, out):
-    """q, k [T, Hk, Dk]; v [T, Hv, Dv]; g, beta [T, Hv]; state [Hv, Dv, Dk]; out [T, Hv, Dv]."""
+@cuda.jit(device=True, inline=True)
+def _gates(a, b, a_log, dt_bias, t, h):
+    """(g, beta) of token t, head h from the raw projections a, b [T, Hv] (as gdn_gates_kernel)."""
+    x = a[t, h] + dt_bias[h]
+    sp = x if x > 20.0 else math.log1p(math.exp(min(x, 20.0)))
+    return -math.exp(a_log[h]) * sp, float32(1.0) / (float32(1.0) + math.exp(-b[t, h]))
+
+
+@kernel((f32_3, f32_3, f32_3, f32_2, f32_2, f32_1, f32_1, i32, f32_3, f32_3), sim=False, launch_bounds=(128, 4))
+def gdr_recurrent_kernel(q, k, v, g, beta, a_log, dt_bias, raw_gates, state, out):
+    """q, k [T, Hk, Dk]; v [T, Hv, Dv]; g, beta [T, Hv]; state [Hv, Dv, Dk]; out [T, Hv, Dv].
+    raw_gates = 1: g, beta hold the raw projections a, b and the gates are computed here from
+    a_log, dt_bias [Hv] (gdn_gates fused in: one launch less per GDN layer and decode step);
+    else a_log / dt_bias are unused."""
     s = cuda.local.array((GDR_ROWS, MAX_KPL), float32)
     kn = cuda.local.array(MAX_KPL, float32)
     qn = cuda.local.array(MAX_KPL, float32)
@@ -79,8 +90,12 @@ def gdr_recurrent_kernel(q, k, v, g, beta, state, out):
         for e in range(MAX_KPL):
             kn[e] = kn[e] * inv_k
             qn[e] = (qn[e] * inv_q) * q_scale
-        decay = math.exp(g[t, h])
-        bt = beta[t, h]
+        if raw_gates != 0:
+            gt, bt = _gates(g, beta, a_log, dt_bias, t, h)
+        else:
+            gt = g[t, h]
+            bt = beta[t, h]
+        decay = math.exp(gt)
         for r in range(GDR_ROWS):
             row = r0 + r
             kvm = float32(0.0)

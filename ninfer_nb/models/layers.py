@@ -29,16 +29,12 @@ def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
     q = q.reshape(t, cfg.num_heads, d)
     k = k.reshape(t, cfg.num_kv_heads, d)
     v = v.reshape(t, cfg.num_kv_heads, d)
-    if w.q_norm is not None:
-        q = ops.rms_norm(q, w.q_norm, cfg.rms_norm_eps)
-        k = ops.rms_norm(k, w.k_norm, cfg.rms_norm_eps)
-    q = ops.rope(q, positions, cfg.rotary_dim, cfg.rope_theta)
-    k = ops.rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
+    # q / k head norms, RoPE, and K / V into the cache (one kernel on the GPU)
+    q = ops.qk_norm_rope_store(q, k, v, w.q_norm, w.k_norm, positions, cfg.rotary_dim, cfg.rope_theta,
+                               cfg.rms_norm_eps, cache.k, cache.v, cache.k_scale, cache.v_scale)
     if cache.k_scale is not None:                                           # int8 KV cache
-        ops.kv_store(cache.k, cache.v, k, v, positions, cache.k_scale, cache.v_scale)
         out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5, cache.k_scale, cache.v_scale)
     else:
-        ops.kv_store(cache.k, cache.v, k, v, positions)
         out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5)
     out = out.reshape(t, qd)
     if gate is not None:
@@ -56,10 +52,12 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNSta
                                       (cfg.conv_dim, hv * dv, hv, hv))
     mixed = ops.causal_conv1d(mixed, state.conv, w.conv)   # [T, q | k | v]
     q, k, v = ops.split(mixed, (hk * dk, hk * dk, hv * dv))
-    g, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
-    rule = ops.gated_delta_rule_chunked if chunked else ops.gated_delta_rule
-    o = rule(q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv), g, beta,
-             state.recurrent)                                               # [T, Hv, Dv]
+    q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
+    if chunked:
+        g, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
+        o = ops.gated_delta_rule_chunked(q, k, v, g, beta, state.recurrent)   # [T, Hv, Dv]
+    else:                                                   # decode: the gates inside the rule's kernel
+        o = ops.gated_delta_rule_raw_gates(q, k, v, a, b, w.a_log, w.dt_bias, state.recurrent)
     o = ops.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), w.norm, cfg.rms_norm_eps)
     return ops.linear(o.reshape(t, hv * dv), w.out)
 

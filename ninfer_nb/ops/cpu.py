@@ -152,6 +152,18 @@ def kv_store(k_cache: Array, v_cache: Array, k: Array, v: Array, positions: Arra
     v_cache[positions] = v
 
 
+def qk_norm_rope_store(q: Array, k: Array, v: Array, q_norm: Array | None, k_norm: Array | None,
+                       positions: Array, rotary_dim: int, theta: float, eps: float, k_cache: Array,
+                       v_cache: Array, k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
+    """An attention layer's prologue: q, k [T, H, D] head-normed (when the norms are given) and
+    rotated; k and v [T, Hkv, D] stored into the caches at `positions`. Returns the rotated q."""
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+        k = rms_norm(k, k_norm, eps)
+    kv_store(k_cache, v_cache, rope(k, positions, rotary_dim, theta), v, positions, k_scale, v_scale)
+    return rope(q, positions, rotary_dim, theta)
+
+
 def attention(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float,
               k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
     """Causal GQA attention. q [T, Hq, D] at absolute `positions` [T]; caches [S, Hkv, D] hold
@@ -240,6 +252,14 @@ def gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, state:
         s += delta[:, :, None] * kh[i][:, None, :]
         out[i] = np.einsum("hvk,hk->hv", s, qh[i])
     return out
+
+
+def gated_delta_rule_raw_gates(q: Array, k: Array, v: Array, a: Array, b: Array, a_log: Array,
+                               dt_bias: Array, state: Array) -> Array:
+    """gated_delta_rule with the gates from the raw projections a, b [T, Hv] (gdn_gates fused
+    in: the CUDA backend computes them inside the recurrent kernel, for decode steps)."""
+    g, beta = gdn_gates(a, b, a_log, dt_bias)
+    return gated_delta_rule(q, k, v, g, beta, state)
 
 
 def gated_delta_rule_chunked(

@@ -331,6 +331,33 @@ class CudaOps:
             self._go(K_rope.rope_kernel, (heads, t), 128, x, positions, out, np.int32(rotary_dim), np.float64(theta))
         return out
 
+    def qk_norm_rope_store(self, q: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, positions: Any,
+                           rotary_dim: int, theta: float, eps: float, k_cache: Any, v_cache: Any,
+                           k_scale: Any = None, v_scale: Any = None) -> Any:
+        """An attention layer's prologue (ops/cpu.py says what): one kernel for fp32 / bf16
+        caches and head dims <= 256; the separate ops otherwise (int8 caches)."""
+        _need(positions.dtype == I32, "qk_norm_rope_store: positions must be int32")
+        t, hq, d = q.shape
+        if k_scale is not None or d > K_rope.FUSED_MAX_D:
+            if q_norm is not None:
+                q = self.rms_norm(q, q_norm, eps)
+                k = self.rms_norm(k, k_norm, eps)
+            q = self.rope(q, positions, rotary_dim, theta)
+            self.kv_store(k_cache, v_cache, self.rope(k, positions, rotary_dim, theta), v, positions, k_scale, v_scale)
+            return q
+        out = self.empty(q.shape)                                        # [T, Hq, D]
+        if t:
+            threads = 32
+            while threads < d:
+                threads *= 2
+            has_norm = q_norm is not None
+            qn = q_norm if has_norm else q.reshape(-1)                   # unused dummies
+            kn = k_norm if has_norm else q.reshape(-1)
+            self._go(K_rope.qk_norm_rope_store_kernel, (hq + k.shape[1], t), threads, q, k, v, qn, kn,
+                     np.int32(has_norm), positions, np.int32(rotary_dim), np.float64(theta), np.float32(eps),
+                     k_cache, v_cache, out)
+        return out
+
     def kv_store(self, k_cache: Any, v_cache: Any, k: Any, v: Any, positions: Any,
                  k_scale: Any = None, v_scale: Any = None) -> None:
         """Caches fp32 / bf16, or int8 codes when scales [S, Hkv, D/64] are given."""
@@ -439,13 +466,26 @@ class CudaOps:
         return g, beta
 
     def gated_delta_rule(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> Any:
+        return self._gdr_recurrent(q, k, v, g, beta, None, None, state)
+
+    def gated_delta_rule_raw_gates(self, q: Any, k: Any, v: Any, a: Any, b: Any, a_log: Any, dt_bias: Any,
+                                   state: Any) -> Any:
+        """gated_delta_rule(q, k, v, *gdn_gates(a, b, a_log, dt_bias), state) in one kernel."""
+        return self._gdr_recurrent(q, k, v, a, b, a_log, dt_bias, state)
+
+    def _gdr_recurrent(self, q: Any, k: Any, v: Any, g: Any, beta: Any, a_log: Any, dt_bias: Any,
+                       state: Any) -> Any:
         t, hv, dv = v.shape
         dk = k.shape[2]
         _need(dk % 32 == 0 and dk <= 32 * K_gdn.MAX_KPL, f"gated_delta_rule: Dk={dk} must be a multiple of 32, <= 256")
         out = self.empty((t, hv, dv))                                    # [T, Hv, Dv]
         if t:
+            raw = a_log is not None
+            a_log = a_log if raw else beta.reshape(-1)                   # unused dummies
+            dt_bias = dt_bias if raw else beta.reshape(-1)
             grid = (hv, (dv + K_gdn.GDR_ROWS_PER_BLOCK - 1) // K_gdn.GDR_ROWS_PER_BLOCK)
-            self._go(K_gdn.gdr_recurrent_kernel, grid, 32 * K_gdn.GDR_WARPS, q, k, v, g, beta, state, out)
+            self._go(K_gdn.gdr_recurrent_kernel, grid, 32 * K_gdn.GDR_WARPS, q, k, v, g, beta, a_log, dt_bias,
+                     np.int32(raw), state, out)
         return out
 
     def gated_delta_rule_chunked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any,

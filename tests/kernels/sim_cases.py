@@ -99,6 +99,26 @@ def test_rope(ops):
 
 
 @pytest.mark.parametrize("cdtype", [np.float32, BF16])
+@pytest.mark.parametrize("norm", [False, True])
+def test_qk_norm_rope_store(ops, cdtype, norm):
+    """The fused attention prologue vs ops.cpu: rotated q, and the cache rows it wrote (a bf16
+    cache holds the rounded k / v); rows it must not touch stay as they were."""
+    rng = np.random.default_rng(8)
+    s, hkv, hq, d, t, rot = 12, 2, 6, 24, 3, 16
+    q, k, v = rnd(rng, t, hq, d), rnd(rng, t, hkv, d), rnd(rng, t, hkv, d)
+    qn, kn = (rnd(rng, d), rnd(rng, d)) if norm else (None, None)
+    pos = np.array([0, 5, 9], dtype=np.int32)
+    kc, vc = rnd(rng, s, hkv, d).astype(cdtype), rnd(rng, s, hkv, d).astype(cdtype)
+    kc_ref, vc_ref = kc.astype(np.float32), vc.astype(np.float32)
+    got = ops.qk_norm_rope_store(q, k, v, qn, kn, pos, rot, 1e6, 1e-6, kc, vc)
+    ref = cpu.qk_norm_rope_store(q, k, v, qn, kn, pos, rot, 1e6, 1e-6, kc_ref, vc_ref)
+    close(got, ref)
+    # k is computed in float64 here and in float32 by NumPy: ~1e-7 apart, or one bf16 step
+    close(kc.astype(np.float32), kc_ref.astype(cdtype).astype(np.float32), 1e-6 if cdtype == np.float32 else 8e-3)
+    close(vc.astype(np.float32), vc_ref.astype(cdtype).astype(np.float32), 0)
+
+
+@pytest.mark.parametrize("cdtype", [np.float32, BF16])
 def test_kv_store_and_prefill_attention(ops, cdtype):
     rng = np.random.default_rng(6)
     s, hkv, hq, d, t = 40, 2, 4, 24, 18

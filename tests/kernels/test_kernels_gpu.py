@@ -362,6 +362,46 @@ def test_gated_delta_rule(env, rng, t, hk, hv, dk, dv, chunked):
     close(env.host(ST), st_ref, TOL32 * 10)
 
 
+@pytest.mark.parametrize("cdtype", [np.float32, BF16])
+@pytest.mark.parametrize("hq,hkv,d,rot,t,norm", [(24, 4, 256, 64, 1, True), (16, 2, 256, 64, 5, True),
+                                                 (8, 2, 128, 128, 3, False), (6, 2, 96, 32, 2, True)])
+def test_qk_norm_rope_store(env, rng, cdtype, hq, hkv, d, rot, t, norm):
+    """The fused attention prologue (q / k norms, RoPE, K / V into the cache) vs ops.cpu."""
+    ops = env.fresh()
+    s = 64
+    q, k, v = rnd(rng, t, hq, d), rnd(rng, t, hkv, d), rnd(rng, t, hkv, d)
+    qn, kn = (rnd(rng, d), rnd(rng, d)) if norm else (None, None)
+    pos = np.sort(rng.choice(s, t, replace=False)).astype(np.int32)
+    kc, vc = rnd(rng, s, hkv, d).astype(cdtype), rnd(rng, s, hkv, d).astype(cdtype)
+    kc_ref, vc_ref = kc.astype(np.float32), vc.astype(np.float32)
+    KC, VC = env.up(kc), env.up(vc)
+    up = (lambda a: env.up(a) if a is not None else None)
+    got = ops.qk_norm_rope_store(env.up(q), env.up(k), env.up(v), up(qn), up(kn), env.up(pos), rot, 1e7, 1e-6, KC, VC)
+    ref = cpu.qk_norm_rope_store(q, k, v, qn, kn, pos, rot, 1e7, 1e-6, kc_ref, vc_ref)
+    close(env.host(got), ref, TOL32)
+    close(env.host(KC).astype(np.float32), kc_ref.astype(cdtype).astype(np.float32),
+          TOL32 if cdtype == np.float32 else 8e-3)
+    close(env.host(VC).astype(np.float32), vc_ref.astype(cdtype).astype(np.float32), 0)
+
+
+@pytest.mark.parametrize("t,hk,hv,dk,dv", [(1, 16, 48, 128, 128), (3, 16, 32, 128, 128), (2, 2, 4, 64, 96)])
+def test_gated_delta_rule_raw_gates(env, rng, t, hk, hv, dk, dv):
+    """The decode form: gates computed inside the recurrent kernel from the raw a / b projections
+    (including a > 20, where softplus is the identity), against ops.cpu."""
+    ops = env.fresh()
+    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
+    a, b = rnd(rng, t, hv, scale=2.0), rnd(rng, t, hv)
+    a[0, 0] = 25.0
+    al, dtb = rnd(rng, hv, scale=0.5), rnd(rng, hv)
+    st = rnd(rng, hv, dv, dk, scale=0.1)
+    ST, st_ref = env.up(st), st.copy()
+    o = ops.gated_delta_rule_raw_gates(env.up(q), env.up(k), env.up(v), env.up(a), env.up(b), env.up(al),
+                                       env.up(dtb), ST)
+    ref = cpu.gated_delta_rule_raw_gates(q, k, v, a, b, al, dtb, st_ref)
+    close(env.host(o), ref, TOL32 * 10)
+    close(env.host(ST), st_ref, TOL32 * 10)
+
+
 @pytest.mark.parametrize("t,e,k", [(5, 256, 8), (1, 128, 8), (3, 60, 4), (2, 700, 8)])
 @pytest.mark.parametrize("shared", [False, True])
 def test_moe_route(env, rng, t, e, k, shared):
