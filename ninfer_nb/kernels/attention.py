@@ -74,7 +74,7 @@ NEG = -1.0e30
 MAX_D = 256
 SPLIT_WARPS = 4
 MIN_SPLIT_KEYS = 16   # decode: shortest split (two passes of the 4 warps)
-SPLIT_WAVES = 2       # decode: splits x heads x tokens ~ this many waves of resident blocks
+SPLIT_WAVES = 1       # decode: splits x heads x tokens ~ this many waves of resident blocks (H200: 1 beat 2 and 4 at 512 and 8K)
 SPLIT_BLOCKS_PER_SM = 4   # attn_split_kernel's launch_bounds minimum
 MAX_SPLITS = 1024     # decode splits the combine kernel merges
 
