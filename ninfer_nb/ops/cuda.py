@@ -31,6 +31,7 @@ from ninfer_nb.kernels import gemm_wgmma as K_wg
 from ninfer_nb.kernels import linear as K_lin
 from ninfer_nb.kernels import moe as K_moe
 from ninfer_nb.kernels import moe_grouped as K_moeg
+from ninfer_nb.kernels import moe_pipelined as K_moep
 from ninfer_nb.kernels import norm as K_norm
 from ninfer_nb.kernels import rope as K_rope
 from ninfer_nb.kernels import sampling as K_smp
@@ -40,7 +41,9 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
-EXPERIMENTAL: dict[str, str] = {}   # opt-in kernels (name: what), off until a GPU run shows they win
+EXPERIMENTAL = {          # opt-in kernels (name: what), off until a GPU run shows they win
+    "moe_pipelined": "prefill MoE on the cp.async / ldmatrix mma.sync GEMM (kernels/moe_pipelined.py)",
+}
 # Split-K decode GEMV (4 K slices per row pair) for weights with at most SPLITK_MAX_N rows and at
 # least SPLITK_MIN_K columns. H200, T = 1, in the 27B profile: 5120x17408 85 % -> 93 % of copy
 # bandwidth; 5120x6144 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
@@ -579,6 +582,12 @@ class CudaOps:
             self._go(K_moeg.moe_hist_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist)
             self._go(K_moeg.moe_scan_kernel, 1, K_moeg.SORT_THREADS, hist, offs, tile_off)
             self._go(K_moeg.moe_scatter_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist, offs, order)
+            if ("moe_pipelined" in self.experimental and not SIM and hid % K_mma.BK == 0
+                    and inter % K_mma.BK == 0 and all(_ptr(a) % 16 == 0 for a in (gate_up, down))):
+                self._moe_pipelined(x, order, offs, weights, gate_up, down, h, y, top_k)
+                ct = K_moeg.COMBINE_THREADS
+                self._go(K_moeg.moe_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids_f, np.int32(n_exp), out)
+                return
             bn = K_moeg.BN_GU
             self._go(K_moeg.moe_grouped_gate_up_kernel, ((inter + bn - 1) // bn, n_tiles), K_moeg.THREADS,
                      x, order, offs, tile_off, gate_up, h, np.int32(top_k))
@@ -587,6 +596,28 @@ class CudaOps:
                      h, order, offs, tile_off, weights.reshape(-1), down, y)
             ct = K_moeg.COMBINE_THREADS
             self._go(K_moeg.moe_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids_f, np.int32(n_exp), out)
+
+    def _moe_pipelined(self, x: Any, order: Any, offs: Any, weights: Any, gate_up: Any, down: Any, h: Any,
+                       y: Any, top_k: int) -> None:
+        """Steps 1-5 of kernels/moe_pipelined.py: 128-row tile offsets, the gathered bf16 rows,
+        gate_up GEMM, SwiGLU to bf16 h, down GEMM scattered to pair rows y (scaled)."""
+        n_pairs, hid = y.shape
+        n_exp = gate_up.shape[0]
+        inter = gate_up.shape[1] // 2
+        tile_off = self.empty((n_exp + 1,), np.int32)                    # [E+1] 128-row tile offsets
+        xs = self.empty((n_pairs, hid), np.uint16)                       # [P, H] bf16 rows, expert-sorted
+        g = self.empty((n_pairs, 2 * inter))                             # [P, 2I] gate | up, fp32
+        n_tiles = K_moep.max_row_tiles(n_pairs, n_exp)                   # grid bound, no host sync
+        wts = weights.reshape(-1)
+        self._go(K_moep.moe_tile_offsets_kernel, 1, 32, offs, tile_off)
+        self._go(K_moep.moe_gather_bf16_kernel, n_pairs, K_moep.GATHER_THREADS, x, order, np.int32(top_k), xs)
+        self._go(K_moep.moe_mma_grouped_kernel, ((2 * inter + K_mma.BN - 1) // K_mma.BN, n_tiles), K_mma.THREADS,
+                 xs, gate_up, offs, tile_off, order, wts, np.int32(0), g)
+        st = K_moep.SWIGLU_THREADS
+        self._go(K_moep.moe_swiglu_bf16_kernel, max(1, min(K_moep.SWIGLU_MAX_BLOCKS, (n_pairs * inter + st - 1) // st)),
+                 st, g, h)
+        self._go(K_moep.moe_mma_grouped_kernel, ((hid + K_mma.BN - 1) // K_mma.BN, n_tiles), K_mma.THREADS,
+                 h, down, offs, tile_off, order, wts, np.int32(1), y)
 
     # --- sampling --------------------------------------------------------------------
     def argmax(self, logits: Any, threads: int = 1024) -> Any:

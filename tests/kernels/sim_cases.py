@@ -264,6 +264,30 @@ def test_moe_grouped_bookkeeping(ops, monkeypatch):
     assert tile_off[-1] <= G.max_row_tiles(p, e)
 
 
+def test_moe_pipelined_helpers(ops):
+    """kernels/moe_pipelined.py's simulator-safe steps: 128-row tile offsets from the row
+    offsets, the expert-sorted bf16 gather of x, SwiGLU to bf16 (its GEMM is GPU-only)."""
+    from ninfer_nb.kernels import moe_pipelined as M
+
+    rng = np.random.default_rng(23)
+    counts = np.array([0, 300, 1, 128, 129, 0, 7], np.int32)
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    tile_off = np.zeros(counts.size + 1, np.int32)
+    ops._go(M.moe_tile_offsets_kernel, 1, 32, offs, tile_off)
+    np.testing.assert_array_equal(tile_off, np.concatenate([[0], np.cumsum((counts + M.BM - 1) // M.BM)]))
+    assert tile_off[-1] <= M.max_row_tiles(int(counts.sum()), counts.size)
+    t, k, h = 5, 3, 40
+    x = rnd(rng, t, h)
+    order = rng.permutation(t * k).astype(np.int32)
+    xs = np.zeros((t * k, h), np.uint16)
+    ops._go(M.moe_gather_bf16_kernel, t * k, 32, x, order, np.int32(k), xs)
+    np.testing.assert_array_equal(xs.view(BF16), x[order // k].astype(BF16))
+    g = rnd(rng, 6, 2 * 24)
+    hb = np.zeros((6, 24), np.uint16)
+    ops._go(M.moe_swiglu_bf16_kernel, 2, 32, g, hb)
+    close(hb.view(BF16).astype(np.float32), cpu.swiglu(g).astype(BF16).astype(np.float32), 8e-3)
+
+
 def test_moe_grouped_top4(ops, monkeypatch):
     """top-4, experts 1 and 4 get no tokens, H = 66 (two down column tiles, ragged K = 66 in
     gate_up), I = 20; E > sort block (carried scan)."""
