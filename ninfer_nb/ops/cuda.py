@@ -41,9 +41,11 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
-EXPERIMENTAL = {          # opt-in kernels (name: what), off until a GPU run shows they win
-    "moe_pipelined": "prefill MoE on the cp.async / ldmatrix mma.sync GEMM (kernels/moe_pipelined.py)",
-}
+EXPERIMENTAL: dict[str, str] = {}   # opt-in kernels (name: what), off until a GPU run shows they win
+# Prefill MoE on the pipelined GEMM (kernels/moe_pipelined.py) from this many routed pairs
+# (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape: T = 2048, k = 9: 2.08 vs
+# 4.04 ms per layer; T = 512, k = 8: 1.82 vs 2.10 ms; 140-280 pairs: slower (more launches).
+MOE_PIPELINED_MIN_PAIRS = 1024
 # Split-K decode GEMV (4 K slices per row pair) for weights with at most SPLITK_MAX_N rows and at
 # least SPLITK_MIN_K columns. H200, T = 1, in the 27B profile: 5120x17408 85 % -> 93 % of copy
 # bandwidth; 5120x6144 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
@@ -582,7 +584,7 @@ class CudaOps:
             self._go(K_moeg.moe_hist_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist)
             self._go(K_moeg.moe_scan_kernel, 1, K_moeg.SORT_THREADS, hist, offs, tile_off)
             self._go(K_moeg.moe_scatter_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist, offs, order)
-            if ("moe_pipelined" in self.experimental and not SIM and hid % K_mma.BK == 0
+            if (n_pairs >= MOE_PIPELINED_MIN_PAIRS and not SIM and hid % K_mma.BK == 0
                     and inter % K_mma.BK == 0 and all(_ptr(a) % 16 == 0 for a in (gate_up, down))):
                 self._moe_pipelined(x, order, offs, weights, gate_up, down, h, y, top_k)
                 ct = K_moeg.COMBINE_THREADS

@@ -615,7 +615,7 @@ def test_moe_grouped_mma(env, rng, t, e, k, i, h, shared, pipelined, monkeypatch
 
     assert t >= G.GROUPED_MIN_T
     ops = env.fresh()
-    monkeypatch.setattr(ops, "experimental", frozenset(["moe_pipelined"] if pipelined else []))
+    monkeypatch.setattr(cuda_ops, "MOE_PIPELINED_MIN_PAIRS", 0 if pipelined else 1 << 30)
     n_exp = e + int(shared)
     gu, dn = rnd_bf16(rng, n_exp, 2 * i, h), rnd_bf16(rng, n_exp, h, i)
     x = rnd(rng, t, h)
@@ -651,7 +651,7 @@ def test_moe_grouped_mma_skewed(env, rng, monkeypatch, pipelined):
 
     t, e, k, i, h = 300, 256, 8, 512, 2048
     ops = env.fresh()
-    monkeypatch.setattr(ops, "experimental", frozenset(["moe_pipelined"] if pipelined else []))
+    monkeypatch.setattr(cuda_ops, "MOE_PIPELINED_MIN_PAIRS", 0 if pipelined else 1 << 30)
     gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
     x = rnd(rng, t, h)
     logits = rnd(rng, t, e, scale=2.0)
