@@ -2,7 +2,8 @@
 
 * `moe_route_kernel`: one block per token; top-k by rank counting over the row in shared memory
   (ties -> lower expert id), softmax weights over the chosen k (renormalised) or over all E.
-  Simulator-safe.
+  Simulator-safe. `moe_router_fused_kernel` (experimental): the decode router GEMV and the
+  same selection in one launch (the last block to finish routes).
 * `moe_gate_up_kernel`: h[t*k + s, j] = silu(gate_up[e, j] . x[t]) * (gate_up[e, I + j] . x[t]),
   one warp per (slot, j). `moe_down_kernel`: out[t, n] = sum_s w[t, s] * down[e_s, n] . h[t*k+s],
   one warp per (t, n), slots summed in order (deterministic, no atomics). Both stream weights
@@ -22,11 +23,11 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from ninfer_nb.kernels.bf16 import widen
-from ninfer_nb.kernels.linear import _dot8, warp_sum
-from ninfer_nb.kernels.nbtypes import f32_2, i32, i32_2, u16_3
+from ninfer_nb.kernels.linear import _dot8, _stream_pair, warp_sum
+from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
 from ninfer_nb.kernels.ptx import ldg_stream_v4_u32, ldg_v4_f32
 from ninfer_nb.kernels.registry import kernel
 
@@ -46,22 +47,31 @@ def _beats(u, v, j, e):
 def moe_route_kernel(logits, top_k, renorm, shared, ids, weights):
     """grid T, block ROUTE_BLOCK. logits [T, E + shared] (E <= ROUTE_MAX_E) -> ids [T, k + shared]
     int32, weights [T, k + shared]. shared = 1: the last logit column is the shared expert's
-    gate; slot k gets id E and weight sigmoid(gate).
-
-    Top-k by rank, not by k rounds of arg-max: the row is staged in shared memory, and each
-    thread counts, for its experts e, how many logits beat logit e (a larger value, or an equal
-    one with a lower id). Rank r < k puts e in slot r. Ranks are distinct, so every slot is
-    written exactly once. Three barriers (plus one block sum of exp when not renormalising)
-    instead of ~10 per selected expert; every shared read is a broadcast."""
+    gate; slot k gets id E and weight sigmoid(gate). The selection is `_route_row`."""
     row = cuda.shared.array(ROUTE_MAX_E, float32)
+    t = cuda.blockIdx.x
+    n_exp = logits.shape[1] - shared
+    for e in range(cuda.threadIdx.x, n_exp, cuda.blockDim.x):
+        row[e] = logits[t, e]
+    gate = logits[t, n_exp] if shared != 0 else float32(0.0)
+    _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, t)
+
+
+@cuda.jit(device=True)
+def _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, t):
+    """Top-k of the logits row [E] staged in shared memory (the staging stores are made visible
+    by the first barrier here), softmax weights, the shared slot from its gate logit; the whole
+    block (a power of two <= ROUTE_BLOCK threads) takes part.
+
+    Top-k by rank, not by k rounds of arg-max: each thread counts, for its experts e, how many
+    logits beat logit e (a larger value, or an equal one with a lower id). Rank r < k puts e in
+    slot r. Ranks are distinct, so every slot is written exactly once. Three barriers (plus
+    one block sum of exp when not renormalising) instead of ~10 per selected expert; every
+    shared read is a broadcast."""
     top_p = cuda.shared.array(MAX_TOPK, float32)
     red = cuda.shared.array(ROUTE_BLOCK, float32)
-    t = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthr = cuda.blockDim.x
-    n_exp = logits.shape[1] - shared
-    for e in range(tid, n_exp, nthr):
-        row[e] = logits[t, e]
     if tid < top_k:                              # NaN logits rank nowhere: keep the ids valid
         ids[t, tid] = 0
         top_p[tid] = float32(0.0)
@@ -105,7 +115,56 @@ def moe_route_kernel(logits, top_k, renorm, shared, ids, weights):
         weights[t, tid] = math.exp(top_p[tid] - mx) / total
     if shared != 0 and tid == 0:
         ids[t, top_k] = n_exp
-        weights[t, top_k] = float32(1.0) / (float32(1.0) + math.exp(-logits[t, n_exp]))
+        weights[t, top_k] = float32(1.0) / (float32(1.0) + math.exp(-gate))
+
+
+@kernel((f32_2, u16_2, f32_1, i32_1, i32, i32, i32, i32_2, f32_2), sim=False, fastmath=True,
+        launch_bounds=(ROUTE_BLOCK, 2))
+def moe_router_fused_kernel(x, w, logits, counter, top_k, renorm, shared, ids, weights):
+    """Decode router in one launch: logits = w [E + shared, H] @ x[0] (bf16 weights, one token,
+    H % 8 == 0, 16-byte aligned), then the top-k of `_route_row`, in the block that finishes
+    last. grid ceil((E + shared) / 16), block ROUTE_BLOCK (8 warps, 2 rows each, as
+    linear.gemv_bf16_kernel's vectorised loop). Each block writes its rows' logits, fences,
+    and bumps `counter` [1] (device memory, 0 between launches); the block that sees
+    gridDim - 1 routes over all logits and sets the counter back to 0, so a captured graph
+    replays it. The logits come out in the same order and sums as the separate GEMV's, so
+    ids and weights are the same. Experimental (CudaOps "fused_router"): written without a
+    GPU; replaces the router GEMV + moe_route pair (3 + 7 us and a gap per 35B layer)."""
+    row = cuda.shared.array(ROUTE_MAX_E, float32)
+    last = cuda.shared.array(1, int32)
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    tid = cuda.threadIdx.x
+    n_rows = w.shape[0]
+    k_dim = w.shape[1]
+    n0 = (cuda.blockIdx.x * (ROUTE_BLOCK // 32) + warp) * 2
+    if n0 < n_rows:
+        has1 = n0 + 1 < n_rows
+        n1 = n0 + 1 if has1 else n0
+        z = float32(0.0)
+        acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, lane * 8, k_dim, 0, k_dim, False, False, False,
+                           (z, z, z, z, z, z, z, z))
+        a0 = warp_sum(acc[0])
+        a1 = warp_sum(acc[1])
+        if lane == 0:
+            logits[n0] = a0
+            if has1:
+                logits[n1] = a1
+    cuda.threadfence()
+    cuda.syncthreads()
+    if tid == 0:
+        last[0] = 1 if cuda.atomic.add(counter, 0, 1) == cuda.gridDim.x - 1 else 0
+    cuda.syncthreads()
+    if last[0] == 0:
+        return
+    cuda.threadfence()
+    n_exp = n_rows - shared
+    for e in range(tid, n_exp, cuda.blockDim.x):
+        row[e] = logits[e]
+    gate = logits[n_exp] if shared != 0 else float32(0.0)
+    if tid == 0:
+        counter[0] = 0
+    _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, 0)
 
 
 @kernel((f32_2, i32_2, u16_3, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2))

@@ -67,7 +67,7 @@ def mlp_block(ops: Ops, w: MLPWeights, x: Array) -> Array:
 
 
 def moe_block(ops: Ops, w: MoEWeights, x: Array) -> Array:
-    ids, weights = ops.moe_route(ops.linear(x, w.router), w.top_k, w.renormalize, w.shared_slot)
+    ids, weights = ops.moe_router(x, w.router, w.top_k, w.renormalize, w.shared_slot)
     y = ops.moe_experts(x, ids, weights, w.gate_up, w.down)           # + the shared slot, if any
     if w.shared is not None:
         shared = mlp_block(ops, w.shared, x)

@@ -299,6 +299,13 @@ def gated_delta_rule_chunked(
 
 # --- mixture of experts --------------------------------------------------------------------
 
+def moe_router(x: Array, weight: Array, top_k: int, renormalize: bool = True,
+               shared_slot: bool = False) -> tuple[Array, Array]:
+    """The MoE router: moe_route(linear(x, weight), ...) (the CUDA backend can fuse the two for
+    one token)."""
+    return moe_route(linear(x, weight), top_k, renormalize, shared_slot)
+
+
 def moe_route(logits: Array, top_k: int, renormalize: bool = True,
               shared_slot: bool = False) -> tuple[Array, Array]:
     """Softmax router. logits [T, E] -> (ids [T, k] int32, weights [T, k] fp32); ties -> lower id.

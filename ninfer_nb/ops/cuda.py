@@ -41,7 +41,9 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
-EXPERIMENTAL: dict[str, str] = {}   # opt-in kernels (name: what), off until a GPU run shows they win
+EXPERIMENTAL = {          # opt-in kernels (name: what), off until a GPU run shows they win
+    "fused_router": "decode MoE router GEMV + top-k in one launch (moe.moe_router_fused_kernel)",
+}
 # Prefill MoE on the pipelined GEMM (kernels/moe_pipelined.py) from this many routed pairs
 # (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape: T = 2048, k = 9: 2.08 vs
 # 4.04 ms per layer; T = 512, k = 8: 1.82 vs 2.10 ms; 140-280 pairs: slower (more launches).
@@ -109,6 +111,7 @@ class CudaOps:
         self.use_wgmma = hopper and prefill_gemm != "mma"
         # Kernels written but not yet validated on a GPU (EXPERIMENTAL); bench --experimental.
         self.experimental: frozenset[str] = frozenset()
+        self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
@@ -518,6 +521,27 @@ class CudaOps:
         return out
 
     # --- mixture of experts ----------------------------------------------------------
+    def moe_router(self, x: Any, weight: Any, top_k: int, renormalize: bool = True,
+                   shared_slot: bool = False) -> tuple[Any, Any]:
+        """moe_route(linear(x, weight), ...); with "fused_router" on, one token and a bf16 router,
+        one kernel (kernels/moe.py moe_router_fused_kernel) with a persistent arrival counter."""
+        n, k = weight.shape
+        t = x.size // k if k else 0
+        if not ("fused_router" in self.experimental and t == 1 and not SIM and weight.dtype == bfloat16
+                and k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x) % 16 == 0
+                and n - int(shared_slot) <= K_moe.ROUTE_MAX_E and 0 < top_k < K_moe.MAX_TOPK):
+            return self.moe_route(self.linear(x, weight), top_k, renormalize, shared_slot)
+        if self._router_counter is None:          # 0 between launches; the last block resets it
+            self._router_counter = self.zeros((1,), np.int32, persistent=True)
+        slots = top_k + int(shared_slot)
+        ids = self.empty((1, slots), np.int32)                           # [1, k (+1 shared)]
+        w = self.empty((1, slots))
+        logits = self.empty((n,))                                        # [E (+1)] router logits
+        rows = K_moe.ROUTE_BLOCK // 32 * 2
+        self._go(K_moe.moe_router_fused_kernel, (n + rows - 1) // rows, K_moe.ROUTE_BLOCK, _rows(x, k), weight,
+                 logits, self._router_counter, np.int32(top_k), np.int32(renormalize), np.int32(shared_slot), ids, w)
+        return ids, w
+
     def moe_route(self, logits: Any, top_k: int, renormalize: bool = True,
                   shared_slot: bool = False) -> tuple[Any, Any]:
         t, cols = logits.shape

@@ -358,6 +358,31 @@ def test_gated_delta_rule_raw_gates(env, rng, t, hk, hv, dk, dv):
     close(env.host(ST), st_ref, TOL32 * 10)
 
 
+@pytest.mark.parametrize("e,k,h,shared,renorm", [(256, 8, 2048, True, True), (128, 8, 2048, False, False),
+                                                (60, 4, 104, True, False)])
+def test_moe_router_fused(env, rng, e, k, h, shared, renorm, monkeypatch):
+    """The experimental one-launch decode router (GEMV + top-k in the last block) against the
+    GEMV + moe_route pair and NumPy: same ids, same weights; repeated launches (the arrival
+    counter must come back to 0, also inside a graph); prints both times at the 35B shape."""
+    ops = env.fresh()
+    w = rnd_bf16(rng, e + int(shared), h)
+    x = rnd(rng, 1, h)
+    X, W = env.up(x), env.up(w)
+    ir, wr = cpu.moe_router(x, w.astype(np.float32), k, renorm, shared)
+    times = {}
+    for fused in (False, True):
+        monkeypatch.setattr(ops, "experimental", frozenset(["fused_router"] if fused else []))
+        for _ in range(3):
+            ids, wts = ops.moe_router(X, W, k, renorm, shared)
+            np.testing.assert_array_equal(env.host(ids), ir)
+            close(env.host(wts), wr, TOL32 * 10)
+        times[fused], (ids, wts) = _best_time(env, lambda: ops.moe_router(X, W, k, renorm, shared), reps=5, graph=True)
+        np.testing.assert_array_equal(env.host(ids), ir)
+    if e == 256:
+        print(f"\nMoE router E={e}+{int(shared)} k={k} H={h}: GEMV + route {times[False] * 1e6:.1f} us, "
+              f"fused {times[True] * 1e6:.1f} us")
+
+
 @pytest.mark.parametrize("t,e,k", [(5, 256, 8), (1, 128, 8), (3, 60, 4), (2, 700, 8)])
 @pytest.mark.parametrize("shared", [False, True])
 def test_moe_route(env, rng, t, e, k, shared):
