@@ -155,6 +155,8 @@ class _ProfiledOps:
             key = name
             if name in ("linear", "linear_split"):   # per weight shape: the per-linear target
                 key = f"linear {args[1].shape[0]}x{args[1].shape[1]}"
+            elif name == "linear_swiglu":             # the MLP's gate_up GEMV and its SwiGLU
+                key = f"linear_swiglu {args[1].shape[0]}x{args[1].shape[1]}"
             row = self.stats.setdefault(key, [0.0, 0.0, 0.0])
             row[0] += dt
             row[1] += nbytes

@@ -9,10 +9,14 @@
 * `gemv_bf16_splitk_kernel`: the same loop over 4 K slices per row pair, for weights with few,
   long rows (see its docstring); CudaOps picks it by shape (ops/cuda.py SPLITK_*: on the H200
   it lifts 5120x17408 from 85 % to 93 % of copy bandwidth and slows the shorter rows).
+* `gemv_bf16_swiglu_kernel` (experimental): the MLP's gate_up GEMV with the SwiGLU applied as
+  each warp finishes its gate and up row.
 * `gemm_kernel` (prefill chunks, any dtype of W): 64x64x16 shared-memory tiles, 4x4 per thread.
   CUDA cores only (no tensor cores yet). Simulator-safe.
 """
 from __future__ import annotations
+
+import math
 
 from numba import cuda, float32
 
@@ -178,6 +182,47 @@ def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
                 out[t0 + 3, n0] = a30 + b0
                 if has1:
                     out[t0 + 3, n1] = a31 + b1
+
+
+@kernel((f32_2, u16_2, f32_2), sim=False, fastmath=True, launch_bounds=(256, 2))
+def gemv_bf16_swiglu_kernel(x, w, h):
+    """grid ceil(I / 8), block 256: h[t, j] = silu(w[j] . x[t]) * (w[I + j] . x[t]) for every
+    token t (T <= 16, 4 per pass). w = [gate; up] [2I, K] bf16, K % 8 == 0, 16-byte aligned
+    (the vectorised loop only). A warp streams the gate row j and the up row I + j as
+    gemv_bf16_kernel streams a row pair, so the SwiGLU costs no launch and the [T, 2I]
+    intermediate is never written (the MLP's swiglu kernel: 64 launches per 27B decode token).
+    Experimental (CudaOps "gemv_swiglu"), written without a GPU."""
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    inter = h.shape[1]
+    k_dim = w.shape[1]
+    n_tok = x.shape[0]
+    j = cuda.blockIdx.x * GEMV_WARPS + warp
+    if j >= inter:
+        return
+    for t0 in range(0, n_tok, 4):
+        z = float32(0.0)
+        ok1 = t0 + 1 < n_tok
+        ok2 = t0 + 2 < n_tok
+        ok3 = t0 + 3 < n_tok
+        acc = _stream_pair(x, w, j * k_dim, (inter + j) * k_dim, lane * 8, k_dim, t0, k_dim, ok1, ok2, ok3,
+                           (z, z, z, z, z, z, z, z))
+        g0 = warp_sum(acc[0])
+        u0 = warp_sum(acc[1])
+        g1 = warp_sum(acc[2])
+        u1 = warp_sum(acc[3])
+        g2 = warp_sum(acc[4])
+        u2 = warp_sum(acc[5])
+        g3 = warp_sum(acc[6])
+        u3 = warp_sum(acc[7])
+        if lane == 0:
+            h[t0, j] = g0 / (float32(1.0) + math.exp(-g0)) * u0
+            if ok1:
+                h[t0 + 1, j] = g1 / (float32(1.0) + math.exp(-g1)) * u1
+            if ok2:
+                h[t0 + 2, j] = g2 / (float32(1.0) + math.exp(-g2)) * u2
+            if ok3:
+                h[t0 + 3, j] = g3 / (float32(1.0) + math.exp(-g3)) * u3
 
 
 SPLITK_WARPS_PER_PAIR = 4   # gemv_bf16_splitk: K slices per row pair (one warp each)

@@ -63,7 +63,7 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNSta
 
 
 def mlp_block(ops: Ops, w: MLPWeights, x: Array) -> Array:
-    return ops.linear(ops.swiglu(ops.linear(x, w.gate_up)), w.down)
+    return ops.linear(ops.linear_swiglu(x, w.gate_up), w.down)
 
 
 def moe_block(ops: Ops, w: MoEWeights, x: Array) -> Array:

@@ -67,6 +67,11 @@ def swiglu(gate_up: Array) -> Array:
     return silu(gate_up[..., :inter]) * gate_up[..., inter:]
 
 
+def linear_swiglu(x: Array, gate_up: Array) -> Array:
+    """swiglu(linear(x, gate_up)): an MLP's first half (fused into one GEMV on the GPU)."""
+    return swiglu(linear(x, gate_up))
+
+
 def sigmoid_mul(x: Array, gate: Array) -> Array:
     """x * sigmoid(gate), same shapes (the attention output gate)."""
     return x * sigmoid(gate)

@@ -43,6 +43,7 @@ ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOp
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
 EXPERIMENTAL = {          # opt-in kernels (name: what), off until a GPU run shows they win
     "fused_router": "decode MoE router GEMV + top-k in one launch (moe.moe_router_fused_kernel)",
+    "gemv_swiglu": "decode MLP gate_up GEMV with the SwiGLU in its epilogue (linear.gemv_bf16_swiglu_kernel)",
 }
 # Prefill MoE on the pipelined GEMM (kernels/moe_pipelined.py) from this many routed pairs
 # (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape: T = 2048, k = 9: 2.08 vs
@@ -219,6 +220,21 @@ class CudaOps:
         n = out.size
         if n:
             self._go(K_ew.swiglu_kernel, K_ew.grid_for(n), K_ew.BLOCK, _rows(gate_up, two_i), _rows(out, inter))
+        return out
+
+    def linear_swiglu(self, x: Any, gate_up: Any) -> Any:
+        """swiglu(linear(x, gate_up)); with "gemv_swiglu" on, up to GEMV_MAX_T tokens and a bf16
+        weight, one GEMV kernel with the SwiGLU in its epilogue."""
+        two_i, k = gate_up.shape
+        _need(x.shape[-1] == k and two_i % 2 == 0, f"linear_swiglu: x {x.shape} vs weight {gate_up.shape}")
+        x2 = _rows(x, k)
+        t = x2.shape[0]
+        if not ("gemv_swiglu" in self.experimental and 0 < t <= K_lin.GEMV_MAX_T and not SIM
+                and gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(x2) % 16 == 0):
+            return self.swiglu(self.linear(x, gate_up))
+        out = self.empty(tuple(x.shape[:-1]) + (two_i // 2,))             # [T, I]
+        self._go(K_lin.gemv_bf16_swiglu_kernel, (two_i // 2 + K_lin.GEMV_WARPS - 1) // K_lin.GEMV_WARPS,
+                 32 * K_lin.GEMV_WARPS, x2, gate_up, _rows(out, two_i // 2))
         return out
 
     def sigmoid_mul(self, x: Any, gate: Any) -> Any:

@@ -105,6 +105,27 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
               f"split-K {times[True] * 1e6:.1f} us ({gbs[True]:.0f} GB/s)")
 
 
+@pytest.mark.parametrize("i,k,t", [(17408, 5120, 1), (512, 2048, 4), (96, 264, 6), (3, 16, 16)])
+def test_linear_swiglu_gemv(env, rng, i, k, t, monkeypatch):
+    """The experimental SwiGLU-epilogue GEMV ("gemv_swiglu") against the GEMV + swiglu pair and
+    NumPy (the 27B MLP shape, a ragged last block, 1-4 passes over the tokens); prints both
+    times at the 27B shape (-s)."""
+    ops = env.fresh()
+    w = rnd_bf16(rng, 2 * i, k)
+    x = rnd(rng, t, k)
+    X, W = env.up(x), env.up(w)
+    ref = cpu.linear_swiglu(x, w.astype(np.float32))
+    times, outs = {}, {}
+    for fused in (False, True):
+        monkeypatch.setattr(ops, "experimental", frozenset(["gemv_swiglu"] if fused else []))
+        times[fused], o = _best_time(env, lambda: ops.linear_swiglu(X, W), reps=5, graph=True)
+        outs[fused] = env.host(o)
+    close(outs[True], ref, TOL32 * 10)
+    close(outs[True], outs[False], TOL32 * 10)
+    if i == 17408:
+        print(f"\nGEMV + SwiGLU {2 * i}x{k} T={t}: pair {times[False] * 1e6:.1f} us, fused {times[True] * 1e6:.1f} us")
+
+
 @pytest.mark.parametrize("t", [17, 300])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_split_gemm_parts(env, rng, t, bias):
@@ -271,6 +292,30 @@ def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatc
     if start + t in (8191, 512) and t == 1:
         print(f"\ndecode attention Hq={hq} Hkv={hkv} at {start + t} ({np.dtype(cdtype).name} cache): "
               + ", ".join(f"{w} waves {v * 1e6:.1f} us" for w, v in times.items()))
+
+
+@pytest.mark.parametrize("hq,hkv", [(24, 4), (16, 2)])
+def test_attention_decode_64k(env, rng, hq, hkv, monkeypatch):
+    """Decode attention at 64K context over a bf16 cache (the issue's long-context case): vs
+    NumPy on a sample of q heads' worth of work, and the time per call for 1 / 2 / 4 / 8 waves
+    of split blocks (-s); SPLIT_WAVES = 1 was chosen from the 512 and 8K timings."""
+    from ninfer_nb.kernels import attention as K_attn
+
+    ops = env.fresh()
+    s, d = 65536, 256
+    pos = np.array([s - 1], dtype=np.int32)
+    q = rnd(rng, 1, hq, d)
+    kc, vc = rnd_bf16(rng, s, hkv, d), rnd_bf16(rng, s, hkv, d)
+    args = (env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5)
+    ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5)
+    times = {}
+    for waves in (1, 2, 4, 8):
+        monkeypatch.setattr(K_attn, "SPLIT_WAVES", waves)
+        times[waves], o = _best_time(env, lambda: ops.attention(*args), reps=3, graph=True)
+        close(env.host(o), ref, TOL32 * 10)
+    kv_bytes = 2 * kc.nbytes
+    print(f"\ndecode attention Hq={hq} Hkv={hkv} at 65536 (bfloat16 cache): "
+          + ", ".join(f"{w} waves {v * 1e6:.1f} us ({kv_bytes / v / 1e9:.0f} GB/s of KV)" for w, v in times.items()))
 
 
 @pytest.mark.parametrize("d,t,start", [(64, 1, 37), (128, 20, 5), (96, 2, 600), (64, 300, 40), (96, 33, 7)])
