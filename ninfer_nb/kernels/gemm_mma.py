@@ -111,36 +111,21 @@ def _store_rows(out, bias, has_bias, r, c, acc, m_dim, n_dim, even):
         _store2(out, r + 8, c, acc[2] + b0, acc[3] + b1, n_dim, even, ok1)
 
 
-@kernel((u16_2, u16_2, f32_1, f32_2, i32), sim=False, launch_bounds=(THREADS, 2))
-def gemm_mma_kernel(xb, w, bias, out, has_bias):
-    """grid gemm_grid(M, N), block 256. out[M, N] = bf16 xb[M, K] @ bf16 w[N, K]^T (+ bias), fp32."""
-    smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=128)
-    sbase = int32(smem_u32(smem))
-    tid = int32(cuda.threadIdx.x)
+@cuda.jit(device=True)
+def _mma_tile_loop(sbase, tid, wm, wn, g0, g1, g2, g3, kt_n, active):
+    """The 128 x 128 CTA tile's main loop, shared with moe_pipelined's grouped GEMM: the 3-stage
+    cp.async ring (this thread copies 16-byte chunk tid & 3 of rows tid >> 2 and + 64 of A,
+    global byte addresses g0 / g1, and of B, g2 / g3, advancing 64 B per k-tile), one barrier
+    per k-tile, then ldmatrix + mma.sync into this warp's 64 x 32 accumulators (16 4-tuples,
+    returned). active = False: the warp still copies and meets the barriers but skips its
+    ldmatrix / MMAs (rows that are all padding). Ends with every copy complete."""
     lane = tid & 31
-    warp = tid >> 5
-    wm = warp >> 2                       # 0..1: 64-row half of the CTA tile
-    wn = warp & 3                        # 0..3: 32-column quarter
-    m_dim = xb.shape[0]
-    n_dim = w.shape[0]
-    k_dim = w.shape[1]
-    # grouped rasterisation: GROUP_M row tiles walk one column tile of W together
-    pid_m, pid_n = grouped_tile(int32(cuda.blockIdx.x), int32((m_dim + BM - 1) // BM),
-                                int32((n_dim + BN - 1) // BN))
-    # global -> shared: thread copies chunk c of rows r and r + 64 of both tiles (rows clamped)
     r = tid >> 2
     c = tid & 3
     s0 = r * ROW_BYTES + ((c ^ ((r >> 1) & 3)) << 4)      # (r + 64) has the same swizzle
     s1 = s0 + 64 * ROW_BYTES
     s2 = s0 + A_BYTES
     s3 = s1 + A_BYTES
-    xp = gptr(xb)
-    wp = gptr(w)
-    g0 = xp + (min(pid_m * BM + r, m_dim - 1) * k_dim + c * 8) * 2
-    g1 = xp + (min(pid_m * BM + r + 64, m_dim - 1) * k_dim + c * 8) * 2
-    g2 = wp + (min(pid_n * BN + r, n_dim - 1) * k_dim + c * 8) * 2
-    g3 = wp + (min(pid_n * BN + r + 64, n_dim - 1) * k_dim + c * 8) * 2
-    kt_n = int32(k_dim // BK)
     for s in range(STAGES - 1):
         if s < kt_n:
             st = sbase + s * STAGE_BYTES
@@ -177,32 +162,63 @@ def gemm_mma_kernel(xb, w, bias, out, has_bias):
         wr = wr + 1 if wr < STAGES - 1 else 0
         cur = sbase + rd * STAGE_BYTES
         rd = rd + 1 if rd < STAGES - 1 else 0
-        for ks in range(BK // 16):
-            pa = cur + a_off + (((2 * ks + a_hi) ^ a_sw) << 4)
-            a0 = ldsm_x4(pa)
-            a1 = ldsm_x4(pa + 16 * ROW_BYTES)
-            a2 = ldsm_x4(pa + 32 * ROW_BYTES)
-            a3 = ldsm_x4(pa + 48 * ROW_BYTES)
-            pb = cur + b_off + (((2 * ks + b_hi) ^ b_sw) << 4)
-            p = ldsm_x4(pb)                  # (n 0-7: k lo, k hi), (n 8-15: k lo, k hi)
-            q = ldsm_x4(pb + 16 * ROW_BYTES)  # n 16-31
-            c00 = mma_bf16(a0, p[0], p[1], c00)
-            c01 = mma_bf16(a0, p[2], p[3], c01)
-            c02 = mma_bf16(a0, q[0], q[1], c02)
-            c03 = mma_bf16(a0, q[2], q[3], c03)
-            c10 = mma_bf16(a1, p[0], p[1], c10)
-            c11 = mma_bf16(a1, p[2], p[3], c11)
-            c12 = mma_bf16(a1, q[0], q[1], c12)
-            c13 = mma_bf16(a1, q[2], q[3], c13)
-            c20 = mma_bf16(a2, p[0], p[1], c20)
-            c21 = mma_bf16(a2, p[2], p[3], c21)
-            c22 = mma_bf16(a2, q[0], q[1], c22)
-            c23 = mma_bf16(a2, q[2], q[3], c23)
-            c30 = mma_bf16(a3, p[0], p[1], c30)
-            c31 = mma_bf16(a3, p[2], p[3], c31)
-            c32 = mma_bf16(a3, q[0], q[1], c32)
-            c33 = mma_bf16(a3, q[2], q[3], c33)
+        if active:
+            for ks in range(BK // 16):
+                pa = cur + a_off + (((2 * ks + a_hi) ^ a_sw) << 4)
+                a0 = ldsm_x4(pa)
+                a1 = ldsm_x4(pa + 16 * ROW_BYTES)
+                a2 = ldsm_x4(pa + 32 * ROW_BYTES)
+                a3 = ldsm_x4(pa + 48 * ROW_BYTES)
+                pb = cur + b_off + (((2 * ks + b_hi) ^ b_sw) << 4)
+                p = ldsm_x4(pb)                  # (n 0-7: k lo, k hi), (n 8-15: k lo, k hi)
+                q = ldsm_x4(pb + 16 * ROW_BYTES)  # n 16-31
+                c00 = mma_bf16(a0, p[0], p[1], c00)
+                c01 = mma_bf16(a0, p[2], p[3], c01)
+                c02 = mma_bf16(a0, q[0], q[1], c02)
+                c03 = mma_bf16(a0, q[2], q[3], c03)
+                c10 = mma_bf16(a1, p[0], p[1], c10)
+                c11 = mma_bf16(a1, p[2], p[3], c11)
+                c12 = mma_bf16(a1, q[0], q[1], c12)
+                c13 = mma_bf16(a1, q[2], q[3], c13)
+                c20 = mma_bf16(a2, p[0], p[1], c20)
+                c21 = mma_bf16(a2, p[2], p[3], c21)
+                c22 = mma_bf16(a2, q[0], q[1], c22)
+                c23 = mma_bf16(a2, q[2], q[3], c23)
+                c30 = mma_bf16(a3, p[0], p[1], c30)
+                c31 = mma_bf16(a3, p[2], p[3], c31)
+                c32 = mma_bf16(a3, q[0], q[1], c32)
+                c33 = mma_bf16(a3, q[2], q[3], c33)
     cp_async_wait0()
+    return c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33
+
+
+@kernel((u16_2, u16_2, f32_1, f32_2, i32), sim=False, launch_bounds=(THREADS, 2))
+def gemm_mma_kernel(xb, w, bias, out, has_bias):
+    """grid gemm_grid(M, N), block 256. out[M, N] = bf16 xb[M, K] @ bf16 w[N, K]^T (+ bias), fp32."""
+    smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=128)
+    sbase = int32(smem_u32(smem))
+    tid = int32(cuda.threadIdx.x)
+    lane = tid & 31
+    warp = tid >> 5
+    wm = warp >> 2                       # 0..1: 64-row half of the CTA tile
+    wn = warp & 3                        # 0..3: 32-column quarter
+    m_dim = xb.shape[0]
+    n_dim = w.shape[0]
+    k_dim = w.shape[1]
+    # grouped rasterisation: GROUP_M row tiles walk one column tile of W together
+    pid_m, pid_n = grouped_tile(int32(cuda.blockIdx.x), int32((m_dim + BM - 1) // BM),
+                                int32((n_dim + BN - 1) // BN))
+    # global -> shared: thread copies chunk c of rows r and r + 64 of both tiles (rows clamped)
+    r = tid >> 2
+    c = tid & 3
+    xp = gptr(xb)
+    wp = gptr(w)
+    g0 = xp + (min(pid_m * BM + r, m_dim - 1) * k_dim + c * 8) * 2
+    g1 = xp + (min(pid_m * BM + r + 64, m_dim - 1) * k_dim + c * 8) * 2
+    g2 = wp + (min(pid_n * BN + r, n_dim - 1) * k_dim + c * 8) * 2
+    g3 = wp + (min(pid_n * BN + r + 64, n_dim - 1) * k_dim + c * 8) * 2
+    c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33 = _mma_tile_loop(
+        sbase, tid, wm, wn, g0, g1, g2, g3, int32(k_dim // BK), True)
     # epilogue: fragment (mi, ni) holds rows r0 + 16 mi (+8), columns c0 + 8 ni (+1)
     even = (n_dim & 1) == 0
     r0 = pid_m * BM + wm * 64 + (lane >> 2)

@@ -17,7 +17,8 @@ The numerics are moe_grouped's: x and h rounded to bf16, fp32 accumulation; the 
 sum differs, so results match it to bf16 rounding of h, not bitwise. Deterministic (no atomics).
 
 `moe_mma_grouped_kernel`: grid (ceil(N / BN), max_row_tiles(P, E)), block 256, gemm_mma's CTA
-tile (128 x 128 x 32, 8 warps as 2 x 4, 3-stage cp.async ring, one barrier per k-tile). Block
+tile and main loop (`gemm_mma._mma_tile_loop`: 128 x 128 x 32, 8 warps as 2 x 4, 3-stage
+cp.async ring, one barrier per k-tile). Block
 (bx, by) finds its expert e by binary search of tile_off (by >= tile_off[E]: exit at once) and
 owns rows [offs[e] + 128 (by - tile_off[e]), offs[e + 1]) of the sorted list, at most 128; A
 rows past the expert's last row are clamped to it (never stored), B = rows bx*128.. of the
@@ -36,11 +37,10 @@ from __future__ import annotations
 from numba import cuda, float32, int32, uint32
 
 from ninfer_nb.kernels.bf16 import from_f32
-from ninfer_nb.kernels.gemm_mma import A_BYTES, BK, BM, BN, ROW_BYTES, SMEM_WORDS, STAGE_BYTES, STAGES, THREADS
+from ninfer_nb.kernels.gemm_mma import BK, BM, BN, SMEM_WORDS, THREADS, _mma_tile_loop
 from ninfer_nb.kernels.moe_grouped import _find_tile, _silu
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, i32_1, u16_2, u16_3
-from ninfer_nb.kernels.ptx import (cp_async16, cp_async_commit, cp_async_wait0, cp_async_wait1, gptr, ldsm_x4,
-                                   mma_bf16, smem_u32, st_v2_f32)
+from ninfer_nb.kernels.ptx import gptr, smem_u32, st_v2_f32
 from ninfer_nb.kernels.registry import kernel
 
 GATHER_THREADS = 256
@@ -135,79 +135,14 @@ def moe_mma_grouped_kernel(xs, w, offs, tile_off, order, wt, scatter, out):
     k_dim = w.shape[2]
     r = tid >> 2
     c = tid & 3
-    s0 = r * ROW_BYTES + ((c ^ ((r >> 1) & 3)) << 4)      # (r + 64) has the same swizzle
-    s1 = s0 + 64 * ROW_BYTES
-    s2 = s0 + A_BYTES
-    s3 = s1 + A_BYTES
     xp = gptr(xs)
     wp = gptr(w) + e * (n_dim * k_dim * 2)
     g0 = xp + (min(row0 + r, row_end - 1) * k_dim + c * 8) * 2
     g1 = xp + (min(row0 + r + 64, row_end - 1) * k_dim + c * 8) * 2
     g2 = wp + (min(pid_n * BN + r, n_dim - 1) * k_dim + c * 8) * 2
     g3 = wp + (min(pid_n * BN + r + 64, n_dim - 1) * k_dim + c * 8) * 2
-    kt_n = int32(k_dim // BK)
-    for s in range(STAGES - 1):
-        if s < kt_n:
-            st = sbase + s * STAGE_BYTES
-            go = s * ROW_BYTES
-            cp_async16(st + s0, g0 + go)
-            cp_async16(st + s1, g1 + go)
-            cp_async16(st + s2, g2 + go)
-            cp_async16(st + s3, g3 + go)
-        cp_async_commit()
-    a_off = (wm * 64 + (lane & 15)) * ROW_BYTES
-    a_sw = ((lane & 15) >> 1) & 3
-    a_hi = lane >> 4
-    b_off = A_BYTES + (wn * 32 + ((lane >> 4) << 3) + (lane & 7)) * ROW_BYTES
-    b_sw = ((lane & 7) >> 1) & 3
-    b_hi = (lane >> 3) & 1
-    z = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-    c00, c01, c02, c03, c10, c11, c12, c13 = z, z, z, z, z, z, z, z
-    c20, c21, c22, c23, c30, c31, c32, c33 = z, z, z, z, z, z, z, z
-    rd = int32(0)
-    wr = int32(STAGES - 1)
-    for kt in range(kt_n):
-        cp_async_wait1()
-        cuda.syncthreads()
-        nk = kt + STAGES - 1
-        if nk < kt_n:
-            st = sbase + wr * STAGE_BYTES
-            go = nk * ROW_BYTES
-            cp_async16(st + s0, g0 + go)
-            cp_async16(st + s1, g1 + go)
-            cp_async16(st + s2, g2 + go)
-            cp_async16(st + s3, g3 + go)
-        cp_async_commit()
-        wr = wr + 1 if wr < STAGES - 1 else 0
-        cur = sbase + rd * STAGE_BYTES
-        rd = rd + 1 if rd < STAGES - 1 else 0
-        if active:
-            for ks in range(BK // 16):
-                pa = cur + a_off + (((2 * ks + a_hi) ^ a_sw) << 4)
-                a0 = ldsm_x4(pa)
-                a1 = ldsm_x4(pa + 16 * ROW_BYTES)
-                a2 = ldsm_x4(pa + 32 * ROW_BYTES)
-                a3 = ldsm_x4(pa + 48 * ROW_BYTES)
-                pb = cur + b_off + (((2 * ks + b_hi) ^ b_sw) << 4)
-                p = ldsm_x4(pb)
-                q = ldsm_x4(pb + 16 * ROW_BYTES)
-                c00 = mma_bf16(a0, p[0], p[1], c00)
-                c01 = mma_bf16(a0, p[2], p[3], c01)
-                c02 = mma_bf16(a0, q[0], q[1], c02)
-                c03 = mma_bf16(a0, q[2], q[3], c03)
-                c10 = mma_bf16(a1, p[0], p[1], c10)
-                c11 = mma_bf16(a1, p[2], p[3], c11)
-                c12 = mma_bf16(a1, q[0], q[1], c12)
-                c13 = mma_bf16(a1, q[2], q[3], c13)
-                c20 = mma_bf16(a2, p[0], p[1], c20)
-                c21 = mma_bf16(a2, p[2], p[3], c21)
-                c22 = mma_bf16(a2, q[0], q[1], c22)
-                c23 = mma_bf16(a2, q[2], q[3], c23)
-                c30 = mma_bf16(a3, p[0], p[1], c30)
-                c31 = mma_bf16(a3, p[2], p[3], c31)
-                c32 = mma_bf16(a3, q[0], q[1], c32)
-                c33 = mma_bf16(a3, q[2], q[3], c33)
-    cp_async_wait0()
+    c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33 = _mma_tile_loop(
+        sbase, tid, wm, wn, g0, g1, g2, g3, int32(k_dim // BK), active)
     if not active:
         return
     r0 = row0 + wm * 64 + (lane >> 2)
