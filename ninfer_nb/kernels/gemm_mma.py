@@ -112,16 +112,23 @@ def _store_rows(out, bias, has_bias, r, c, acc, m_dim, n_dim, even):
 
 
 @cuda.jit(device=True)
-def _mma_tile_loop(sbase, tid, wm, wn, g0, g1, g2, g3, kt_n, active):
-    """The 128 x 128 CTA tile's main loop, shared with moe_pipelined's grouped GEMM: the 3-stage
-    cp.async ring (this thread copies 16-byte chunk tid & 3 of rows tid >> 2 and + 64 of A,
-    global byte addresses g0 / g1, and of B, g2 / g3, advancing 64 B per k-tile), one barrier
-    per k-tile, then ldmatrix + mma.sync into this warp's 64 x 32 accumulators (16 4-tuples,
-    returned). active = False: the warp still copies and meets the barriers but skips its
-    ldmatrix / MMAs (rows that are all padding). Ends with every copy complete."""
+def _mma_tile_loop(sbase, tid, wm, wn, xp, a_row0, a_end, wp, b_row0, b_end, k_dim, active):
+    """The 128 x 128 CTA tile's main loop, shared with moe_pipelined's grouped GEMM. A = rows
+    a_row0.. of the bf16 [*, K] matrix at byte address xp, B = rows b_row0.. of the one at wp;
+    rows at or past a_end / b_end are clamped to the last valid one (computed, never stored).
+    The 3-stage cp.async ring (this thread copies 16-byte chunk tid & 3 of tile rows tid >> 2
+    and + 64 of both, advancing 64 B per k-tile), one barrier per k-tile, then ldmatrix +
+    mma.sync into this warp's 64 x 32 accumulators (16 4-tuples, returned). active = False:
+    the warp still copies and meets the barriers but skips its ldmatrix / MMAs (rows that are
+    all padding). Ends with every copy complete."""
     lane = tid & 31
     r = tid >> 2
     c = tid & 3
+    g0 = xp + (min(a_row0 + r, a_end - 1) * k_dim + c * 8) * 2
+    g1 = xp + (min(a_row0 + r + 64, a_end - 1) * k_dim + c * 8) * 2
+    g2 = wp + (min(b_row0 + r, b_end - 1) * k_dim + c * 8) * 2
+    g3 = wp + (min(b_row0 + r + 64, b_end - 1) * k_dim + c * 8) * 2
+    kt_n = int32(k_dim // BK)
     s0 = r * ROW_BYTES + ((c ^ ((r >> 1) & 3)) << 4)      # (r + 64) has the same swizzle
     s1 = s0 + 64 * ROW_BYTES
     s2 = s0 + A_BYTES
@@ -208,17 +215,8 @@ def gemm_mma_kernel(xb, w, bias, out, has_bias):
     # grouped rasterisation: GROUP_M row tiles walk one column tile of W together
     pid_m, pid_n = grouped_tile(int32(cuda.blockIdx.x), int32((m_dim + BM - 1) // BM),
                                 int32((n_dim + BN - 1) // BN))
-    # global -> shared: thread copies chunk c of rows r and r + 64 of both tiles (rows clamped)
-    r = tid >> 2
-    c = tid & 3
-    xp = gptr(xb)
-    wp = gptr(w)
-    g0 = xp + (min(pid_m * BM + r, m_dim - 1) * k_dim + c * 8) * 2
-    g1 = xp + (min(pid_m * BM + r + 64, m_dim - 1) * k_dim + c * 8) * 2
-    g2 = wp + (min(pid_n * BN + r, n_dim - 1) * k_dim + c * 8) * 2
-    g3 = wp + (min(pid_n * BN + r + 64, n_dim - 1) * k_dim + c * 8) * 2
     c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33 = _mma_tile_loop(
-        sbase, tid, wm, wn, g0, g1, g2, g3, int32(k_dim // BK), True)
+        sbase, tid, wm, wn, gptr(xb), pid_m * BM, m_dim, gptr(w), pid_n * BN, n_dim, k_dim, True)
     # epilogue: fragment (mi, ni) holds rows r0 + 16 mi (+8), columns c0 + 8 ni (+1)
     even = (n_dim & 1) == 0
     r0 = pid_m * BM + wm * 64 + (lane >> 2)

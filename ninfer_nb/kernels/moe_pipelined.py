@@ -37,7 +37,7 @@ from __future__ import annotations
 from numba import cuda, float32, int32, uint32
 
 from ninfer_nb.kernels.bf16 import from_f32
-from ninfer_nb.kernels.gemm_mma import BK, BM, BN, SMEM_WORDS, THREADS, _mma_tile_loop
+from ninfer_nb.kernels.gemm_mma import BM, BN, SMEM_WORDS, THREADS, _mma_tile_loop
 from ninfer_nb.kernels.moe_grouped import _find_tile, _silu
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, i32_1, u16_2, u16_3
 from ninfer_nb.kernels.ptx import gptr, smem_u32, st_v2_f32
@@ -133,16 +133,9 @@ def moe_mma_grouped_kernel(xs, w, offs, tile_off, order, wt, scatter, out):
     active = row0 + wm * 64 < row_end    # warp-uniform: this half holds real rows
     n_dim = w.shape[1]
     k_dim = w.shape[2]
-    r = tid >> 2
-    c = tid & 3
-    xp = gptr(xs)
-    wp = gptr(w) + e * (n_dim * k_dim * 2)
-    g0 = xp + (min(row0 + r, row_end - 1) * k_dim + c * 8) * 2
-    g1 = xp + (min(row0 + r + 64, row_end - 1) * k_dim + c * 8) * 2
-    g2 = wp + (min(pid_n * BN + r, n_dim - 1) * k_dim + c * 8) * 2
-    g3 = wp + (min(pid_n * BN + r + 64, n_dim - 1) * k_dim + c * 8) * 2
+    wp = gptr(w) + e * (n_dim * k_dim * 2)                # expert e's [N, K] weight
     c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33 = _mma_tile_loop(
-        sbase, tid, wm, wn, g0, g1, g2, g3, int32(k_dim // BK), active)
+        sbase, tid, wm, wn, gptr(xs), row0, row_end, wp, pid_n * BN, n_dim, k_dim, active)
     if not active:
         return
     r0 = row0 + wm * 64 + (lane >> 2)
