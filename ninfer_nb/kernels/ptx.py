@@ -2,8 +2,9 @@
 
 All of the engine's llvmlite-based extensions live here, because they will not port to the
 MLIR backend. The loads take an array plus a flat element index (C-contiguous arrays), so
-kernels keep array arguments. In the CUDA simulator only `mma_bf16`, `pack_bf16x2` and `as_f32`
-exist (emulated, ptx_sim.py): kernels that use them and plain indexing run there.
+kernels keep array arguments. In the CUDA simulator only `mma_bf16`, `mma_tf32`, `tf32`,
+`pack_bf16x2`, `as_f32`, `ldg_v4_f32` and `lds_v4_f32` exist (emulated, ptx_sim.py): kernels
+that use them and plain indexing run there.
 """
 from __future__ import annotations
 
@@ -172,6 +173,53 @@ def mma_bf16(typingctx, a, b0, b1, c):
     return ret(a, b0, b1, c), codegen
 
 
+def _b32(context, builder, v, ty):
+    """An fp32 or integer value as a 32-bit register (floats bit-cast, not converted)."""
+    if isinstance(ty, types.Float):
+        return builder.bitcast(context.cast(builder, v, ty, types.float32), _I32)
+    return _u32(context, builder, v, ty)
+
+
+@intrinsic
+def mma_tf32(typingctx, a, b0, b1, c):
+    """c += A(16x8 tf32, 4 regs) . B(8x8 tf32, 2 regs), fp32 accumulators (4-tuple). Lane
+    l = 4g + t holds A (g, t), (g+8, t), (g, t+4), (g+8, t+4); B rows t, t+4 of column g;
+    C rows g / g+8, columns 2t, 2t+1. Operands are fp32 values already rounded by `tf32` (the
+    tensor cores read the top 19 bits of each register)."""
+    ok = (isinstance(a, types.UniTuple) and a.count == 4 and a.dtype == types.float32
+          and b0 == types.float32 and b1 == types.float32
+          and isinstance(c, types.UniTuple) and c.count == 4 and c.dtype == types.float32)
+    if not ok:
+        return None
+    ret = types.UniTuple(types.float32, 4)
+
+    def codegen(context, builder, sig, args):
+        av = [_b32(context, builder, builder.extract_value(args[0], j), types.float32) for j in range(4)]
+        bv = [_b32(context, builder, args[1], types.float32), _b32(context, builder, args[2], types.float32)]
+        cv = [builder.extract_value(args[3], j) for j in range(4)]
+        r = _asm(builder, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                          "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+                 "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ir.LiteralStructType([_F32] * 4), av + bv + cv,
+                 side_effect=False)
+        return context.make_tuple(builder, ret, [builder.extract_value(r, j) for j in range(4)])
+
+    return ret(a, b0, b1, c), codegen
+
+
+@intrinsic
+def tf32(typingctx, x):
+    """fp32 rounded to tf32 (cvt.rna.tf32.f32: nearest, ties away; the low 13 bits zero), as fp32."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.float32)
+        r = _asm(builder, "cvt.rna.tf32.f32 $0, $1;", "=r,f", _I32, [v], side_effect=False)
+        return builder.bitcast(r, _F32)
+
+    return types.float32(x), codegen
+
+
 @intrinsic
 def pack_bf16x2(typingctx, hi, lo):
     """Two fp32 -> bf16x2 (round to nearest even): `hi` in bits 31:16, `lo` in bits 15:0."""
@@ -184,6 +232,22 @@ def pack_bf16x2(typingctx, hi, lo):
         return _asm(builder, "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", _I32, [h, lo_], side_effect=False)
 
     return types.uint32(hi, lo), codegen
+
+
+@intrinsic
+def lds_v4_f32(typingctx, arr, idx):
+    """16-byte load of arr.flat[idx .. idx + 3] from a cuda.shared.array (16-byte aligned)."""
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+    ret = types.UniTuple(types.float32, 4)
+
+    def codegen(context, builder, sig, args):
+        addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        r = _asm(builder, "{ .reg .u64 sa; cvta.to.shared.u64 sa, $4; ld.shared.v4.f32 {$0,$1,$2,$3}, [sa]; }",
+                 "=f,=f,=f,=f,l,~{memory}", ir.LiteralStructType([_F32] * 4), [addr])
+        return context.make_tuple(builder, ret, [builder.extract_value(r, j) for j in range(4)])
+
+    return ret(arr, idx), codegen
 
 
 @intrinsic
@@ -291,3 +355,7 @@ if config.ENABLE_CUDASIM:      # warp-level tensor-core ops emulated in the simu
     mma_bf16 = _sim.mma_bf16                    # noqa: F811
     pack_bf16x2 = _sim.pack_bf16x2              # noqa: F811
     as_f32 = _sim.as_f32                        # noqa: F811
+    mma_tf32 = _sim.mma_tf32                    # noqa: F811
+    tf32 = _sim.tf32                            # noqa: F811
+    lds_v4_f32 = _sim.load_v4                   # noqa: F811
+    ldg_v4_f32 = _sim.load_v4                   # noqa: F811

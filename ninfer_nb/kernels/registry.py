@@ -14,7 +14,7 @@ from typing import Any, Callable
 from numba import config, cuda
 
 MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "attention_gemm", "conv1d", "gdn",
-           "gdn_chunked",
+           "gdn_chunked", "gdn_chunked_mma",
            "moe", "moe_grouped", "moe_pipelined", "sampling", "random_fill", "gemm_mma", "gemm_wgmma")
 
 _SPECS: dict[str, "KernelSpec"] = {}

@@ -26,6 +26,7 @@ from ninfer_nb.kernels import elementwise as K_ew
 from ninfer_nb.kernels import embedding as K_emb
 from ninfer_nb.kernels import gdn as K_gdn
 from ninfer_nb.kernels import gdn_chunked as K_gdc
+from ninfer_nb.kernels import gdn_chunked_mma as K_gdm
 from ninfer_nb.kernels import gemm_mma as K_mma
 from ninfer_nb.kernels import gemm_wgmma as K_wg
 from ninfer_nb.kernels import linear as K_lin
@@ -113,6 +114,9 @@ class CudaOps:
         # Kernels written but not yet validated on a GPU (EXPERIMENTAL); bench --experimental.
         self.experimental: frozenset[str] = frozenset()
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
+        # Chunked GDN state passing: "mma" (TF32 tensor cores, kernels/gdn_chunked_mma.py) where
+        # the key head dim allows it, else "simt" (fp32 FMAs, gdn_chunked.gdc_state_kernel).
+        self.gdn_state = "mma"
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
@@ -516,7 +520,8 @@ class CudaOps:
                                  chunk: int = 64) -> Any:
         """Same contract as gated_delta_rule, chunked WY form (kernels/gdn_chunked.py, fixed chunk
         K_gdc.C = 64; `chunk` is accepted for parity with ops.cpu). T <= 16 or Dk > 128: the
-        recurrent kernel."""
+        recurrent kernel. The sequential state pass runs on TF32 tensor cores
+        (kernels/gdn_chunked_mma.py) for Dk % 16 == 0 unless self.gdn_state == "simt"."""
         t, hv, dv = v.shape
         hk, dk = k.shape[1], k.shape[2]
         if t <= K_gdc.RECURRENT_MAX_T or not K_gdc.supported(dk, dv):
@@ -532,8 +537,12 @@ class CudaOps:
             ec = self.empty((hv, nc))      # [Hv, nc]     e^gam_last per chunk
             self._go(K_gdc.gdc_prepare_kernel, (nc, hk), K_gdc.PREP_THREADS, q, k, v, g, beta, wb, qb, ub, ks,
                      ec, out)
-            self._go(K_gdc.gdc_state_kernel, (hv, (dv + K_gdc.R - 1) // K_gdc.R), K_gdc.STATE_THREADS,
-                     k, wb, qb, ub, ks, ec, state, out)
+            if self.gdn_state == "mma" and K_gdm.supported(dk, dv):
+                self._go(K_gdm.gdc_state_mma_kernel, K_gdm.grid(hv, dv), K_gdm.THREADS,
+                         k, wb, qb, ub, ks, ec, state, out)
+            else:
+                self._go(K_gdc.gdc_state_kernel, (hv, (dv + K_gdc.R - 1) // K_gdc.R), K_gdc.STATE_THREADS,
+                         k, wb, qb, ub, ks, ec, state, out)
         return out
 
     # --- mixture of experts ----------------------------------------------------------

@@ -304,7 +304,10 @@ def test_moe_grouped_top2_hot_expert(ops, monkeypatch):
 
 # --- chunked gated delta rule (kernels/gdn_chunked.py) vs the recurrent NumPy reference --------
 
-def _gdr_chunked_case(ops, seed, t, hk, hv, dk, dv):
+def _gdr_chunked_case(ops, seed, t, hk, hv, dk, dv, state_kernel="simt", tol=1e-4):
+    """state_kernel: "simt" (fp32, exact up to rounding) or "mma" (TF32 tensor cores: the
+    operands of the state products carry 10 mantissa bits, ~5e-4 relative)."""
+    ops.gdn_state = state_kernel
     rng = np.random.default_rng(seed)
     q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
     g = -np.abs(rnd(rng, t, hv, scale=0.5))                  # log decay per token, < 0
@@ -313,8 +316,8 @@ def _gdr_chunked_case(ops, seed, t, hk, hv, dk, dv):
     st_ref = st.copy()
     o = ops.gated_delta_rule_chunked(q, k, v, g, beta, st)
     ref = cpu.gated_delta_rule(q, k, v, g, beta, st_ref)
-    close(o, ref, 1e-4)
-    close(st, st_ref, 1e-4)
+    close(o, ref, tol)
+    close(st, st_ref, tol)
 
 
 def test_gdr_chunked_one_chunk_gqa(ops):
@@ -330,6 +333,15 @@ def test_gdr_chunked_partial_last_chunk(ops):
 def test_gdr_chunked_shorter_than_chunk(ops):
     """17 <= T < C: one partial chunk (T <= 16 takes the recurrent kernel)."""
     _gdr_chunked_case(ops, 33, t=20, hk=1, hv=1, dk=32, dv=32)
+
+
+def test_gdr_chunked_tensor_core_state(ops):
+    """The TF32 state pass (kernels/gdn_chunked_mma.py): a full chunk then an 8-token tail, so
+    the state carries over in the accumulators and the tail's rows are masked; Dk = 16 uses one
+    of the 8 k blocks (the others are zero). One block, the simulator's mma is slow (~25 s per
+    chunk); the GPU tests cover Hv/Hk > 1, ragged Dv and the model shapes. Measured here: ~5e-4
+    of the largest value (TF32 operand rounding), bound 3e-3."""
+    _gdr_chunked_case(ops, 34, t=72, hk=1, hv=1, dk=16, dv=32, state_kernel="mma", tol=3e-3)
 
 
 # --- tiled GQA prefill attention (kernels/attention.py attn_prefill_kernel) --------------------
@@ -489,8 +501,8 @@ def test_whole_hybrid_model_prefill_chunk_matches_cpu(ops):
     """A tiny dense Qwen3.5 through CudaOps in the simulator against the CPU backend, for a
     prefill chunk that continues a sequence (positions 17..33; the first chunk runs on the CPU
     and its caches are copied over): fused projections and ops.split, one conv over q|k|v with a
-    nonzero conv state, the chunked GDN from a nonzero state, GQA prefill attention over cached
-    keys, norms. (The MoE pieces have their own cases above: the simulator is too slow for a
+    nonzero conv state, the chunked GDN (SIMT state pass) from a nonzero state, GQA prefill
+    attention over cached keys, norms. (The MoE pieces have their own cases above: the simulator is too slow for a
     whole MoE model in CI.)"""
     from ninfer_nb.config import ModelConfig
     from ninfer_nb.engine.backend import random_array
@@ -506,6 +518,7 @@ def test_whole_hybrid_model_prefill_chunk_matches_cpu(ops):
     rng = np.random.default_rng(21)
     w = random_weights(cfg, lambda shape, kind: random_array(rng, shape, kind))
     ids = rng.integers(0, cfg.vocab_size, 34)
+    ops.gdn_state = "simt"       # the TF32 state pass has its own case (simulated mma: CI time)
     pos = np.arange(34)
     cpu_state = new_state(cfg, 64, np.zeros)
     Decoder(cfg, w).forward(cpu, ids[:17], pos[:17], cpu_state)            # first chunk: CPU
