@@ -42,10 +42,11 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
-EXPERIMENTAL = {          # opt-in kernels (name: what), off until a GPU run shows they win
-    "fused_router": "decode MoE router GEMV + top-k in one launch (moe.moe_router_fused_kernel)",
-    "gemv_swiglu": "decode MLP gate_up GEMV with the SwiGLU in its epilogue (linear.gemv_bf16_swiglu_kernel)",
-}
+# Opt-in kernels (name: what), off until a GPU run shows they win; none at present. Promoted
+# after the H200 run of 2026-11-29 (fifth session): the one-launch decode router
+# (moe_router_fused_kernel, 10.6 -> 10.3 us and one launch less per 35B layer) and the
+# SwiGLU-epilogue GEMV (gemv_bf16_swiglu_kernel, 89.2 -> 86.3 us per 27B MLP).
+EXPERIMENTAL: dict[str, str] = {}
 # Prefill MoE on the pipelined GEMM (kernels/moe_pipelined.py) from this many routed pairs
 # (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape: T = 2048, k = 9: 2.08 vs
 # 4.04 ms per layer; T = 512, k = 8: 1.82 vs 2.10 ms; 140-280 pairs: slower (more launches).
@@ -227,13 +228,13 @@ class CudaOps:
         return out
 
     def linear_swiglu(self, x: Any, gate_up: Any) -> Any:
-        """swiglu(linear(x, gate_up)); with "gemv_swiglu" on, up to GEMV_MAX_T tokens and a bf16
-        weight, one GEMV kernel with the SwiGLU in its epilogue."""
+        """swiglu(linear(x, gate_up)); up to GEMV_MAX_T tokens and a bf16 weight: one GEMV
+        kernel with the SwiGLU in its epilogue (kernels/linear.py gemv_bf16_swiglu_kernel)."""
         two_i, k = gate_up.shape
         _need(x.shape[-1] == k and two_i % 2 == 0, f"linear_swiglu: x {x.shape} vs weight {gate_up.shape}")
         x2 = _rows(x, k)
         t = x2.shape[0]
-        if not ("gemv_swiglu" in self.experimental and 0 < t <= K_lin.GEMV_MAX_T and not SIM
+        if not (0 < t <= K_lin.GEMV_MAX_T and not SIM
                 and gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(x2) % 16 == 0):
             return self.swiglu(self.linear(x, gate_up))
         out = self.empty(tuple(x.shape[:-1]) + (two_i // 2,))             # [T, I]
@@ -548,11 +549,11 @@ class CudaOps:
     # --- mixture of experts ----------------------------------------------------------
     def moe_router(self, x: Any, weight: Any, top_k: int, renormalize: bool = True,
                    shared_slot: bool = False) -> tuple[Any, Any]:
-        """moe_route(linear(x, weight), ...); with "fused_router" on, one token and a bf16 router,
-        one kernel (kernels/moe.py moe_router_fused_kernel) with a persistent arrival counter."""
+        """moe_route(linear(x, weight), ...); for one token and a bf16 router: one kernel
+        (kernels/moe.py moe_router_fused_kernel) with a persistent arrival counter."""
         n, k = weight.shape
         t = x.size // k if k else 0
-        if not ("fused_router" in self.experimental and t == 1 and not SIM and weight.dtype == bfloat16
+        if not (t == 1 and not SIM and weight.dtype == bfloat16
                 and k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x) % 16 == 0
                 and n - int(shared_slot) <= K_moe.ROUTE_MAX_E and 0 < top_k < K_moe.MAX_TOPK):
             return self.moe_route(self.linear(x, weight), top_k, renormalize, shared_slot)

@@ -106,19 +106,19 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
 
 
 @pytest.mark.parametrize("i,k,t", [(17408, 5120, 1), (512, 2048, 4), (96, 264, 6), (3, 16, 16)])
-def test_linear_swiglu_gemv(env, rng, i, k, t, monkeypatch):
-    """The experimental SwiGLU-epilogue GEMV ("gemv_swiglu") against the GEMV + swiglu pair and
-    NumPy (the 27B MLP shape, a ragged last block, 1-4 passes over the tokens); prints both
-    times at the 27B shape (-s)."""
+def test_linear_swiglu_gemv(env, rng, i, k, t):
+    """ops.linear_swiglu's SwiGLU-epilogue GEMV against the GEMV + swiglu pair and NumPy (the
+    27B MLP shape, a ragged last block, 1-4 passes over the tokens); prints both times at the
+    27B shape (-s)."""
     ops = env.fresh()
     w = rnd_bf16(rng, 2 * i, k)
     x = rnd(rng, t, k)
     X, W = env.up(x), env.up(w)
     ref = cpu.linear_swiglu(x, w.astype(np.float32))
     times, outs = {}, {}
+    calls = {False: lambda: ops.swiglu(ops.linear(X, W)), True: lambda: ops.linear_swiglu(X, W)}
     for fused in (False, True):
-        monkeypatch.setattr(ops, "experimental", frozenset(["gemv_swiglu"] if fused else []))
-        times[fused], o = _best_time(env, lambda: ops.linear_swiglu(X, W), reps=5, graph=True)
+        times[fused], o = _best_time(env, calls[fused], reps=5, graph=True)
         outs[fused] = env.host(o)
     close(outs[True], ref, TOL32 * 10)
     close(outs[True], outs[False], TOL32 * 10)
@@ -413,8 +413,8 @@ def test_gated_delta_rule_raw_gates(env, rng, t, hk, hv, dk, dv):
 
 @pytest.mark.parametrize("e,k,h,shared,renorm", [(256, 8, 2048, True, True), (128, 8, 2048, False, False),
                                                 (60, 4, 104, True, False)])
-def test_moe_router_fused(env, rng, e, k, h, shared, renorm, monkeypatch):
-    """The experimental one-launch decode router (GEMV + top-k in the last block) against the
+def test_moe_router_fused(env, rng, e, k, h, shared, renorm):
+    """ops.moe_router's one-launch decode router (GEMV + top-k in the last block) against the
     GEMV + moe_route pair and NumPy: same ids, same weights; repeated launches (the arrival
     counter must come back to 0, also inside a graph); prints both times at the 35B shape."""
     ops = env.fresh()
@@ -423,13 +423,14 @@ def test_moe_router_fused(env, rng, e, k, h, shared, renorm, monkeypatch):
     X, W = env.up(x), env.up(w)
     ir, wr = cpu.moe_router(x, w.astype(np.float32), k, renorm, shared)
     times = {}
+    calls = {False: lambda: ops.moe_route(ops.linear(X, W), k, renorm, shared),
+             True: lambda: ops.moe_router(X, W, k, renorm, shared)}
     for fused in (False, True):
-        monkeypatch.setattr(ops, "experimental", frozenset(["fused_router"] if fused else []))
         for _ in range(3):
-            ids, wts = ops.moe_router(X, W, k, renorm, shared)
+            ids, wts = calls[fused]()
             np.testing.assert_array_equal(env.host(ids), ir)
             close(env.host(wts), wr, TOL32 * 10)
-        times[fused], (ids, wts) = _best_time(env, lambda: ops.moe_router(X, W, k, renorm, shared), reps=5, graph=True)
+        times[fused], (ids, wts) = _best_time(env, calls[fused], reps=5, graph=True)
         np.testing.assert_array_equal(env.host(ids), ir)
     if e == 256:
         print(f"\nMoE router E={e}+{int(shared)} k={k} H={h}: GEMV + route {times[False] * 1e6:.1f} us, "
