@@ -37,7 +37,7 @@ from numba import cuda, float32
 
 from ninfer_nb.kernels.gdn_chunked import C
 from ninfer_nb.kernels.nbtypes import f32_2, f32_3
-from ninfer_nb.kernels.ptx import ldg_v4_f32, lds_v4_f32, mma_tf32, tf32
+from ninfer_nb.kernels.ptx import ldg_f32, ldg_v4_f32, lds_v4_f32, mma_tf32, tf32
 from ninfer_nb.kernels.registry import kernel
 
 MAX_DK = 128
@@ -83,6 +83,23 @@ def _tf32_4(v):
     return tf32(v[0]), tf32(v[1]), tf32(v[2]), tf32(v[3])
 
 
+@cuda.jit(device=True, inline=True)
+def _load_a(af, src, h, i_lo, n_t, d_k, t, kb0, kb1):
+    """af[kb, 0 / 1, :] = src[h, i_lo / i_lo + 8, 16 kb + 4t .. + 3] for kb0 <= kb < kb1, raw
+    (the A fragments of rows i_lo, i_lo + 8 in the permuted k order): unconditional 16-byte
+    loads from clamped rows and k blocks. Nothing here uses the values, so a prefetch does not
+    stall the warp; the X loop masks and rounds them."""
+    b_lo = (h * n_t + min(i_lo, n_t - 1)) * d_k
+    b_hi = (h * n_t + min(i_lo + 8, n_t - 1)) * d_k
+    for kb in range(kb0, kb1):
+        col = min(16 * kb, d_k - 16) + 4 * t
+        lo = ldg_v4_f32(src, b_lo + col)
+        hi = ldg_v4_f32(src, b_hi + col)
+        for j in range(4):
+            af[kb, 0, j] = lo[j]
+            af[kb, 1, j] = hi[j]
+
+
 @kernel((f32_3, f32_3, f32_3, f32_3, f32_2, f32_2, f32_3, f32_3), launch_bounds=(THREADS, MIN_BLOCKS))
 def gdc_state_mma_kernel(k, wb, qb, ub, ks, ec, state, out):
     """k [T, Hk, Dk] raw; wb, qb [Hv, T, Dk]; ub [Hv, T, Dv]; ks [Hv, T]; ec [Hv, ceil(T/C)];
@@ -93,6 +110,7 @@ def gdc_state_mma_kernel(k, wb, qb, ub, ks, ec, state, out):
     af = cuda.local.array((KB, 2, 4), float32)        # this warp's X rows g / g+8, per k block
     uo = cuda.local.array((4, 2, 2), float32)         # U (W warps) or out (Q' warps) at X's slots
     kf = cuda.local.array((CB, 2, 4), float32)        # K~ column slots per chunk-row block
+    ksv = cuda.local.array((CB, 4), float32)          # ks at those rows
     s_master = cuda.shared.array(M_WORDS, float32)    # fp32 S [RT][MLD]; each thread its own
 
     h = cuda.blockIdx.x
@@ -105,9 +123,14 @@ def gdc_state_mma_kernel(k, wb, qb, ub, ks, ec, state, out):
     d_k = wb.shape[2]
     d_v = ub.shape[2]
     hv = ub.shape[0]
-    hk = h // (hv // k.shape[1])
-    n_kb = d_k // 16
+    n_hk = k.shape[1]
+    hk = h // (hv // n_hk)
+    kcol0 = min(16 * warp + g, d_k - 1)    # this warp's two K~ columns (update B operand)
+    kcol1 = min(16 * warp + 8 + g, d_k - 1)
+    kok0 = 16 * warp + g < d_k
+    kok1 = 16 * warp + 8 + g < d_k
     nc = (n_t + C - 1) // C
+    n_kb = d_k // 16
 
     # --- S slice into the accumulators and its tf32 copy into shared memory --------------------
     for mt in range(2):
@@ -125,23 +148,13 @@ def gdc_state_mma_kernel(k, wb, qb, ub, ks, ec, state, out):
     is_w = warp < 4                        # X rows 16 warp..: W rows (V') or Q' rows (out)
     src = wb if is_w else qb
     m0 = 16 * (warp & 3)                   # chunk row of this warp's X tile
+    _load_a(af, src, h, m0 + g, n_t, d_k, t, 0, KB)      # chunk 0's A fragments
     for c in range(nc):
         c0 = c * C
-        # --- A fragments of [W; Q'] (this warp's 16 rows), all loads issued before the mma ----
-        i_lo = c0 + m0 + g
+        i_lo = c0 + m0 + g                 # this lane's X rows (chunk tokens)
         i_hi = i_lo + 8
         ok_lo = i_lo < n_t
         ok_hi = i_hi < n_t
-        b_lo = (h * n_t + min(i_lo, n_t - 1)) * d_k
-        b_hi = (h * n_t + min(i_hi, n_t - 1)) * d_k
-        for kb in range(KB):
-            col = min(16 * kb, d_k - 16) + 4 * t
-            ok_k = kb < n_kb
-            lo = _tf32_4(_zero_unless(ok_lo and ok_k, ldg_v4_f32(src, b_lo + col)))
-            hi = _tf32_4(_zero_unless(ok_hi and ok_k, ldg_v4_f32(src, b_hi + col)))
-            for j in range(4):
-                af[kb, 0, j] = lo[j]
-                af[kb, 1, j] = hi[j]
 
         # --- X = [W; Q'] S^T: this warp's 16 rows x RT columns, K = Dk -------------------------
         z = float32(0.0)
@@ -150,8 +163,8 @@ def gdc_state_mma_kernel(k, wb, qb, ub, ks, ec, state, out):
         x2 = (z, z, z, z)
         x3 = (z, z, z, z)
         for kb in range(KB):
-            alo = (af[kb, 0, 0], af[kb, 0, 1], af[kb, 0, 2], af[kb, 0, 3])
-            ahi = (af[kb, 1, 0], af[kb, 1, 1], af[kb, 1, 2], af[kb, 1, 3])
+            alo = _tf32_4(_zero_unless(ok_lo and kb < n_kb, (af[kb, 0, 0], af[kb, 0, 1], af[kb, 0, 2], af[kb, 0, 3])))
+            ahi = _tf32_4(_zero_unless(ok_hi and kb < n_kb, (af[kb, 1, 0], af[kb, 1, 1], af[kb, 1, 2], af[kb, 1, 3])))
             sb = g * SLD + 16 * kb + 4 * t
             x0 = _mma_k16(x0, alo, ahi, lds_v4_f32(s_sm, sb))
             x1 = _mma_k16(x1, alo, ahi, lds_v4_f32(s_sm, sb + 8 * SLD))
@@ -159,38 +172,59 @@ def gdc_state_mma_kernel(k, wb, qb, ub, ks, ec, state, out):
             x3 = _mma_k16(x3, alo, ahi, lds_v4_f32(s_sm, sb + 24 * SLD))
 
         # --- V' = U - X[:C] (tf32, transposed, shared) or out += X[C:] --------------------------
-        for nt in range(4):
-            for j in range(4):
-                i = i_hi if j >= 2 else i_lo
-                r = r0 + 8 * nt + 2 * t + (j & 1)
-                ic = min(i, n_t - 1)
-                rc = min(r, d_v - 1)
-                uo[nt, j >> 1, j & 1] = ub[h, ic, rc] if is_w else out[ic, h, rc]
-        for nt in range(4):
-            xv = x0 if nt == 0 else (x1 if nt == 1 else (x2 if nt == 2 else x3))
-            for j in range(4):
-                i = i_hi if j >= 2 else i_lo
-                rl = 8 * nt + 2 * t + (j & 1)
-                ok = i < n_t and r0 + rl < d_v
-                u = uo[nt, j >> 1, j & 1]
-                if is_w:
-                    vt_sm[rl * VTLD + m0 + g + 8 * (j >> 1)] = tf32(u - xv[j]) if ok else float32(0.0)
-                elif ok:
-                    out[i, h, r0 + rl] = u + xv[j]
+        # every load unconditional (clamped address) and in one basic block, so all 16 are in
+        # flight together; masking happens on the values
+        ic_lo = min(i_lo, n_t - 1)
+        ic_hi = min(i_hi, n_t - 1)
+        if is_w:
+            base_lo = (h * n_t + ic_lo) * d_v
+            base_hi = (h * n_t + ic_hi) * d_v
+            for nt in range(4):
+                for j in range(4):
+                    rc = min(r0 + 8 * nt + 2 * t + (j & 1), d_v - 1)
+                    uo[nt, j >> 1, j & 1] = ldg_f32(ub, (base_hi if j >= 2 else base_lo) + rc)
+        else:
+            base_lo = (ic_lo * hv + h) * d_v
+            base_hi = (ic_hi * hv + h) * d_v
+            for nt in range(4):
+                for j in range(4):
+                    rc = min(r0 + 8 * nt + 2 * t + (j & 1), d_v - 1)
+                    uo[nt, j >> 1, j & 1] = ldg_f32(out, (base_hi if j >= 2 else base_lo) + rc)
+        if is_w:
+            for nt in range(4):
+                xv = x0 if nt == 0 else (x1 if nt == 1 else (x2 if nt == 2 else x3))
+                for j in range(4):
+                    rl = 8 * nt + 2 * t + (j & 1)
+                    ok = (ok_hi if j >= 2 else ok_lo) and r0 + rl < d_v
+                    v = tf32(uo[nt, j >> 1, j & 1] - xv[j])
+                    vt_sm[rl * VTLD + m0 + g + 8 * (j >> 1)] = v if ok else float32(0.0)
+        else:
+            for nt in range(4):
+                xv = x0 if nt == 0 else (x1 if nt == 1 else (x2 if nt == 2 else x3))
+                for j in range(4):
+                    rl = 8 * nt + 2 * t + (j & 1)
+                    if (ok_hi if j >= 2 else ok_lo) and r0 + rl < d_v:
+                        out[i_hi if j >= 2 else i_lo, h, r0 + rl] = uo[nt, j >> 1, j & 1] + xv[j]
 
         cuda.syncthreads()                 # V'^T complete; every warp is done reading s_sm
 
         # --- K~ column slots for the update (rows 16 cb + 4t + j, columns of this warp), loaded
-        # after the barrier so they do not compete with the A fragments for registers ----------
+        # after the barrier so they do not compete with the A fragments for registers; again
+        # all loads first (clamped), then the masks ---------------------------------------------
         for cb in range(CB):
             for j in range(4):
-                i = c0 + 16 * cb + 4 * t + j
-                ic = min(i, n_t - 1)
-                sc = ks[h, ic] if i < n_t else float32(0.0)
-                for nt in range(2):
-                    d = 16 * warp + 8 * nt + g
-                    kv = k[ic, hk, min(d, d_k - 1)]
-                    kf[cb, nt, j] = tf32(kv * sc) if d < d_k else float32(0.0)
+                ic = min(c0 + 16 * cb + 4 * t + j, n_t - 1)
+                ksv[cb, j] = ldg_f32(ks, h * n_t + ic)
+                kf[cb, 0, j] = ldg_f32(k, (ic * n_hk + hk) * d_k + kcol0)
+                kf[cb, 1, j] = ldg_f32(k, (ic * n_hk + hk) * d_k + kcol1)
+        for cb in range(CB):
+            for j in range(4):
+                sc = ksv[cb, j] if c0 + 16 * cb + 4 * t + j < n_t else float32(0.0)
+                kf[cb, 0, j] = tf32(kf[cb, 0, j] * sc) if kok0 else float32(0.0)
+                kf[cb, 1, j] = tf32(kf[cb, 1, j] * sc) if kok1 else float32(0.0)
+
+        if c + 1 < nc:                     # half the next chunk's A fragments, in flight during the update
+            _load_a(af, src, h, c0 + C + m0 + g, n_t, d_k, t, 0, KB // 2)
 
         # --- S = ec S + V'^T K~ ---------------------------------------------------------------
         e_c = ec[h, c]
@@ -207,6 +241,8 @@ def gdc_state_mma_kernel(k, wb, qb, ub, ks, ec, state, out):
                     s_master[mb + 8 * MLD * (j >> 1) + (j & 1)] = acc[j]
                     r = 16 * mt + g + 8 * (j >> 1)
                     s_sm[r * SLD + 16 * warp + 8 * nt + 2 * t + (j & 1)] = tf32(acc[j])
+        if c + 1 < nc:                     # the other half (registers: the update holds K~)
+            _load_a(af, src, h, c0 + C + m0 + g, n_t, d_k, t, KB // 2, KB)
         cuda.syncthreads()                 # the new S copy is complete; V'^T may be overwritten
 
     for mt in range(2):

@@ -3,7 +3,7 @@
 All of the engine's llvmlite-based extensions live here, because they will not port to the
 MLIR backend. The loads take an array plus a flat element index (C-contiguous arrays), so
 kernels keep array arguments. In the CUDA simulator only `mma_bf16`, `mma_tf32`, `tf32`,
-`pack_bf16x2`, `as_f32`, `ldg_v4_f32` and `lds_v4_f32` exist (emulated, ptx_sim.py): kernels
+`pack_bf16x2`, `as_f32`, `ldg_f32`, `ldg_v4_f32` and `lds_v4_f32` exist (emulated, ptx_sim.py): kernels
 that use them and plain indexing run there.
 """
 from __future__ import annotations
@@ -49,6 +49,20 @@ ldg_stream_v4_u32 = _make_v4_load(
     "ldg_stream_v4_u32", "ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {$0,$1,$2,$3}, [$4];", _I32, types.uint32)
 # 16-byte read-only load (activations, reused from L1/L2).
 ldg_v4_f32 = _make_v4_load("ldg_v4_f32", "ld.global.nc.v4.f32 {$0,$1,$2,$3}, [$4];", _F32, types.float32)
+
+
+@intrinsic
+def ldg_f32(typingctx, arr, idx):
+    """Read-only fp32 load of arr.flat[idx] (C-contiguous; no numba index arithmetic)."""
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        return builder.call(ir.InlineAsm(ir.FunctionType(_F32, [_I64]), "ld.global.nc.f32 $0, [$1];", "=f,l",
+                                         side_effect=False), [addr])
+
+    return types.float32(arr, idx), codegen
 
 
 @intrinsic
@@ -359,3 +373,4 @@ if config.ENABLE_CUDASIM:      # warp-level tensor-core ops emulated in the simu
     tf32 = _sim.tf32                            # noqa: F811
     lds_v4_f32 = _sim.load_v4                   # noqa: F811
     ldg_v4_f32 = _sim.load_v4                   # noqa: F811
+    ldg_f32 = _sim.load                         # noqa: F811

@@ -109,6 +109,11 @@ def tf32(x) -> np.float32:
     return np.uint32(((b + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF).view(np.float32)
 
 
+def load(arr, idx):
+    """ldg_f32: arr.flat[idx]."""
+    return arr.reshape(-1)[int(idx)]
+
+
 def load_v4(arr, idx):
     """ldg_v4_f32 / lds_v4_f32: arr.flat[idx .. idx + 3]."""
     flat = arr.reshape(-1)

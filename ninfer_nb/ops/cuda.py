@@ -36,6 +36,7 @@ from ninfer_nb.kernels import moe_pipelined as K_moep
 from ninfer_nb.kernels import norm as K_norm
 from ninfer_nb.kernels import rope as K_rope
 from ninfer_nb.kernels import sampling as K_smp
+from ninfer_nb.runtime.launch import Launcher
 from ninfer_nb.runtime.tensor import Tensor, bfloat16
 
 SIM = bool(config.ENABLE_CUDASIM)
@@ -115,6 +116,8 @@ class CudaOps:
         # Kernels written but not yet validated on a GPU (EXPERIMENTAL); bench --experimental.
         self.experimental: frozenset[str] = frozenset()
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
+        self._launchers: dict[str, Launcher] = {}                     # kernel name -> direct launcher
+        self._cu_stream = None if SIM else stream.cu                  # CUstream for cuLaunchKernel
         # Chunked GDN state passing: "mma" (TF32 tensor cores, kernels/gdn_chunked_mma.py) where
         # the key head dim allows it, else "simt" (fp32 FMAs, gdn_chunked.gdc_state_kernel).
         self.gdn_state = "mma"
@@ -163,8 +166,20 @@ class CudaOps:
             if mark is not None:
                 self.scratch.offset = mark
 
-    def _go(self, spec: Any, grid: Any, block: int, *args: Any) -> None:
-        spec[grid, block, self.stream.numba](*[_kv(a) for a in args])
+    def _go(self, spec: Any, grid: Any, block: int, *args: Any, smem: int = 0) -> None:
+        """Launch `spec` on the engine stream: straight through cuLaunchKernel
+        (runtime/launch.py) when every array argument is a device Tensor, else (the simulator,
+        host arrays) through numba's dispatcher."""
+        if not SIM and not any(isinstance(a, np.ndarray) for a in args):
+            launcher = self._launchers.get(spec.name)
+            if launcher is None:
+                launcher = self._launchers[spec.name] = Launcher(spec.get())
+            launcher(grid, block, self._cu_stream, args, smem)
+            return
+        if smem:
+            spec[grid, block, self.stream.numba, smem](*[_kv(a) for a in args])
+        else:
+            spec[grid, block, self.stream.numba](*[_kv(a) for a in args])
 
     # --- elementwise / norms ---------------------------------------------------------
     def embedding(self, table: Any, ids: Any) -> Any:
@@ -346,8 +361,8 @@ class CudaOps:
         m, n = out.shape
         b = bias if bias is not None else out.reshape(-1)               # unused dummy
         if self.use_wgmma and m >= K_wg.MIN_M:
-            K_wg.gemm_wgmma_kernel[K_wg.gemm_grid(m, n), K_wg.THREADS, self.stream.numba, K_wg.SMEM_BYTES](
-                xb, weight, b, out, has_bias)
+            self._go(K_wg.gemm_wgmma_kernel, K_wg.gemm_grid(m, n), K_wg.THREADS, xb, weight, b, out, has_bias,
+                     smem=K_wg.SMEM_BYTES)
         else:
             self._go(K_mma.gemm_mma_kernel, K_mma.gemm_grid(m, n), K_mma.THREADS, xb, weight, b, out, has_bias)
 

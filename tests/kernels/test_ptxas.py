@@ -22,9 +22,11 @@ SPECS = all_specs()
 NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemm_mma_kernel", "gemm_wgmma_kernel", "attn_prefill_mma_kernel",
             "attn_split_kernel", "attn_combine_kernel", "moe_gate_up_unrolled_kernel", "moe_down_unrolled_kernel",
             "moe_grouped_gate_up_kernel", "moe_grouped_down_kernel", "moe_mma_grouped_kernel", "moe_router_fused_kernel",
-            "add_rms_norm_kernel", "gdc_state_mma_kernel"}
-# the inline-PTX / shuffle ones, and the simulator-safe mma kernels (emulated there) in NO_SPILL
-PTX_KERNELS = sorted(n for n, s in SPECS.items() if not s.sim or n in NO_SPILL)
+            "add_rms_norm_kernel"}
+# simulator-safe kernels whose PTX intrinsics are emulated there (ptx_sim.py), assembled here too
+SIM_EMULATED_PTX = {"gdc_state_mma_kernel"}
+# the inline-PTX / shuffle ones, and the simulator-safe mma kernels (emulated there)
+PTX_KERNELS = sorted(n for n, s in SPECS.items() if not s.sim or n in NO_SPILL or n in SIM_EMULATED_PTX)
 
 
 def _ptxas() -> str | None:

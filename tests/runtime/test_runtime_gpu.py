@@ -106,3 +106,77 @@ def test_capture_ends_when_launch_raises(env) -> None:
         graph.capture(bad)
     env.stream.synchronize()                       # would fail if capture were still open
     assert not graph.ready
+
+
+def test_direct_launch_matches_numba_dispatch(env) -> None:
+    """runtime/launch.py: the same kernels launched through cuLaunchKernel with hand-packed
+    parameters and through numba's dispatcher give identical outputs (a 3-signature kernel
+    picked by its cache dtype, int32 / float32 scalars, 2-D grids); a dtype or ndim no
+    signature takes raises TypeError; prints the host time per launch of both paths (-s)."""
+    import time
+
+    from ninfer_nb.kernels import norm as K_norm
+    from ninfer_nb.kernels import rope as K_rope
+    from ninfer_nb.runtime.launch import Launcher
+    from ninfer_nb.runtime.tensor import bfloat16
+
+    ops = env.fresh()
+    rng = np.random.default_rng()
+    x, r, w = rnd(rng, 37, 1000), rnd(rng, 37, 1000), rnd(rng, 1000)
+    X, Rr, W = env.up(x), env.up(r), env.up(w)
+    outs = []
+    for direct in (True, False):
+        o, s = ops.empty((37, 1000)), ops.empty((37, 1000))
+        args = (X, Rr, W, o, s, np.float32(1e-6))
+        if direct:
+            Launcher(K_norm.add_rms_norm_kernel.get())(37, K_norm.threads_for(1000), env.stream.cu, args)
+        else:
+            K_norm.add_rms_norm_kernel[37, K_norm.threads_for(1000), env.stream.numba](*args)
+        outs.append((env.host(o), env.host(s)))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    ref_n, ref_s = cpu.add_rms_norm(x, r, w, 1e-6)
+    close(outs[0][0], ref_n, 1e-5)
+
+    # a 2-signature kernel (fp32 / bf16 caches) on a 2-D grid, picked by the cache dtype
+    from ninfer_nb.kernels import attention as K_attn
+
+    launcher = Launcher(K_attn.kv_store_kernel.get())
+    assert len(launcher.overloads) == 2
+    t, hkv, d = 3, 2, 64
+    k, v = env.up(rnd(rng, t, hkv, d)), env.up(rnd(rng, t, hkv, d))
+    pos = env.up(np.array([5, 9, 11], np.int32))
+    for cdtype in (np.float32, bfloat16):
+        caches = {}
+        for direct in (True, False):
+            kc = env.up(rnd(rng, 16, hkv, d), dtype=cdtype)
+            vc = env.up(rnd(rng, 16, hkv, d), dtype=cdtype)
+            if direct:
+                launcher((hkv, t), 128, env.stream.cu, (kc, vc, k, v, pos))
+            else:
+                K_attn.kv_store_kernel[(hkv, t), 128, env.stream.numba](kc, vc, k, v, pos)
+            caches[direct] = env.host(kc).astype(np.float32)[[5, 9, 11]]
+        np.testing.assert_array_equal(caches[True], caches[False])
+        close(caches[True], env.host(k), 1e-2 if cdtype == bfloat16 else 0.0)
+    with pytest.raises(TypeError, match="no compiled signature"):
+        flat = k.reshape(t, hkv * d)                          # ndim 2 where the kernel wants 3
+        launcher((hkv, t), 128, env.stream.cu, (flat, flat, k, v, pos))
+
+    # host time per launch (the reason for the direct path)
+    n = 2000
+    times = {}
+    for direct in (True, False):
+        o, s = ops.empty((37, 1000)), ops.empty((37, 1000))
+        args = (X, Rr, W, o, s, np.float32(1e-6))
+        lau = Launcher(K_norm.add_rms_norm_kernel.get())
+        env.stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            if direct:
+                lau(37, 256, env.stream.cu, args)
+            else:
+                K_norm.add_rms_norm_kernel[37, 256, env.stream.numba](*args)
+        times[direct] = (time.perf_counter() - t0) / n
+        env.stream.synchronize()
+    print(f"\nhost time per launch, add_rms_norm (5 arrays + 1 scalar): direct {times[True] * 1e6:.1f} us, "
+          f"numba dispatcher {times[False] * 1e6:.1f} us")
