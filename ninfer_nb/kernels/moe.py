@@ -28,19 +28,13 @@ from numba import cuda, float32, int32
 from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.linear import _dot8, _stream_pair, warp_sum
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
-from ninfer_nb.kernels.ptx import ldg_stream_v4_u32, ldg_v4_f32
+from ninfer_nb.kernels.ptx import fence_acq_rel_gpu, ldg_stream_v4_u32, ldg_v4_f32
 from ninfer_nb.kernels.registry import kernel
 
 ROUTE_BLOCK = 256     # power of two
 ROUTE_MAX_E = 1024    # experts per router row
 MAX_TOPK = 32
 MOE_WARPS = 8
-
-
-@cuda.jit(device=True)
-def _beats(u, v, j, e):
-    """1 if logit u of expert j ranks before logit v of expert e (larger, or equal and lower id)."""
-    return 1 if (u > v or (u == v and j < e)) else 0
 
 
 @kernel((f32_2, i32, i32, i32, i32_2, f32_2))
@@ -78,17 +72,25 @@ def _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, t):
     cuda.syncthreads()
     for e in range(tid, n_exp, nthr):
         v = row[e]
+        # rank = #larger + #equal with a lower id. The main pass counts larger and equal
+        # logits, branch-free, 4 independent shared loads per step (a plain loop waits on every
+        # load in turn: moe_route was 11.5 us per token at E = 256 in the 35B decode profile);
+        # only a tie (another expert with the same logit) takes the second, exact pass.
         rank = 0
+        same = 0
         j = 0
-        # 4 independent shared loads per step: a plain loop waits on every load in turn
-        # (moe_route was 11.5 us per token at E = 256 in the 35B decode profile)
         while j + 4 <= n_exp:
-            rank += (_beats(row[j], v, j, e) + _beats(row[j + 1], v, j + 1, e)
-                     + _beats(row[j + 2], v, j + 2, e) + _beats(row[j + 3], v, j + 3, e))
+            u0, u1, u2, u3 = row[j], row[j + 1], row[j + 2], row[j + 3]
+            rank += int32(u0 > v) + int32(u1 > v) + int32(u2 > v) + int32(u3 > v)
+            same += int32(u0 == v) + int32(u1 == v) + int32(u2 == v) + int32(u3 == v)
             j += 4
         while j < n_exp:
-            rank += _beats(row[j], v, j, e)
+            rank += int32(row[j] > v)
+            same += int32(row[j] == v)
             j += 1
+        if same > 1:                             # ties: the lower ids among them rank first
+            for j2 in range(e):
+                rank += int32(row[j2] == v)
         if rank < top_k:
             ids[t, rank] = e
             top_p[rank] = v                      # logit for now; the max is slot 0's
@@ -150,14 +152,14 @@ def moe_router_fused_kernel(x, w, logits, counter, top_k, renorm, shared, ids, w
             logits[n0] = a0
             if has1:
                 logits[n1] = a1
-    cuda.threadfence()
+    fence_acq_rel_gpu()                          # this block's logits before its arrival
     cuda.syncthreads()
     if tid == 0:
         last[0] = 1 if cuda.atomic.add(counter, 0, 1) == cuda.gridDim.x - 1 else 0
     cuda.syncthreads()
     if last[0] == 0:
         return
-    cuda.threadfence()
+    fence_acq_rel_gpu()                          # every block's logits after the last arrival
     n_exp = n_rows - shared
     for e in range(tid, n_exp, cuda.blockDim.x):
         row[e] = logits[e]

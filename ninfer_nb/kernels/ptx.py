@@ -144,6 +144,10 @@ def _make_noarg(name, asm):
 
 
 cp_async_commit = _make_noarg("cp_async_commit", "cp.async.commit_group;")
+# Release/acquire fence at GPU scope: with a relaxed atomic after (writer) or before (reader) it
+# orders global memory as the last-block-reduces pattern needs. numba's cuda.threadfence() is
+# membar.gl = fence.sc.gpu (MEMBAR.SC.GPU), a sequentially consistent and much slower fence.
+fence_acq_rel_gpu = _make_noarg("fence_acq_rel_gpu", "fence.acq_rel.gpu;")
 cp_async_wait1 = _make_noarg("cp_async_wait1", "cp.async.wait_group 1;")
 cp_async_wait0 = _make_noarg("cp_async_wait0", "cp.async.wait_group 0;")
 
