@@ -36,7 +36,7 @@ from ninfer_nb.kernels import moe_pipelined as K_moep
 from ninfer_nb.kernels import norm as K_norm
 from ninfer_nb.kernels import rope as K_rope
 from ninfer_nb.kernels import sampling as K_smp
-from ninfer_nb.runtime.launch import Launcher
+from ninfer_nb.runtime.launch import Launcher, NotDeviceArgs
 from ninfer_nb.runtime.tensor import Tensor, bfloat16
 
 SIM = bool(config.ENABLE_CUDASIM)
@@ -170,12 +170,15 @@ class CudaOps:
         """Launch `spec` on the engine stream: straight through cuLaunchKernel
         (runtime/launch.py) when every array argument is a device Tensor, else (the simulator,
         host arrays) through numba's dispatcher."""
-        if not SIM and not any(isinstance(a, np.ndarray) for a in args):
+        if not SIM:
             launcher = self._launchers.get(spec.name)
             if launcher is None:
                 launcher = self._launchers[spec.name] = Launcher(spec.get())
-            launcher(grid, block, self._cu_stream, args, smem)
-            return
+            try:
+                launcher(grid, block, self._cu_stream, args, smem)
+                return
+            except NotDeviceArgs:
+                pass
         if smem:
             spec[grid, block, self.stream.numba, smem](*[_kv(a) for a in args])
         else:

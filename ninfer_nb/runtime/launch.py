@@ -10,8 +10,10 @@ strides... in bytes), per scalar its C type, each parameter in its own 8-byte sl
 buffer made once per compiled overload; a launch is one `struct.pack_into` and one
 `cuLaunchKernel` on the kernel's CUfunction.
 
-Arguments must be `Tensor`s (C-contiguous device memory) or scalars; the overload is picked by
-the arrays' storage dtype and ndim, and a mismatch raises TypeError as numba would. Launches
+Arguments must be `Tensor`s (C-contiguous device memory; each caches its packed parameters,
+`Tensor.kernel_abi`) or scalars; a host array raises `NotDeviceArgs` (the caller falls back to
+numba, which copies it). The overload is picked by the arrays' storage dtype and ndim, and a
+mismatch raises TypeError as numba would. Launches
 from one thread at a time per kernel (the packing buffer is shared; a lock guards it).
 Knows nothing about what the kernels compute. GPU only: the simulator keeps numba's path.
 """
@@ -33,24 +35,31 @@ _SCALAR_FORMATS = {"int8": "b7x", "uint8": "B7x", "int16": "h6x", "uint16": "H6x
                    "uint32": "I4x", "int64": "q", "uint64": "Q", "float32": "f4x", "float64": "d"}
 
 
+def param_layout(argument_types: Any) -> tuple[list[tuple[np.dtype, int] | None], str]:
+    """(kind per argument: (dtype, ndim) for arrays, None for scalars; the struct format of the
+    kernel's parameters, one 8-byte slot each) for a numba signature's argument types."""
+    from numba.cuda import types
+    from numba.cuda.np.numpy_support import as_dtype
+
+    kinds: list[tuple[np.dtype, int] | None] = []
+    fmt = "<"
+    for ty in argument_types:
+        if isinstance(ty, types.Array):
+            if ty.layout != "C":
+                raise TypeError(f"{ty}: only C-contiguous array parameters launch directly")
+            kinds.append((np.dtype(as_dtype(ty.dtype)), ty.ndim))
+            fmt += "q" * (5 + 2 * ty.ndim)          # meminfo, parent, nitems, itemsize, data, shape, strides
+        else:
+            kinds.append(None)
+            fmt += _SCALAR_FORMATS[str(ty)]
+    return kinds, fmt
+
+
 class _Overload:
     """One compiled signature: its CUfunction, argument kinds and packing buffer."""
 
     def __init__(self, kernel: Any) -> None:
-        from numba.cuda import types
-        from numba.cuda.np.numpy_support import as_dtype
-
-        self.kinds: list[tuple[np.dtype, int] | None] = []    # (dtype, ndim) per array arg, None per scalar
-        fmt = "<"
-        for ty in kernel.argument_types:
-            if isinstance(ty, types.Array):
-                if ty.layout != "C":
-                    raise TypeError(f"{kernel}: only C-contiguous array parameters launch directly")
-                self.kinds.append((np.dtype(as_dtype(ty.dtype)), ty.ndim))
-                fmt += "q" * (5 + 2 * ty.ndim)
-            else:
-                self.kinds.append(None)
-                fmt += _SCALAR_FORMATS[str(ty)]
+        self.kinds, fmt = param_layout(kernel.argument_types)
         self.struct = struct.Struct(fmt)
         n_params = self.struct.size // _SLOT
         self.buf = ctypes.create_string_buffer(self.struct.size)
@@ -61,34 +70,28 @@ class _Overload:
         handle = kernel._codelibrary.get_cufunc().handle              # a CUkernel (cuLibrary loading)
         self.function = check(driver().cuKernelGetFunction(handle))
 
-    def matches(self, args: tuple[Any, ...]) -> bool:
+    def pack(self, args: tuple[Any, ...]) -> list[Any] | None:
+        """The parameter values for `args`, or None if they do not fit this signature."""
         if len(args) != len(self.kinds):
-            return False
-        for a, kind in zip(args, self.kinds):
-            if kind is None:
-                if isinstance(a, Tensor):
-                    return False
-            elif not isinstance(a, Tensor) or a.ndim != kind[1] or storage_dtype(a.dtype) != kind[0]:
-                return False
-        return True
-
-    def values(self, args: tuple[Any, ...]) -> list[Any]:
+            return None
         vals: list[Any] = []
         for a, kind in zip(args, self.kinds):
             if kind is None:
+                if a.__class__ is Tensor:
+                    return None
                 vals.append(a)
                 continue
-            item = a.dtype.itemsize
-            shape = a.shape
-            vals += (0, 0, a.size, item, a.ptr)
-            vals += shape
-            strides = [0] * len(shape)
-            acc = item
-            for i in range(len(shape) - 1, -1, -1):
-                strides[i] = acc
-                acc *= shape[i]
-            vals += strides
+            if a.__class__ is not Tensor:
+                raise NotDeviceArgs
+            key, abi = a.kernel_abi()
+            if key != kind:
+                return None
+            vals += abi
         return vals
+
+
+class NotDeviceArgs(TypeError):
+    """An array argument is not a device Tensor (a host array): launch through numba instead."""
 
 
 class Launcher:
@@ -103,15 +106,16 @@ class Launcher:
 
     def __call__(self, grid: Any, block: Any, stream: Any, args: tuple[Any, ...], smem: int = 0) -> None:
         for ov in self.overloads:
-            if ov.matches(args):
+            vals = ov.pack(args)
+            if vals is not None:
                 break
         else:
             got = [(str(storage_dtype(a.dtype)), a.ndim) if isinstance(a, Tensor) else type(a).__name__ for a in args]
             raise TypeError(f"{self.name}: no compiled signature takes {got}")
-        gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else (tuple(grid) + (1, 1))[:3]
-        bx, by, bz = (block, 1, 1) if isinstance(block, int) else (tuple(block) + (1, 1))[:3]
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3] if isinstance(grid, (tuple, list)) else (int(grid), 1, 1)
+        bx, by, bz = (tuple(block) + (1, 1))[:3] if isinstance(block, (tuple, list)) else (int(block), 1, 1)
         with ov.lock:
-            ov.struct.pack_into(ov.buf, 0, *ov.values(args))
+            ov.struct.pack_into(ov.buf, 0, *vals)
             err = self._launch(ov.function, gx, gy, gz, bx, by, bz, smem, stream, ov.params, 0)
         if err[0] != self._ok:
             check(err)

@@ -27,7 +27,7 @@ def storage_dtype(dtype: np.dtype) -> np.dtype:
 
 
 class Tensor:
-    __slots__ = ("ptr", "shape", "dtype", "owner", "host", "_cai")
+    __slots__ = ("ptr", "shape", "dtype", "owner", "host", "_cai", "_abi")
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: Any, owner: Any = None) -> None:
         self.ptr = int(ptr)
@@ -39,6 +39,7 @@ class Tensor:
         # host without a device read-back. None otherwise; views do not inherit it.
         self.host: np.ndarray | None = None
         self._cai: dict | None = None
+        self._abi: tuple | None = None
 
     # --- array-like surface used by the models -----------------------------------------
     @property
@@ -119,6 +120,21 @@ class Tensor:
 
     def _root(self) -> Any:
         return self.owner if self.owner is not None else self
+
+    def kernel_abi(self) -> tuple:
+        """((storage dtype, ndim), numba's kernel parameters for this array: meminfo, parent,
+        nitems, itemsize, data, shape..., strides in bytes...), cached (runtime/launch.py)."""
+        abi = self._abi
+        if abi is None:
+            item = self.itemsize
+            strides = [0] * len(self.shape)
+            acc = item
+            for i in range(len(self.shape) - 1, -1, -1):
+                strides[i] = acc
+                acc *= self.shape[i]
+            abi = self._abi = ((storage_dtype(self.dtype), len(self.shape)),
+                               (0, 0, self.size, item, self.ptr) + self.shape + tuple(strides))
+        return abi
 
     # --- CUDA array interface ----------------------------------------------------------
     @property
