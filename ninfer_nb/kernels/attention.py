@@ -224,6 +224,145 @@ def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, p
         part_ml[t, h, sp, 1] = ll
 
 
+MAX_G = 8             # grouped decode: q heads per kv head
+GQA_KEYS = 32         # grouped decode: keys a warp scores per pass (one per lane)
+
+
+@kernel(*_SPLIT_SIGS, launch_bounds=(128, 4))
+def attn_split_gqa_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, part_o, part_ml):
+    """Grouped-query decode split: grid (n_split, Hkv, T), block 128; same outputs as
+    `attn_split_kernel` (part_o [T, Hq, n_split, D], part_ml [T, Hq, n_split, 2]) for the
+    G = Hq / Hkv <= MAX_G q heads of kv head blockIdx.y, so `attn_combine_kernel` merges them.
+
+    Every K and V row of the split is read once for all G q heads (the per-head kernel reads
+    it G times: at 64K context the 27B's 1.5 GB of K/V reads per layer are HBM-bound, 338 us).
+    Warp w takes 32-key slices w, w + 4, ...; per slice:
+    1. scores, one key per lane: the lane reads its key's row 8 dims at a time and does G x 8
+       FMAs against the scaled q of the group in shared memory (broadcast reads);
+    2. per head, the slice max and the softmax weights go through the warp's shared row (no
+       shuffles or syncwarp: the kernel runs in the CUDA simulator; block barriers instead,
+       every warp running every pass);
+    3. values, dims lane + 32 e per lane: each V row (coalesced) is weighted by the G
+       probabilities of its key (broadcast reads) into G x 8 accumulators.
+    The 4 warps' (max, sum, acc) merge in shared memory as in attn_split_kernel."""
+    q_sm = cuda.shared.array((MAX_G, MAX_D), float32)              # scaled q of the group
+    p_sm = cuda.shared.array((SPLIT_WARPS, MAX_G, GQA_KEYS), float32)
+    sm_m = cuda.shared.array((SPLIT_WARPS, MAX_G), float32)
+    sm_l = cuda.shared.array((SPLIT_WARPS, MAX_G), float32)
+    sm_acc = cuda.shared.array((SPLIT_WARPS, MAX_G, MAX_D), float32)
+    acc = cuda.local.array((MAX_G, 8), float32)
+    s = cuda.local.array(MAX_G, float32)
+    m = cuda.local.array(MAX_G, float32)
+    l_ = cuda.local.array(MAX_G, float32)
+    kk = cuda.local.array(8, float32)
+    vv = cuda.local.array(8, float32)
+    sp = cuda.blockIdx.x
+    hk = cuda.blockIdx.y
+    t = cuda.blockIdx.z
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    warp = tid >> 5
+    d_head = q.shape[2]
+    n_g = q.shape[1] // k_cache.shape[1]
+    k0, k1 = _split_range(positions[t], sp, part_o.shape[2])
+    for i in range(tid, n_g * d_head, cuda.blockDim.x):
+        g = i // d_head
+        q_sm[g, i - g * d_head] = q[t, hk * n_g + g, i - g * d_head] * scale
+    for g in range(MAX_G):
+        m[g] = float32(NEG)
+        l_[g] = float32(0.0)
+        for e in range(8):
+            acc[g, e] = float32(0.0)
+    cuda.syncthreads()
+
+    # every warp runs every pass (a warp past the split's end masks all its keys), so the
+    # block barriers below are reached by all threads
+    n_pass = (k1 - k0 + GQA_KEYS * SPLIT_WARPS - 1) // (GQA_KEYS * SPLIT_WARPS)
+    for ps in range(n_pass):
+        j0 = k0 + GQA_KEYS * (warp + SPLIT_WARPS * ps)
+        # 1. scores of key j0 + lane for every head of the group
+        jl = j0 + lane
+        ok = jl < k1
+        jc = jl if ok else k0
+        for g in range(MAX_G):
+            s[g] = float32(0.0)
+        for d0 in range(0, d_head, 8):
+            for e in range(8):
+                kk[e] = kv_load(k_cache, k_scale, jc, hk, d0 + e) if d0 + e < d_head else float32(0.0)
+            for g in range(MAX_G):
+                if g < n_g:
+                    for e in range(8):
+                        s[g] += q_sm[g, min(d0 + e, MAX_D - 1)] * kk[e]
+        # 2. slice max per head, softmax weights into the warp's shared row
+        for g in range(MAX_G):
+            if g < n_g:
+                p_sm[warp, g, lane] = s[g] if ok else float32(NEG)
+        cuda.syncthreads()
+        for g in range(MAX_G):
+            if g < n_g:
+                mx = m[g]
+                for u in range(GQA_KEYS):
+                    mx = max(mx, p_sm[warp, g, u])
+                s[g] = mx                                   # the new running max
+        cuda.syncthreads()
+        for g in range(MAX_G):
+            if g < n_g:
+                p_sm[warp, g, lane] = math.exp(p_sm[warp, g, lane] - s[g]) if ok else float32(0.0)
+        cuda.syncthreads()
+        # 3. rescale, then add this slice's weighted V rows
+        for g in range(MAX_G):
+            if g < n_g:
+                corr = math.exp(m[g] - s[g])
+                m[g] = s[g]
+                tot = float32(0.0)
+                for u in range(GQA_KEYS):
+                    tot += p_sm[warp, g, u]
+                l_[g] = l_[g] * corr + tot
+                for e in range(8):
+                    acc[g, e] *= corr
+        n_u = max(0, min(GQA_KEYS, k1 - j0))
+        for u in range(n_u):
+            for e in range(8):
+                d = lane + 32 * e
+                vv[e] = kv_load(v_cache, v_scale, j0 + u, hk, d) if d < d_head else float32(0.0)
+            for g in range(MAX_G):
+                if g < n_g:
+                    pu = p_sm[warp, g, u]
+                    for e in range(8):
+                        acc[g, e] += pu * vv[e]
+        cuda.syncthreads()                                  # p_sm is rewritten next pass
+
+    for g in range(MAX_G):
+        if g < n_g:
+            if lane == 0:
+                sm_m[warp, g] = m[g]
+                sm_l[warp, g] = l_[g]
+            for e in range(8):
+                d = lane + 32 * e
+                if d < d_head:
+                    sm_acc[warp, g, d] = acc[g, e]
+    cuda.syncthreads()
+    for i in range(tid, n_g * d_head, cuda.blockDim.x):
+        g = i // d_head
+        d = i - g * d_head
+        mm = float32(NEG)
+        for w_ in range(SPLIT_WARPS):
+            mm = max(mm, sm_m[w_, g])
+        o = float32(0.0)
+        for w_ in range(SPLIT_WARPS):
+            o += sm_acc[w_, g, d] * math.exp(sm_m[w_, g] - mm)
+        part_o[t, hk * n_g + g, sp, d] = o
+    for g in range(tid, n_g, cuda.blockDim.x):
+        mm = float32(NEG)
+        for w_ in range(SPLIT_WARPS):
+            mm = max(mm, sm_m[w_, g])
+        ll = float32(0.0)
+        for w_ in range(SPLIT_WARPS):
+            ll += sm_l[w_, g] * math.exp(sm_m[w_, g] - mm)
+        part_ml[t, hk * n_g + g, sp, 0] = mm
+        part_ml[t, hk * n_g + g, sp, 1] = ll
+
+
 COMBINE_THREADS = 256
 COMBINE_UNROLL = 8
 
