@@ -102,9 +102,7 @@ class CudaOps:
         decode attention split grid); prefill_gemm: auto (wgmma on cc 9.0, else
         mma.sync), mma, or wgmma (cc 9.0 only); prefill_attention: gemm (S and P through the
         tensor-core GEMMs, bf16 Q/K/V/P; head dims % 64, else simt), simt (fp32 flash kernel
-        on CUDA cores) or mma (mma.sync flash kernel; measured slower than simt on the H200).
-        Settable after construction: `gdn_state` ("mma" / "simt": the chunked GDN's state pass)
-        and `decode_attention` ("grouped" / "per_head": the decode split kernel)."""
+        on CUDA cores) or mma (mma.sync flash kernel; measured slower than simt on the H200)."""
         _need(prefill_gemm in ("auto", "mma", "wgmma"), f"prefill_gemm: {prefill_gemm!r}")
         _need(prefill_attention in ATTENTION_KINDS, f"prefill_attention: {prefill_attention!r}")
         self.prefill_attention = prefill_attention
@@ -123,9 +121,6 @@ class CudaOps:
         # Chunked GDN state passing: "mma" (TF32 tensor cores, kernels/gdn_chunked_mma.py) where
         # the key head dim allows it, else "simt" (fp32 FMAs, gdn_chunked.gdc_state_kernel).
         self.gdn_state = "mma"
-        # Decode attention: "grouped" (kernels/attention.py attn_split_gqa_kernel: each K / V row
-        # read once for the q heads of its kv head) or "per_head" (attn_split_kernel).
-        self.decode_attention = "grouped"
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
@@ -436,14 +431,10 @@ class CudaOps:
         ks = k_scale if k_scale is not None else q                       # unused dummies when
         vs = v_scale if v_scale is not None else q                       # the cache is not int8
         if t <= DECODE_MAX_T and not SIM:
-            hkv = k_cache.shape[1]
-            grouped = self.decode_attention == "grouped" and 1 < hq // hkv <= K_attn.MAX_G
-            heads = hkv if grouped else hq                                # blocks per split and token
-            n_split = K_attn.decode_splits(k_cache.shape[0], heads * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
+            n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
             part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
             part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
-            kern = K_attn.attn_split_gqa_kernel if grouped else K_attn.attn_split_kernel
-            self._go(kern, (n_split, heads, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
+            self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
                      ks, vs, positions, np.float32(scale), part_o, part_ml)
             self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, out)
         else:

@@ -598,33 +598,3 @@ def test_attention_gemm_kernels(ops, cdtype):
     r16 = [a.astype(BF16).astype(np.float32) for a in (q, kf, vf)]
     ref = cpu.attention(r16[0], r16[1], r16[2], pos, scale).reshape(t * hq, d)
     close(out, ref, 1e-2)
-
-
-# --- grouped-query decode attention (kernels/attention.py attn_split_gqa_kernel + combine) ----
-
-@pytest.mark.parametrize("cdtype,n_split", [(np.float32, 2), (BF16, 2), (np.float32, 8)])
-def test_decode_attention_grouped_splits(ops, cdtype, n_split):
-    """Two decode queries at positions 70 and 99, G = 3 q heads per kv head, D = 40 (not a
-    multiple of 32 or 8), through attn_split_gqa_kernel's per-split partials merged by
-    attn_combine_kernel, vs ops.cpu.attention. 2 splits: 36 / 35 and 50 / 50 keys, so a split
-    spans two warps' 32-key slices and the second warp's slice is partial; 8 splits: 16-key
-    splits (half the lanes masked), the 70's last three and the 99's last one empty."""
-    from ninfer_nb.kernels import attention as K
-
-    rng = np.random.default_rng(17)
-    s, hkv, hq, d = 100, 2, 6, 40
-    kc = rnd(rng, s, hkv, d).astype(cdtype)
-    vc = rnd(rng, s, hkv, d).astype(cdtype)
-    pos = np.array([70, 99], np.int32)
-    q = rnd(rng, 2, hq, d)
-    part_o = np.full((2, hq, n_split, d), np.nan, np.float32)
-    part_ml = np.full((2, hq, n_split, 2), np.nan, np.float32)
-    kv = kc.view(np.uint16) if cdtype == BF16 else kc
-    vv = vc.view(np.uint16) if cdtype == BF16 else vc
-    dummy = np.zeros((1, 1, 1), np.float32)
-    ops._go(K.attn_split_gqa_kernel, (n_split, hkv, 2), 32 * K.SPLIT_WARPS, q, kv, vv, dummy, dummy, pos,
-            np.float32(d ** -0.5), part_o, part_ml)
-    out = np.full((2, hq, d), np.nan, np.float32)
-    ops._go(K.attn_combine_kernel, (hq, 2), K.COMBINE_THREADS, part_o, part_ml, pos, out)
-    ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5)
-    close(out, ref, 1e-5)
