@@ -61,12 +61,13 @@ kernel 2's tile loads were load-then-store loops that the compiler does not unro
 thread had one global load in flight, ~32 of them per X tile (4 tiles) and 64 per K chunk,
 every chunk step: ~190 dependent global-latency waits per step, ~75 us at the measured speed.
 Kernel 2 now issues LOAD_BATCH = 8 loads before storing them (ptxas: 87 registers, was 125;
-no spills); simulator-verified, not yet timed. Kernel 1 keeps its loops: batching them there
-spills at its 80-register budget. test_gated_delta_rule_chunked_vs_recurrent_timing (-s) now also
-prints the prepare kernel alone, to tell which of the two is slow. Knobs: tensor cores for the
-tile products (the Gram matrices, M = P T, W/U/Q'/O_intra and kernel 2's X = [W; Q'] S^T are
-all small GEMMs), prefetch the next chunk's tiles in kernel 2 (only ~3 blocks per SM hide the
-global-load latency before each barrier), wider state slices R with more threads per block.
+no spills): 11.7 -> 9.5 ms for the pair. CudaOps now runs the state pass on TF32 tensor cores
+(kernels/gdn_chunked_mma.py: 3.9 ms for the pair, the prepare kernel 2.3 ms of it) and keeps
+kernel 2 for key head dims that kernel does not take (and `gdn_state="simt"`). Kernel 1 keeps
+its loops: batching them there spills at its 80-register budget.
+test_gated_delta_rule_chunked_vs_recurrent_timing (-s) prints the prepare kernel alone and
+both state passes. Next for kernel 1, now the larger half: tensor cores for its tile products
+(the Gram matrices, M = P T and W / U / Q' / O_intra are all small GEMMs).
 """
 from __future__ import annotations
 
