@@ -212,8 +212,8 @@ def main(argv: Sequence[str]) -> int:
                    help="prefill attention: tensor-core GEMMs + softmax (gemm), fp32 flash kernel (simt), "
                         "mma.sync flash kernel (mma)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
-                   help="turn on opt-in kernels not yet validated on a GPU (ops/cuda.py EXPERIMENTAL; "
-                        "none at present)")
+                   help="turn on opt-in kernels not yet validated on a GPU (ops/cuda.py EXPERIMENTAL: "
+                        "warp_gated_norm)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")

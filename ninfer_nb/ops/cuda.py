@@ -43,11 +43,14 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
-# Opt-in kernels (name: what), off until a GPU run shows they win; none at present. Promoted
+# Opt-in kernels (name: what), off until a GPU run shows they win. Promoted
 # after the H200 run of 2026-11-29 (fifth session): the one-launch decode router
 # (moe_router_fused_kernel, 10.6 -> 10.3 us and one launch less per 35B layer) and the
 # SwiGLU-epilogue GEMV (gemv_bf16_swiglu_kernel, 89.2 -> 86.3 us per 27B MLP).
-EXPERIMENTAL: dict[str, str] = {}
+EXPERIMENTAL: dict[str, str] = {
+    "warp_gated_norm": "GDN output norm (gated_rms_norm, rows <= 256) one warp per row "
+                       "(norm.gated_rms_norm_warp_kernel)",
+}
 # Prefill MoE on the pipelined GEMM (kernels/moe_pipelined.py) from this many routed pairs
 # (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape: T = 2048, k = 9: 2.08 vs
 # 4.04 ms per layer; T = 512, k = 8: 1.82 vs 2.10 ms; 140-280 pairs: slower (more launches).
@@ -317,7 +320,10 @@ class CudaOps:
         d = x.shape[-1]
         out = self.empty(x.shape)
         rows = x.size // d if d else 0
-        if rows:
+        if rows and "warp_gated_norm" in self.experimental and d <= K_norm.WARP_ROW_MAX_D:
+            self._go(K_norm.gated_rms_norm_warp_kernel, (rows + K_norm.WARP_ROWS - 1) // K_norm.WARP_ROWS,
+                     32 * K_norm.WARP_ROWS, _rows(x, d), _rows(z, d), weight, _rows(out, d), np.float32(eps))
+        elif rows:
             self._go(K_norm.gated_rms_norm_kernel, rows, K_norm.threads_for(d), _rows(x, d), _rows(z, d), weight,
                      _rows(out, d), np.float32(eps))
         return out

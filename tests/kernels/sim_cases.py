@@ -70,6 +70,11 @@ def test_norms(ops):
     close(res, x + r)
     close(o, cpu.rms_norm(x + r, w, 1e-6))
     close(ops.gated_rms_norm(x, z, w, 1e-6), cpu.gated_rms_norm(x, z, w, 1e-6))
+    ops.experimental = frozenset({"warp_gated_norm"})        # one warp per row (rows <= 256 wide)
+    for rows, d in ((11, 128), (3, 100)):                     # a ragged last block; D % 32 != 0
+        xg, zg, wg = rnd(rng, rows, d), rnd(rng, rows, d), rnd(rng, d)
+        close(ops.gated_rms_norm(xg, zg, wg, 1e-6), cpu.gated_rms_norm(xg, zg, wg, 1e-6))
+    ops.experimental = frozenset()
     xw, rw, ww = rnd(rng, 1, 2500), rnd(rng, 1, 2500), rnd(rng, 2500)   # a wide row: 1024 threads
     o, res = ops.add_rms_norm(xw, rw, ww, 1e-6)
     close(res, xw + rw)

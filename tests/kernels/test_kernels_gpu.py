@@ -105,6 +105,26 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
               f"split-K {times[True] * 1e6:.1f} us ({gbs[True]:.0f} GB/s)")
 
 
+@pytest.mark.parametrize("rows,d", [(2048 * 48, 128), (48, 128), (13, 100), (5, 256)])
+def test_gated_rms_norm_warp_rows(env, rng, rows, d, monkeypatch):
+    """The experimental one-warp-per-row GDN output norm ("warp_gated_norm") against the
+    block-per-row kernel and NumPy (a 2048-token 27B chunk's rows, a decode step's, a ragged
+    block, the widest row it takes); prints both times for the chunk (-s)."""
+    ops = env.fresh()
+    x, z, w = rnd(rng, rows, d), rnd(rng, rows, d), rnd(rng, d)
+    X, Z, W = env.up(x), env.up(z), env.up(w)
+    ref = cpu.gated_rms_norm(x, z, w, 1e-6)
+    times = {}
+    for warp_rows in (False, True):
+        monkeypatch.setattr(ops, "experimental", frozenset(["warp_gated_norm"] if warp_rows else []))
+        times[warp_rows], o = _best_time(env, lambda: ops.gated_rms_norm(X, Z, W, 1e-6), reps=5, graph=True)
+        close(env.host(o), ref, TOL32)
+    if rows > 10000:
+        gb = 3 * x.nbytes / 1e9
+        print(f"\ngated rms norm {rows}x{d}: block per row {times[False] * 1e6:.1f} us "
+              f"({gb / times[False]:.0f} GB/s), warp per row {times[True] * 1e6:.1f} us ({gb / times[True]:.0f} GB/s)")
+
+
 @pytest.mark.parametrize("i,k,t", [(17408, 5120, 1), (512, 2048, 4), (96, 264, 6), (3, 16, 16)])
 def test_linear_swiglu_gemv(env, rng, i, k, t):
     """ops.linear_swiglu's SwiGLU-epilogue GEMV against the GEMV + swiglu pair and NumPy (the
