@@ -1,6 +1,11 @@
-"""Elementwise fp32 kernels: add, silu, sigmoid, swiglu, sigmoid_mul, split (grid-stride loops).
+"""Elementwise fp32 kernels: add, silu, sigmoid, sigmoid_mul (grid-stride loops over flat
+vectors), swiglu and split (row-wise: [T, N] inputs).
 
-Inputs are flattened C-contiguous fp32 vectors (swiglu: [T, 2I] -> [T, I]). No bf16 here.
+The row-wise kernels run on a 2-D grid (column blocks x rows, `row_grid`): each thread knows its
+row and column from the block indices. Their first versions walked a flat index and divided it
+by the row length per element (64-bit integer division, ~50 instructions) with a branch per
+part: `split` ran at 22 % of the copy bandwidth in the 27B prefill profile (189 us per 2048 x
+10240 call). The 2-D versions are simulator-checked; not yet timed on a GPU. No bf16 here.
 """
 from __future__ import annotations
 
@@ -16,6 +21,11 @@ BLOCK = 256
 
 def grid_for(n: int, block: int = BLOCK, cap: int = 65535) -> int:
     return max(1, min(cap, (n + block - 1) // block))
+
+
+def row_grid(rows: int, cols: int, block: int = BLOCK) -> tuple[int, int]:
+    """(column blocks, row blocks) for the row-wise kernels (rows past 65535 loop)."""
+    return max(1, (cols + block - 1) // block), max(1, min(rows, 65535))
 
 
 @kernel((f32_1, f32_1, f32_1))
@@ -58,30 +68,25 @@ def sigmoid_mul_kernel(x, gate, out, group):
 
 @kernel((f32_2, f32_2))
 def swiglu_kernel(gate_up, out):
-    """gate_up [T, 2I] -> out [T, I] = silu(gate) * up."""
+    """gate_up [T, 2I] -> out [T, I] = silu(gate) * up. Grid row_grid(T, I), block BLOCK."""
     inter = out.shape[1]
-    n = out.shape[0] * inter
-    i = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    while i < n:
-        t = i // inter
-        j = i - t * inter
-        g = gate_up[t, j]
-        out[t, j] = (g / (1.0 + math.exp(-g))) * gate_up[t, inter + j]
-        i += stride
+    j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if j < inter:
+        for t in range(cuda.blockIdx.y, out.shape[0], cuda.gridDim.y):
+            g = gate_up[t, j]
+            out[t, j] = (g / (1.0 + math.exp(-g))) * gate_up[t, inter + j]
 
 
 @kernel((f32_2, f32_1, i32, i32, i32))
 def split_kernel(x, out, b1, b2, b3):
     """x [T, N] -> out: the parts x[:, 0:b1], x[:, b1:b2], x[:, b2:b3], x[:, b3:N], each stored
-    contiguously ([T, size] row-major) one after another. Grid-stride over T * N."""
+    contiguously ([T, size] row-major) one after another. Grid row_grid(T, N), block BLOCK."""
     t_rows = x.shape[0]
     n = x.shape[1]
-    i = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    while i < t_rows * n:
-        r = i // n
-        c = i - r * n
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c >= n:
+        return
+    for r in range(cuda.blockIdx.y, t_rows, cuda.gridDim.y):
         lo = 0
         hi = b1
         if c >= b3:
@@ -94,4 +99,3 @@ def split_kernel(x, out, b1, b2, b3):
             lo = b1
             hi = b2
         out[lo * t_rows + r * (hi - lo) + (c - lo)] = x[r, c]
-        i += stride

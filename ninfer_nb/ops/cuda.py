@@ -245,7 +245,8 @@ class CudaOps:
         out = self.empty(tuple(gate_up.shape[:-1]) + (inter,))
         n = out.size
         if n:
-            self._go(K_ew.swiglu_kernel, K_ew.grid_for(n), K_ew.BLOCK, _rows(gate_up, two_i), _rows(out, inter))
+            self._go(K_ew.swiglu_kernel, K_ew.row_grid(n // inter, inter), K_ew.BLOCK, _rows(gate_up, two_i),
+                     _rows(out, inter))
         return out
 
     def linear_swiglu(self, x: Any, gate_up: Any) -> Any:
@@ -283,7 +284,7 @@ class CudaOps:
         if t > 1:
             flat = self.empty((t * n,))                                   # the parts, back to back
             bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [n] * (4 - len(sizes))
-            self._go(K_ew.split_kernel, K_ew.grid_for(t * n), K_ew.BLOCK, _rows(x, n), flat,
+            self._go(K_ew.split_kernel, K_ew.row_grid(t, n), K_ew.BLOCK, _rows(x, n), flat,
                      *(np.int32(b) for b in bounds[:3]))
         parts, off = [], 0
         for size in sizes:
