@@ -8,6 +8,8 @@ that use them and plain indexing run there.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from llvmlite import ir
 from numba import config
 from numba.cuda import types
@@ -168,29 +170,6 @@ def ldsm_x4(typingctx, saddr):
     return ret(saddr), codegen
 
 
-@intrinsic
-def mma_bf16(typingctx, a, b0, b1, c):
-    """c += A(16x16 bf16, 4 regs) . B(16x8 bf16, 2 regs), fp32 accumulators (4-tuple)."""
-    ok = (isinstance(a, types.UniTuple) and a.count == 4 and isinstance(a.dtype, types.Integer)
-          and isinstance(b0, types.Integer) and isinstance(b1, types.Integer)
-          and isinstance(c, types.UniTuple) and c.count == 4 and c.dtype == types.float32)
-    if not ok:
-        return None
-    ret = types.UniTuple(types.float32, 4)
-
-    def codegen(context, builder, sig, args):
-        av = [_u32(context, builder, builder.extract_value(args[0], j), sig.args[0].dtype) for j in range(4)]
-        bv = [_u32(context, builder, args[1], sig.args[1]), _u32(context, builder, args[2], sig.args[2])]
-        cv = [builder.extract_value(args[3], j) for j in range(4)]
-        r = _asm(builder, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                          "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
-                 "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ir.LiteralStructType([_F32] * 4), av + bv + cv,
-                 side_effect=False)
-        return context.make_tuple(builder, ret, [builder.extract_value(r, j) for j in range(4)])
-
-    return ret(a, b0, b1, c), codegen
-
-
 def _b32(context, builder, v, ty):
     """An fp32 or integer value as a 32-bit register (floats bit-cast, not converted)."""
     if isinstance(ty, types.Float):
@@ -198,30 +177,44 @@ def _b32(context, builder, v, ty):
     return _u32(context, builder, v, ty)
 
 
-@intrinsic
-def mma_tf32(typingctx, a, b0, b1, c):
+def _make_mma(name: str, shape_types: str, operand_ok: Any, doc: str):
+    """A warp-level `mma.sync.aligned.<shape_types>` intrinsic: (a 4-tuple, b0, b1, c 4-tuple of
+    fp32) -> the new c. `operand_ok(type)` accepts the a / b register types (integers holding
+    packed bf16, or fp32 holding tf32 bits); either is passed as a 32-bit register."""
+    def typer(typingctx, a, b0, b1, c):
+        ok = (isinstance(a, types.UniTuple) and a.count == 4 and operand_ok(a.dtype)
+              and operand_ok(b0) and operand_ok(b1)
+              and isinstance(c, types.UniTuple) and c.count == 4 and c.dtype == types.float32)
+        if not ok:
+            return None
+        ret = types.UniTuple(types.float32, 4)
+
+        def codegen(context, builder, sig, args):
+            av = [_b32(context, builder, builder.extract_value(args[0], j), sig.args[0].dtype) for j in range(4)]
+            bv = [_b32(context, builder, args[1], sig.args[1]), _b32(context, builder, args[2], sig.args[2])]
+            cv = [builder.extract_value(args[3], j) for j in range(4)]
+            r = _asm(builder, f"mma.sync.aligned.{shape_types} "
+                              "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+                     "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ir.LiteralStructType([_F32] * 4), av + bv + cv,
+                     side_effect=False)
+            return context.make_tuple(builder, ret, [builder.extract_value(r, j) for j in range(4)])
+
+        return ret(a, b0, b1, c), codegen
+
+    typer.__name__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+mma_bf16 = _make_mma(
+    "mma_bf16", "m16n8k16.row.col.f32.bf16.bf16.f32", lambda t: isinstance(t, types.Integer),
+    "c += A(16x16 bf16, 4 regs) . B(16x8 bf16, 2 regs), fp32 accumulators (4-tuple).")
+mma_tf32 = _make_mma(
+    "mma_tf32", "m16n8k8.row.col.f32.tf32.tf32.f32", lambda t: t == types.float32,
     """c += A(16x8 tf32, 4 regs) . B(8x8 tf32, 2 regs), fp32 accumulators (4-tuple). Lane
     l = 4g + t holds A (g, t), (g+8, t), (g, t+4), (g+8, t+4); B rows t, t+4 of column g;
     C rows g / g+8, columns 2t, 2t+1. Operands are fp32 values already rounded by `tf32` (the
-    tensor cores read the top 19 bits of each register)."""
-    ok = (isinstance(a, types.UniTuple) and a.count == 4 and a.dtype == types.float32
-          and b0 == types.float32 and b1 == types.float32
-          and isinstance(c, types.UniTuple) and c.count == 4 and c.dtype == types.float32)
-    if not ok:
-        return None
-    ret = types.UniTuple(types.float32, 4)
-
-    def codegen(context, builder, sig, args):
-        av = [_b32(context, builder, builder.extract_value(args[0], j), types.float32) for j in range(4)]
-        bv = [_b32(context, builder, args[1], types.float32), _b32(context, builder, args[2], types.float32)]
-        cv = [builder.extract_value(args[3], j) for j in range(4)]
-        r = _asm(builder, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                          "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
-                 "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", ir.LiteralStructType([_F32] * 4), av + bv + cv,
-                 side_effect=False)
-        return context.make_tuple(builder, ret, [builder.extract_value(r, j) for j in range(4)])
-
-    return ret(a, b0, b1, c), codegen
+    tensor cores read the top 19 bits of each register).""")
 
 
 @intrinsic
