@@ -213,7 +213,7 @@ def main(argv: Sequence[str]) -> int:
                         "mma.sync flash kernel (mma)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on opt-in kernels not yet validated on a GPU (ops/cuda.py EXPERIMENTAL: "
-                        "warp_gated_norm)")
+                        "warp_gated_norm, row_elementwise)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")

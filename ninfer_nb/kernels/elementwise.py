@@ -1,11 +1,12 @@
 """Elementwise fp32 kernels: add, silu, sigmoid, sigmoid_mul (grid-stride loops over flat
 vectors), swiglu and split (row-wise: [T, N] inputs).
 
-The row-wise kernels run on a 2-D grid (column blocks x rows, `row_grid`): each thread knows its
-row and column from the block indices. Their first versions walked a flat index and divided it
-by the row length per element (64-bit integer division, ~50 instructions) with a branch per
-part: `split` ran at 22 % of the copy bandwidth in the 27B prefill profile (189 us per 2048 x
-10240 call). The 2-D versions are simulator-checked; not yet timed on a GPU. No bf16 here.
+swiglu_kernel and split_kernel walk a flat index and divide it by the row length per element
+(64-bit integer division, ~50 instructions), with a branch per part in split: `split` ran at
+22 % of the copy bandwidth in the 27B prefill profile (189 us per 2048 x 10240 call).
+swiglu_rows_kernel and split_rows_kernel do the same work on a 2-D grid (column blocks x rows,
+`row_grid`), each thread taking its row and column from the block indices. Experimental
+(CudaOps "row_elementwise"): simulator-checked, not yet run on a GPU. No bf16 here.
 """
 from __future__ import annotations
 
@@ -68,6 +69,54 @@ def sigmoid_mul_kernel(x, gate, out, group):
 
 @kernel((f32_2, f32_2))
 def swiglu_kernel(gate_up, out):
+    """gate_up [T, 2I] -> out [T, I] = silu(gate) * up."""
+    inter = out.shape[1]
+    n = out.shape[0] * inter
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < n:
+        t = i // inter
+        j = i - t * inter
+        g = gate_up[t, j]
+        out[t, j] = (g / (1.0 + math.exp(-g))) * gate_up[t, inter + j]
+        i += stride
+
+
+@cuda.jit(device=True, inline=True)
+def _split_dest(r, c, t_rows, n, b1, b2, b3):
+    """Index in split's output of x[r, c]: its part [lo, hi) stored [T, hi - lo] after the parts
+    before it."""
+    lo = 0
+    hi = b1
+    if c >= b3:
+        lo = b3
+        hi = n
+    elif c >= b2:
+        lo = b2
+        hi = b3
+    elif c >= b1:
+        lo = b1
+        hi = b2
+    return lo * t_rows + r * (hi - lo) + (c - lo)
+
+
+@kernel((f32_2, f32_1, i32, i32, i32))
+def split_kernel(x, out, b1, b2, b3):
+    """x [T, N] -> out: the parts x[:, 0:b1], x[:, b1:b2], x[:, b2:b3], x[:, b3:N], each stored
+    contiguously ([T, size] row-major) one after another. Grid-stride over T * N."""
+    t_rows = x.shape[0]
+    n = x.shape[1]
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < t_rows * n:
+        r = i // n
+        c = i - r * n
+        out[_split_dest(r, c, t_rows, n, b1, b2, b3)] = x[r, c]
+        i += stride
+
+
+@kernel((f32_2, f32_2))
+def swiglu_rows_kernel(gate_up, out):
     """gate_up [T, 2I] -> out [T, I] = silu(gate) * up. Grid row_grid(T, I), block BLOCK."""
     inter = out.shape[1]
     j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -78,7 +127,7 @@ def swiglu_kernel(gate_up, out):
 
 
 @kernel((f32_2, f32_1, i32, i32, i32))
-def split_kernel(x, out, b1, b2, b3):
+def split_rows_kernel(x, out, b1, b2, b3):
     """x [T, N] -> out: the parts x[:, 0:b1], x[:, b1:b2], x[:, b2:b3], x[:, b3:N], each stored
     contiguously ([T, size] row-major) one after another. Grid row_grid(T, N), block BLOCK."""
     t_rows = x.shape[0]
@@ -87,15 +136,4 @@ def split_kernel(x, out, b1, b2, b3):
     if c >= n:
         return
     for r in range(cuda.blockIdx.y, t_rows, cuda.gridDim.y):
-        lo = 0
-        hi = b1
-        if c >= b3:
-            lo = b3
-            hi = n
-        elif c >= b2:
-            lo = b2
-            hi = b3
-        elif c >= b1:
-            lo = b1
-            hi = b2
-        out[lo * t_rows + r * (hi - lo) + (c - lo)] = x[r, c]
+        out[_split_dest(r, c, t_rows, n, b1, b2, b3)] = x[r, c]

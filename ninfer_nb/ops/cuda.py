@@ -50,6 +50,8 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 EXPERIMENTAL: dict[str, str] = {
     "warp_gated_norm": "GDN output norm (gated_rms_norm, rows <= 256) one warp per row "
                        "(norm.gated_rms_norm_warp_kernel)",
+    "row_elementwise": "prefill swiglu and split on a 2-D grid, no per-element division "
+                       "(elementwise.swiglu_rows_kernel, split_rows_kernel)",
 }
 # Prefill MoE on the pipelined GEMM (kernels/moe_pipelined.py) from this many routed pairs
 # (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape: T = 2048, k = 9: 2.08 vs
@@ -245,8 +247,11 @@ class CudaOps:
         out = self.empty(tuple(gate_up.shape[:-1]) + (inter,))
         n = out.size
         if n:
-            self._go(K_ew.swiglu_kernel, K_ew.row_grid(n // inter, inter), K_ew.BLOCK, _rows(gate_up, two_i),
-                     _rows(out, inter))
+            if "row_elementwise" in self.experimental:
+                self._go(K_ew.swiglu_rows_kernel, K_ew.row_grid(n // inter, inter), K_ew.BLOCK,
+                         _rows(gate_up, two_i), _rows(out, inter))
+            else:
+                self._go(K_ew.swiglu_kernel, K_ew.grid_for(n), K_ew.BLOCK, _rows(gate_up, two_i), _rows(out, inter))
         return out
 
     def linear_swiglu(self, x: Any, gate_up: Any) -> Any:
@@ -284,8 +289,12 @@ class CudaOps:
         if t > 1:
             flat = self.empty((t * n,))                                   # the parts, back to back
             bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [n] * (4 - len(sizes))
-            self._go(K_ew.split_kernel, K_ew.row_grid(t, n), K_ew.BLOCK, _rows(x, n), flat,
-                     *(np.int32(b) for b in bounds[:3]))
+            if "row_elementwise" in self.experimental:
+                self._go(K_ew.split_rows_kernel, K_ew.row_grid(t, n), K_ew.BLOCK, _rows(x, n), flat,
+                         *(np.int32(b) for b in bounds[:3]))
+            else:
+                self._go(K_ew.split_kernel, K_ew.grid_for(t * n), K_ew.BLOCK, _rows(x, n), flat,
+                         *(np.int32(b) for b in bounds[:3]))
         parts, off = [], 0
         for size in sizes:
             parts.append(flat[off * t:(off + size) * t].reshape(t, size))

@@ -42,15 +42,18 @@ def test_elementwise(ops):
     close(ops.silu(x), cpu.silu(x))
     close(ops.sigmoid(x), cpu.sigmoid(x))
     close(ops.sigmoid_mul(x, y), cpu.sigmoid_mul(x, y))
-    for i in (19, 300):                          # one and two 256-column blocks
-        gu = rnd(rng, 3, 2 * i)
-        close(ops.swiglu(gu), cpu.swiglu(gu))
-    for rows, sizes in ((3, (5, 7, 2, 9)), (3, (10, 13)), (2, (100, 200, 50)), (1, (4, 6, 3))):  # copies; views
-        p = rnd(rng, rows, sum(sizes))
-        got, want = ops.split(p, sizes), cpu.split(p, sizes)
-        assert len(got) == len(sizes)
-        for g, w in zip(got, want):
-            assert np.array_equal(np.asarray(g), w)
+    for experimental in (frozenset(), frozenset({"row_elementwise"})):   # flat / 2-D grid kernels
+        ops.experimental = experimental
+        for i in (19, 300):                      # one and two 256-column blocks
+            gu = rnd(rng, 3, 2 * i)
+            close(ops.swiglu(gu), cpu.swiglu(gu))
+        for rows, sizes in ((3, (5, 7, 2, 9)), (3, (10, 13)), (2, (100, 200, 50)), (1, (4, 6, 3))):  # copies; views
+            p = rnd(rng, rows, sum(sizes))
+            got, want = ops.split(p, sizes), cpu.split(p, sizes)
+            assert len(got) == len(sizes)
+            for g, w in zip(got, want):
+                assert np.array_equal(np.asarray(g), w)
+    ops.experimental = frozenset()
 
 
 def test_embedding(ops):

@@ -105,6 +105,29 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
               f"split-K {times[True] * 1e6:.1f} us ({gbs[True]:.0f} GB/s)")
 
 
+@pytest.mark.parametrize("t", [2048, 17, 3])
+def test_row_elementwise(env, rng, t, monkeypatch):
+    """The experimental 2-D-grid swiglu and split ("row_elementwise") against the flat kernels and
+    NumPy: the 27B MLP (2 x 17408 columns) and GDN conv-output split (2048 | 2048 | 6144)
+    shapes; prints both times for a 2048-token chunk (-s)."""
+    ops = env.fresh()
+    gu = rnd(rng, t, 2 * 17408)
+    x = rnd(rng, t, 10240)
+    GU, X = env.up(gu), env.up(x)
+    sizes = (2048, 2048, 6144)
+    times = {}
+    for rows_kernels in (False, True):
+        monkeypatch.setattr(ops, "experimental", frozenset(["row_elementwise"] if rows_kernels else []))
+        times["swiglu", rows_kernels], o = _best_time(env, lambda: ops.swiglu(GU), reps=5, graph=True)
+        close(env.host(o), cpu.swiglu(gu), TOL32)
+        times["split", rows_kernels], parts = _best_time(env, lambda: ops.split(X, sizes), reps=5, graph=True)
+        for got, want in zip(parts, cpu.split(x, sizes)):
+            np.testing.assert_array_equal(env.host(got), want)
+    if t == 2048:
+        print("\nrow elementwise T=2048: " + ", ".join(
+            f"{op} {'2-D grid' if rk else 'flat'} {v * 1e6:.1f} us" for (op, rk), v in times.items()))
+
+
 @pytest.mark.parametrize("rows,d", [(2048 * 48, 128), (48, 128), (13, 100), (5, 256)])
 def test_gated_rms_norm_warp_rows(env, rng, rows, d, monkeypatch):
     """The experimental one-warp-per-row GDN output norm ("warp_gated_norm") against the
