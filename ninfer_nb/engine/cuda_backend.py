@@ -6,6 +6,8 @@ allocates the same addresses each time (graph-capturable). Knows nothing about r
 """
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -25,6 +27,22 @@ def bf16_exact(a: np.ndarray) -> bool:
     return not bool(np.any(bits & 0xFFFF))
 
 
+def _on_calling_thread(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Make the backend's context current on the calling thread first. The CUDA driver binds a
+    context per thread, and a backend may be built on one thread and driven from another (the
+    server loads the engine on its main thread and runs requests on the engine worker); numba
+    used to bind it implicitly on its first launch in a thread, which direct launches
+    (runtime/launch.py) and the driver calls before them do not. One set lookup per call on a
+    thread already bound."""
+    @functools.wraps(method)
+    def bound(self: "CudaBackend", *args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() not in self._threads:
+            self._bind_calling_thread()
+        return method(self, *args, **kwargs)
+
+    return bound
+
+
 class CudaBackend:
     name = "cuda"
 
@@ -35,7 +53,11 @@ class CudaBackend:
         from ..runtime.arena import DeviceArena
         from ..runtime.stream import Stream
 
+        from ..runtime._drv import check, driver
+
         info = dev.select(index)
+        self._context = check(driver().cuCtxGetCurrent())      # the primary context select made current
+        self._threads = {threading.get_ident()}
         self.device_name = info.name
         self.stream = Stream()
         free, _ = dev.mem_info()
@@ -51,9 +73,17 @@ class CudaBackend:
         self._graph_logits: Any = None
         self._warmed = False            # the first decode step runs eagerly (compiles kernels)
 
+    def _bind_calling_thread(self) -> None:
+        from ..runtime._drv import check, driver
+
+        check(driver().cuCtxSetCurrent(self._context))
+        self._threads.add(threading.get_ident())
+
+    @_on_calling_thread
     def begin_step(self) -> None:
         self.scratch.reset()
 
+    @_on_calling_thread
     def decode_step(self, forward: Callable[[Any, Any], Any], token: int, position: int) -> np.ndarray:
         """One decode step by CUDA-graph replay. The first step runs eagerly on the persistent
         input buffers (compiling every kernel); the second captures `forward` once (capture
@@ -78,6 +108,7 @@ class CudaBackend:
         self._graph.replay()
         return self.to_host(self._graph_logits)[-1]
 
+    @_on_calling_thread
     def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
         return self.ops.zeros(shape, dtype, persistent=True)
 
@@ -117,6 +148,7 @@ class CudaBackend:
         self.stream.synchronize()
         return out
 
+    @_on_calling_thread
     def ids(self, tokens: list[int], start: int) -> tuple[Any, Any]:
         from ..runtime.tensor import Tensor
 
@@ -128,9 +160,11 @@ class CudaBackend:
             pos_t.host = pos                   # sizes the prefill attention GEMMs (CudaOps)
         return ids_t, pos_t
 
+    @_on_calling_thread
     def to_host(self, x: Any) -> np.ndarray:
         return self.ops.to_numpy(x)
 
+    @_on_calling_thread
     def copy_(self, dst: Any, src: Any) -> None:
         from ..runtime._drv import check, driver
 
