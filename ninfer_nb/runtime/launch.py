@@ -5,18 +5,21 @@ interface object in a DeviceNDArray on each call, then packs the parameters thro
 cuda.core: 137-148 us of host time per launch of add_rms_norm (5 arrays, 1 scalar) on the
 H200 machine. Decode runs from CUDA graphs and does not care; prefill launches ~1000 kernels
 per chunk eagerly, so that host time bounded it (35B, 8192-token prompt: 10,834 tok/s through
-numba, 16,543 through this module, the same kernels). `Launcher` packs the same parameters itself:
-per array argument numba's data model (meminfo, parent, nitems, itemsize, data, shape...,
-strides... in bytes), per scalar its C type, each parameter in its own 8-byte slot of a
-buffer made once per compiled overload; a launch is one `struct.pack_into` and one
-`cuLaunchKernel` on the kernel's CUfunction: 9.9 us of host time for the same launch.
+numba, 16,543 through this module, the same kernels).
+
+`Launcher` packs the same parameters itself: per array argument numba's data model (meminfo,
+parent, nitems, itemsize, data, shape..., strides... in bytes), per scalar its C type, each
+parameter in its own 8-byte slot of a buffer made once per compiled overload; a launch is one
+`struct.pack_into` and one `cuLaunchKernel` on the kernel's CUfunction: 9.9 us of host time
+for the same launch.
 
 Arguments must be `Tensor`s (C-contiguous device memory; each caches its packed parameters,
 `Tensor.kernel_abi`) or scalars; a host array raises `NotDeviceArgs` (the caller falls back to
 numba, which copies it). The overload is picked by the arrays' storage dtype and ndim, and a
-mismatch raises TypeError as numba would. Launches
-from one thread at a time per kernel (the packing buffer is shared; a lock guards it).
-Knows nothing about what the kernels compute. GPU only: the simulator keeps numba's path.
+mismatch raises TypeError as numba would. A lock guards each overload's packing buffer, so
+threads may launch the same kernel. The calling thread must have the context current
+(CudaBackend binds it). Knows nothing about what the kernels compute. GPU only: the simulator
+keeps numba's path.
 """
 from __future__ import annotations
 
