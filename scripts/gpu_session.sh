@@ -33,7 +33,7 @@ fi
 case "${1:-check}" in
   check)
     python3 -m pytest -m gpu -q -s -p no:cacheprovider --durations=15 --junitxml="$OUT/junit.xml" \
-      tests/kernels tests/runtime tests/engine/test_gpu_model.py > "$OUT/pytest_gpu.log" 2>&1
+      tests/kernels tests/runtime tests/engine/test_gpu_model.py tests/engine/test_gpu_server.py > "$OUT/pytest_gpu.log" 2>&1
     rc=$?
     # the timing lines the tests print (-s): kernel vs kernel, TFLOP/s, GB/s
     grep -E "prefill attention|decode attention|GEMV |MoE decode|MoE router|gated delta rule|gated rms norm|row elementwise|grouped mma|TFLOP|max error|TTFT|host time per launch" "$OUT/pytest_gpu.log" \
