@@ -12,6 +12,17 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture()
+def pretend_cc90_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba compiles device helpers lazily for the *current* device; the compile-only tests
+    (PTX, ptxas, the launch ABI) run without a driver, so pretend a cc 9.0 one."""
+    import types
+
+    import numba.cuda.dispatcher as disp
+
+    monkeypatch.setattr(disp, "get_current_device", lambda: types.SimpleNamespace(compute_capability=(9, 0)))
+
+
 def _cuda_usable() -> bool:
     try:
         from ninfer_nb.runtime.device import cuda_available

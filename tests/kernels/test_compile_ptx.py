@@ -8,22 +8,14 @@ has 15 minutes in all.)
 """
 from __future__ import annotations
 
-import types
-
 import pytest
 
-import numba.cuda.dispatcher as _disp
 from ninfer_nb.kernels.registry import all_specs
 
 SPECS = all_specs()
 CASES_90 = [(n, i) for n, s in sorted(SPECS.items()) for i in range(len(s.sigs))]
 OTHER_CC = [(8, 0), (8, 9), (12, 0)]
-
-
-@pytest.fixture(autouse=True)
-def _no_driver_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Device helpers compile lazily for the *current* device; without a driver, pretend one."""
-    monkeypatch.setattr(_disp, "get_current_device", lambda: types.SimpleNamespace(compute_capability=(9, 0)))
+pytestmark = pytest.mark.usefixtures("pretend_cc90_device")
 
 
 def test_registry_is_complete() -> None:

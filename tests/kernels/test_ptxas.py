@@ -10,12 +10,10 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import types
 from pathlib import Path
 
 import pytest
 
-import numba.cuda.dispatcher as _disp
 from ninfer_nb.kernels.registry import all_specs
 
 SPECS = all_specs()
@@ -42,12 +40,8 @@ def _ptxas() -> str | None:
 
 
 PTXAS = _ptxas()
-pytestmark = pytest.mark.skipif(PTXAS is None, reason="ptxas not installed (pip install nvidia-cuda-nvcc)")
-
-
-@pytest.fixture(autouse=True)
-def _no_driver_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_disp, "get_current_device", lambda: types.SimpleNamespace(compute_capability=(9, 0)))
+pytestmark = [pytest.mark.skipif(PTXAS is None, reason="ptxas not installed (pip install nvidia-cuda-nvcc)"),
+              pytest.mark.usefixtures("pretend_cc90_device")]
 
 
 @pytest.mark.parametrize("name", PTX_KERNELS)

@@ -4,11 +4,9 @@ of the same sizes (compile_ptx runs without a GPU)."""
 from __future__ import annotations
 
 import re
-import types
 
 import pytest
 
-import numba.cuda.dispatcher as _disp
 from ninfer_nb.kernels.registry import all_specs
 from ninfer_nb.runtime.launch import param_layout
 
@@ -23,11 +21,7 @@ PICKED = {"rms_norm_kernel", "kv_store_kernel", "gdc_state_mma_kernel", "moe_rou
           "embedding_bf16_kernel"}
 assert PICKED <= SPECS.keys()
 CASES = [c for c in CASES if c[0] in PICKED]
-
-
-@pytest.fixture(autouse=True)
-def _no_driver_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_disp, "get_current_device", lambda: types.SimpleNamespace(compute_capability=(9, 0)))
+pytestmark = pytest.mark.usefixtures("pretend_cc90_device")
 
 
 @pytest.mark.parametrize("name,sig", CASES)
