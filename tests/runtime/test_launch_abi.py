@@ -1,5 +1,5 @@
 """runtime/launch.py packs kernel parameters itself, in numba's ABI: for the signatures of a
-spread of registered kernels (1-4-D arrays of five dtypes, int32 / float32 scalars), the packed
+spread of registered kernels (1-4-D arrays of four dtypes, int32 / float32 scalars), the packed
 layout must have the kernel's PTX parameters, in order and of the same sizes (compile_ptx runs
 without a GPU)."""
 from __future__ import annotations
