@@ -198,6 +198,21 @@ def _print_profile(title: str, profile: list[dict[str, Any]], copy_gbps: float) 
               f"{r['GBps'] / copy_gbps:>8.0%}{r['share']:>7.1%}")
 
 
+def _experimental_names(arg: str) -> frozenset[str]:
+    """--experimental's names, each checked against ops/cuda.py EXPERIMENTAL (before the model
+    loads; imports the CUDA ops module only when names are given)."""
+    names = frozenset(n.strip() for n in arg.split(",") if n.strip())
+    if names:
+        from .ops.cuda import EXPERIMENTAL
+
+        unknown = sorted(names - EXPERIMENTAL.keys())
+        if unknown:
+            known = ", ".join(sorted(EXPERIMENTAL)) or "none at present"
+            raise SystemExit(f"bench: --experimental: unknown kernel name(s) {unknown} "
+                             f"(ops/cuda.py EXPERIMENTAL: {known})")
+    return names
+
+
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="ninfer bench", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
@@ -212,8 +227,8 @@ def main(argv: Sequence[str]) -> int:
                    help="prefill attention: tensor-core GEMMs + softmax (gemm), fp32 flash kernel (simt), "
                         "mma.sync flash kernel (mma)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
-                   help="turn on opt-in kernels not yet validated on a GPU (ops/cuda.py EXPERIMENTAL: "
-                        "warp_gated_norm, row_elementwise)")
+                   help="turn on opt-in CUDA kernels not yet validated on a GPU, by name (ops/cuda.py "
+                        "EXPERIMENTAL; none at present)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")
@@ -222,6 +237,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--peer", choices=["hf"], default=None)
     p.add_argument("--json", default=None, help="write every figure to this file")
     args = p.parse_args(list(argv))
+    experimental = _experimental_names(args.experimental)      # before the peer run and the load
     from .api import LLM
 
     lens = [int(x) for x in args.prompt_len.split(",")]
@@ -241,15 +257,10 @@ def main(argv: Sequence[str]) -> int:
               prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph,
               kv_cache=args.kv_cache, prefill_gemm=args.gemm, prefill_attention=args.attention)
     load_s = time.perf_counter() - t_load
-    if args.experimental:
-        from .ops.cuda import EXPERIMENTAL
-
-        names = frozenset(n.strip() for n in args.experimental.split(",") if n.strip())
-        unknown = sorted(names - EXPERIMENTAL.keys())
-        if unknown or llm.backend.name != "cuda":
-            raise SystemExit(f"bench: --experimental needs the CUDA backend and names from "
-                             f"{sorted(EXPERIMENTAL)} (got {sorted(names)})")
-        llm.backend.ops.experimental = names
+    if experimental:
+        if llm.backend.name != "cuda":
+            raise SystemExit(f"bench: --experimental needs the CUDA backend (this run is on {llm.backend.name})")
+        llm.backend.ops.experimental = experimental
     first = llm.generate([1, 2, 3], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     start_to_first_token = time.time() - process_start_time() - peer_s
     sys.stderr.write(f"bench: {llm.model_id} on {llm.device_name}; loaded in {load_s:.1f} s, "

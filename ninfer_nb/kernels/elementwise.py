@@ -1,12 +1,14 @@
 """Elementwise fp32 kernels: add, silu, sigmoid, sigmoid_mul (grid-stride loops over flat
 vectors), swiglu and split (row-wise: [T, N] inputs).
 
-swiglu_kernel and split_kernel walk a flat index and divide it by the row length per element
-(64-bit integer division, ~50 instructions), with a branch per part in split: `split` ran at
-22 % of the copy bandwidth in the 27B prefill profile (189 us per 2048 x 10240 call).
-swiglu_rows_kernel and split_rows_kernel do the same work on a 2-D grid (column blocks x rows,
-`row_grid`), each thread taking its row and column from the block indices. Experimental
-(CudaOps "row_elementwise"): simulator-checked, not yet run on a GPU. No bf16 here.
+swiglu_kernel walks a flat index and divides it by the row length per element. split used to
+do the same (64-bit integer division, ~50 instructions, and a branch per part): it ran at 22 %
+of the copy bandwidth in the 27B prefill profile (189 us per 2048 x 10240 call).
+split_rows_kernel runs on a 2-D grid instead (column blocks x rows, `row_grid`), each thread
+taking its row and column from the block indices. Measured on the H200 (T = 2048, the 27B
+shapes: swiglu 2048 x 2 x 17408, split 2048 x 10240): split flat 162.3 us, 2-D grid 139.3 us;
+swiglu flat 279.9 us, 2-D grid 283.3 us. So split runs only on the 2-D grid and swiglu keeps
+the flat kernel (its 2-D variant was deleted). No bf16 here.
 """
 from __future__ import annotations
 
@@ -98,32 +100,6 @@ def _split_dest(r, c, t_rows, n, b1, b2, b3):
         lo = b1
         hi = b2
     return lo * t_rows + r * (hi - lo) + (c - lo)
-
-
-@kernel((f32_2, f32_1, i32, i32, i32))
-def split_kernel(x, out, b1, b2, b3):
-    """x [T, N] -> out: the parts x[:, 0:b1], x[:, b1:b2], x[:, b2:b3], x[:, b3:N], each stored
-    contiguously ([T, size] row-major) one after another. Grid-stride over T * N."""
-    t_rows = x.shape[0]
-    n = x.shape[1]
-    i = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    while i < t_rows * n:
-        r = i // n
-        c = i - r * n
-        out[_split_dest(r, c, t_rows, n, b1, b2, b3)] = x[r, c]
-        i += stride
-
-
-@kernel((f32_2, f32_2))
-def swiglu_rows_kernel(gate_up, out):
-    """gate_up [T, 2I] -> out [T, I] = silu(gate) * up. Grid row_grid(T, I), block BLOCK."""
-    inter = out.shape[1]
-    j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if j < inter:
-        for t in range(cuda.blockIdx.y, out.shape[0], cuda.gridDim.y):
-            g = gate_up[t, j]
-            out[t, j] = (g / (1.0 + math.exp(-g))) * gate_up[t, inter + j]
 
 
 @kernel((f32_2, f32_1, i32, i32, i32))

@@ -43,16 +43,15 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
-# Opt-in kernels (name: what), off until a GPU run shows they win. Promoted
-# after the H200 run of 2026-11-29 (fifth session): the one-launch decode router
+# Opt-in kernels (name: what), off until a GPU run shows they win (bench --experimental NAME;
+# list a new entry in bench's --experimental help too). None at present. Promoted after the
+# H200 run of 2026-11-29 (fifth session): the one-launch decode router
 # (moe_router_fused_kernel, 10.6 -> 10.3 us and one launch less per 35B layer) and the
-# SwiGLU-epilogue GEMV (gemv_bf16_swiglu_kernel, 89.2 -> 86.3 us per 27B MLP).
-EXPERIMENTAL: dict[str, str] = {
-    "warp_gated_norm": "GDN output norm (gated_rms_norm, rows <= 256) one warp per row "
-                       "(norm.gated_rms_norm_warp_kernel)",
-    "row_elementwise": "prefill swiglu and split on a 2-D grid, no per-element division "
-                       "(elementwise.swiglu_rows_kernel, split_rows_kernel)",
-}
+# SwiGLU-epilogue GEMV (gemv_bf16_swiglu_kernel, 89.2 -> 86.3 us per 27B MLP). Promoted after
+# a later H200 run that day: the GDN output norm one warp per row (norm.gated_rms_norm_warp_kernel,
+# 98304x128: 200.9 -> 52.6 us) and split on a 2-D grid (elementwise.split_rows_kernel,
+# T = 2048: 162.3 -> 139.3 us); swiglu on a 2-D grid (279.9 -> 283.3 us) was dropped.
+EXPERIMENTAL: dict[str, str] = {}
 # Prefill MoE on the pipelined GEMM (kernels/moe_pipelined.py) from this many routed pairs
 # (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape: T = 2048, k = 9: 2.08 vs
 # 4.04 ms per layer; T = 512, k = 8: 1.82 vs 2.10 ms; 140-280 pairs: slower (more launches).
@@ -118,7 +117,8 @@ class CudaOps:
         self.stream = stream
         self.persistent = persistent
         self.use_wgmma = hopper and prefill_gemm != "mma"
-        # Kernels written but not yet validated on a GPU (EXPERIMENTAL); bench --experimental.
+        # Names from EXPERIMENTAL turned on (kernels not yet validated on a GPU; none at
+        # present); bench --experimental.
         self.experimental: frozenset[str] = frozenset()
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
         self._launchers: dict[str, Launcher] = {}                     # kernel name -> direct launcher
@@ -247,11 +247,7 @@ class CudaOps:
         out = self.empty(tuple(gate_up.shape[:-1]) + (inter,))
         n = out.size
         if n:
-            if "row_elementwise" in self.experimental:
-                self._go(K_ew.swiglu_rows_kernel, K_ew.row_grid(n // inter, inter), K_ew.BLOCK,
-                         _rows(gate_up, two_i), _rows(out, inter))
-            else:
-                self._go(K_ew.swiglu_kernel, K_ew.grid_for(n), K_ew.BLOCK, _rows(gate_up, two_i), _rows(out, inter))
+            self._go(K_ew.swiglu_kernel, K_ew.grid_for(n), K_ew.BLOCK, _rows(gate_up, two_i), _rows(out, inter))
         return out
 
     def linear_swiglu(self, x: Any, gate_up: Any) -> Any:
@@ -289,12 +285,8 @@ class CudaOps:
         if t > 1:
             flat = self.empty((t * n,))                                   # the parts, back to back
             bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [n] * (4 - len(sizes))
-            if "row_elementwise" in self.experimental:
-                self._go(K_ew.split_rows_kernel, K_ew.row_grid(t, n), K_ew.BLOCK, _rows(x, n), flat,
-                         *(np.int32(b) for b in bounds[:3]))
-            else:
-                self._go(K_ew.split_kernel, K_ew.grid_for(t * n), K_ew.BLOCK, _rows(x, n), flat,
-                         *(np.int32(b) for b in bounds[:3]))
+            self._go(K_ew.split_rows_kernel, K_ew.row_grid(t, n), K_ew.BLOCK, _rows(x, n), flat,
+                     *(np.int32(b) for b in bounds[:3]))
         parts, off = [], 0
         for size in sizes:
             parts.append(flat[off * t:(off + size) * t].reshape(t, size))
@@ -327,10 +319,12 @@ class CudaOps:
         return tuple(parts)
 
     def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:
+        """Rows up to WARP_ROW_MAX_D wide (the GDN heads' 128): one warp per row; wider rows:
+        one block per row. H200, 98304x128 (a 2048-token 27B chunk): 200.9 -> 52.6 us."""
         d = x.shape[-1]
         out = self.empty(x.shape)
         rows = x.size // d if d else 0
-        if rows and "warp_gated_norm" in self.experimental and d <= K_norm.WARP_ROW_MAX_D:
+        if rows and d <= K_norm.WARP_ROW_MAX_D:
             self._go(K_norm.gated_rms_norm_warp_kernel, (rows + K_norm.WARP_ROWS - 1) // K_norm.WARP_ROWS,
                      32 * K_norm.WARP_ROWS, _rows(x, d), _rows(z, d), weight, _rows(out, d), np.float32(eps))
         elif rows:

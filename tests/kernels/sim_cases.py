@@ -10,6 +10,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from ninfer_nb.kernels import norm as K_norm  # noqa: E402
 from ninfer_nb.kernels import sampling as S  # noqa: E402
 from ninfer_nb.ops import cpu  # noqa: E402
 from ninfer_nb.ops.cuda import CudaOps, HostArena, SimStream  # noqa: E402
@@ -42,18 +43,16 @@ def test_elementwise(ops):
     close(ops.silu(x), cpu.silu(x))
     close(ops.sigmoid(x), cpu.sigmoid(x))
     close(ops.sigmoid_mul(x, y), cpu.sigmoid_mul(x, y))
-    for experimental in (frozenset(), frozenset({"row_elementwise"})):   # flat / 2-D grid kernels
-        ops.experimental = experimental
-        for i in (19, 300):                      # one and two 256-column blocks
-            gu = rnd(rng, 3, 2 * i)
-            close(ops.swiglu(gu), cpu.swiglu(gu))
-        for rows, sizes in ((3, (5, 7, 2, 9)), (3, (10, 13)), (2, (100, 200, 50)), (1, (4, 6, 3))):  # copies; views
-            p = rnd(rng, rows, sum(sizes))
-            got, want = ops.split(p, sizes), cpu.split(p, sizes)
-            assert len(got) == len(sizes)
-            for g, w in zip(got, want):
-                assert np.array_equal(np.asarray(g), w)
-    ops.experimental = frozenset()
+    for i in (19, 300):                          # swiglu (flat, grid-stride): short and long rows
+        gu = rnd(rng, 3, 2 * i)
+        close(ops.swiglu(gu), cpu.swiglu(gu))
+    # split on the 2-D grid: one and two 256-column blocks, 2-4 parts; one token: views
+    for rows, sizes in ((3, (5, 7, 2, 9)), (3, (10, 13)), (2, (100, 200, 50)), (1, (4, 6, 3))):
+        p = rnd(rng, rows, sum(sizes))
+        got, want = ops.split(p, sizes), cpu.split(p, sizes)
+        assert len(got) == len(sizes)
+        for g, w in zip(got, want):
+            assert np.array_equal(np.asarray(g), w)
 
 
 def test_embedding(ops):
@@ -73,12 +72,12 @@ def test_norms(ops):
     o, res = ops.add_rms_norm(x, r, w, 1e-6)
     close(res, x + r)
     close(o, cpu.rms_norm(x + r, w, 1e-6))
+    assert x.shape[-1] > K_norm.WARP_ROW_MAX_D                   # wide rows: one block per row
     close(ops.gated_rms_norm(x, z, w, 1e-6), cpu.gated_rms_norm(x, z, w, 1e-6))
-    ops.experimental = frozenset({"warp_gated_norm"})        # one warp per row (rows <= 256 wide)
-    for rows, d in ((11, 128), (3, 100)):                     # a ragged last block; D % 32 != 0
+    # one warp per row (rows <= WARP_ROW_MAX_D): a ragged last block; D % 32 != 0; the widest
+    for rows, d in ((11, 128), (3, 100), (2, K_norm.WARP_ROW_MAX_D)):
         xg, zg, wg = rnd(rng, rows, d), rnd(rng, rows, d), rnd(rng, d)
         close(ops.gated_rms_norm(xg, zg, wg, 1e-6), cpu.gated_rms_norm(xg, zg, wg, 1e-6))
-    ops.experimental = frozenset()
     xw, rw, ww = rnd(rng, 1, 2500), rnd(rng, 1, 2500), rnd(rng, 2500)   # a wide row: 1024 threads
     o, res = ops.add_rms_norm(xw, rw, ww, 1e-6)
     close(res, xw + rw)
