@@ -71,6 +71,7 @@ class LLM:
             self.model_config = preset_config(preset)
             self.tokenizer = None  # type: ignore[assignment]
             self.model_id = self.source = cfg.model
+            self.backend.check_model(self.model_config)
             weights = self.backend.random_weights(self.model_config, seed=cfg.seed or 0)
         else:
             ckpt = load_checkpoint(cfg.model, show_progress=cfg.show_progress)
@@ -80,6 +81,7 @@ class LLM:
             self.model_config = ckpt.config
             self.model_id = ckpt.name
             self.source = ckpt.source
+            self.backend.check_model(ckpt.config)        # shapes the backend's kernels cannot run
             weights = self.backend.upload(build_weights(ckpt.config, ckpt.weights, ckpt.source))
             del ckpt
         self.max_context = min(cfg.max_context, max(self.model_config.max_position_embeddings, 2))

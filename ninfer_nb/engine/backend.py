@@ -23,6 +23,7 @@ class Backend(Protocol):
     device_name: str
     ops: Any
 
+    def check_model(self, cfg: ModelConfig) -> None: ...
     def begin_step(self) -> None: ...
     def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any: ...
     def upload(self, weights: ModelWeights) -> ModelWeights: ...
@@ -36,6 +37,9 @@ class CpuBackend:
     name = "cpu"
     device_name = "cpu"
     ops = cpu
+
+    def check_model(self, cfg: ModelConfig) -> None:
+        """Nothing to refuse: the NumPy ops take every shape the models have."""
 
     def begin_step(self) -> None:
         """Nothing to reset: NumPy allocates per op."""

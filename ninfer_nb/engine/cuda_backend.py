@@ -79,6 +79,14 @@ class CudaBackend:
         check(driver().cuCtxSetCurrent(self._context))
         self._threads.add(threading.get_ident())
 
+    def check_model(self, cfg: Any) -> None:
+        """Refuse, before any weight goes up, a model whose shapes the kernels cannot run
+        (ops/cuda.py unsupported_shapes: UnsupportedModelError naming each value). Pure: no
+        device call, so it runs on any thread and without a GPU."""
+        from ..ops.cuda import check_model
+
+        check_model(cfg)
+
     @_on_calling_thread
     def begin_step(self) -> None:
         self.scratch.reset()

@@ -2,16 +2,18 @@
 requests run on the server's engine worker thread, so the backend must bind its CUDA context
 there (CudaBackend._on_calling_thread). A greedy chat completion over real HTTP (httpx: the GPU
 machine's image has no openai / anthropic SDK, which tests/server's fixtures import) must
-match the same request served from the CPU backend."""
+match the same request served from the CPU backend. The checkpoint is test_gpu_model.py's
+tiny Qwen3.5 with GDN head dims of 32 (the CUDA gated delta rule needs multiples of 32; the
+default tiny checkpoint's 16 is refused at load on the CUDA backend)."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from server import ServerConfig
+from tests.engine.test_gpu_model import gpu_checkpoint
 from tests.server.harness import LiveServer
 
 pytestmark = pytest.mark.gpu
@@ -34,9 +36,10 @@ def _greedy_reply(llm: Any) -> str:
     return text
 
 
-def test_gpu_engine_serves_from_the_worker_thread(tiny_qwen35_dir: Path) -> None:
+def test_gpu_engine_serves_from_the_worker_thread(tiny_checkpoints) -> None:
     from ninfer_nb import LLM
 
-    cpu = LLM(str(tiny_qwen35_dir), device="cpu", max_context=384)
-    gpu = LLM(str(tiny_qwen35_dir), device="cuda", max_context=384)
+    path = gpu_checkpoint(tiny_checkpoints, "qwen35")
+    cpu = LLM(str(path), device="cpu", max_context=384)
+    gpu = LLM(str(path), device="cuda", max_context=384)
     assert _greedy_reply(gpu) == _greedy_reply(cpu)
