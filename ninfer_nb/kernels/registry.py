@@ -15,7 +15,7 @@ from numba import config, cuda
 
 MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "attention_gemm", "conv1d", "gdn",
            "gdn_chunked", "gdn_chunked_mma",
-           "moe", "moe_grouped", "moe_pipelined", "sampling", "random_fill", "gemm_mma", "gemm_wgmma")
+           "moe", "moe_grouped", "moe_pipelined", "moe_wgmma", "sampling", "random_fill", "gemm_mma", "gemm_wgmma")
 
 _SPECS: dict[str, "KernelSpec"] = {}
 

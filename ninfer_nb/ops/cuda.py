@@ -33,6 +33,7 @@ from ninfer_nb.kernels import linear as K_lin
 from ninfer_nb.kernels import moe as K_moe
 from ninfer_nb.kernels import moe_grouped as K_moeg
 from ninfer_nb.kernels import moe_pipelined as K_moep
+from ninfer_nb.kernels import moe_wgmma as K_moew
 from ninfer_nb.kernels import norm as K_norm
 from ninfer_nb.kernels import rope as K_rope
 from ninfer_nb.kernels import sampling as K_smp
@@ -303,11 +304,27 @@ class CudaOps:
 
     def linear_swiglu(self, x: Any, gate_up: Any) -> Any:
         """swiglu(linear(x, gate_up)); up to GEMV_MAX_T tokens and a bf16 weight: one GEMV
-        kernel with the SwiGLU in its epilogue (kernels/linear.py gemv_bf16_swiglu_kernel)."""
+        kernel with the SwiGLU in its epilogue (kernels/linear.py gemv_bf16_swiglu_kernel).
+        A wgmma chunk (cc 9.0, T >= gemm_wgmma.MIN_M, I % 64 == 0): one GEMM with the SwiGLU in
+        its epilogue (gemm_wgmma_swiglu_kernel) returning h as bf16 bits (uint16) [T, I]: what
+        `linear` rounds its input to before its GEMM anyway, so the MLP's result is unchanged,
+        and neither the [T, 2I] fp32 product nor an fp32 h goes through memory. Only `linear`
+        consumes it (models/layers.py mlp_block)."""
         two_i, k = gate_up.shape
         _need(x.shape[-1] == k and two_i % 2 == 0, f"linear_swiglu: x {x.shape} vs weight {gate_up.shape}")
         x2 = _rows(x, k)
         t = x2.shape[0]
+        inter = two_i // 2
+        if (self.use_wgmma and t >= K_wg.MIN_M and not SIM and gate_up.dtype == bfloat16 and x2.dtype == F32
+                and k % K_wg.K_ALIGN == 0 and inter % K_wg.K_ALIGN == 0
+                and _ptr(x2) % 16 == 0 and _ptr(gate_up) % 16 == 0):
+            xb = self.empty((t, k), np.uint16)                               # [T, K] x in bf16
+            self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * k), K_mma.CVT_THREADS, x2.reshape(-1),
+                     xb.reshape(-1))
+            h = self.empty(tuple(x.shape[:-1]) + (inter,), np.uint16)        # [T, I] bf16 bits
+            self._go(K_wg.gemm_wgmma_swiglu_kernel, K_wg.gemm_grid(t, two_i), K_wg.THREADS, xb, gate_up,
+                     _rows(h, inter), smem=K_wg.SMEM_BYTES)
+            return h
         if not (0 < t <= K_lin.GEMV_MAX_T and not SIM
                 and gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(x2) % 16 == 0):
             return self.swiglu(self.linear(x, gate_up))
@@ -395,6 +412,9 @@ class CudaOps:
         out2 = _rows(out, n)
         has_bias = np.int32(bias is not None)
         b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
+        _need(x2.dtype == F32 or (x2.dtype == np.uint16 and t > K_lin.GEMV_MAX_T and weight.dtype == bfloat16
+                                  and k % K_mma.K_ALIGN == 0),
+              f"linear: bf16 activations ({x2.dtype}) only as a tensor-core GEMM operand")
         if weight.dtype == F32 and t <= K_lin.GEMV_MAX_T and not SIM:
             grid = (n + K_lin.GEMV_F32_WARPS - 1) // K_lin.GEMV_F32_WARPS
             self._go(K_lin.gemv_f32_kernel, grid, 32 * K_lin.GEMV_F32_WARPS, x2, weight, b, out2, has_bias)
@@ -409,10 +429,13 @@ class CudaOps:
                          vec)
         elif (weight.dtype == bfloat16 and not SIM and k % K_mma.K_ALIGN == 0
               and _ptr(x2) % 16 == 0 and _ptr(weight) % 16 == 0 and _ptr(out2) % 16 == 0):
-            # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy, then a bf16 GEMM
-            xb = self.empty((t, k), np.uint16)
-            self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * k), K_mma.CVT_THREADS, x2.reshape(-1),
-                     xb.reshape(-1))
+            # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy (unless x already is bf16
+            # bits, as linear_swiglu's wgmma result), then a bf16 GEMM
+            xb = x2
+            if x2.dtype != np.uint16:
+                xb = self.empty((t, k), np.uint16)
+                self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * k), K_mma.CVT_THREADS, x2.reshape(-1),
+                         xb.reshape(-1))
             self._gemm_bf16(xb, weight, out2, b, has_bias)
         else:
             grid = ((n + K_lin.BN - 1) // K_lin.BN, (t + K_lin.BM - 1) // K_lin.BM)
@@ -713,8 +736,22 @@ class CudaOps:
             self._go(K_moeg.moe_hist_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist)
             self._go(K_moeg.moe_scan_kernel, 1, K_moeg.SORT_THREADS, hist, offs, tile_off)
             self._go(K_moeg.moe_scatter_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist, offs, order)
+            aligned = all(_ptr(a) % 16 == 0 for a in (x, gate_up, down))
+            if (n_pairs >= MOE_PIPELINED_MIN_PAIRS and not SIM and self.use_wgmma and aligned
+                    and hid % K_moew.K_ALIGN == 0 and inter % K_moew.K_ALIGN == 0):
+                xb = self.empty((t, hid), np.uint16)                         # [T, H] x in bf16
+                self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * hid), K_mma.CVT_THREADS,
+                         x.reshape(-1), xb.reshape(-1))
+                self._go(K_moew.moe_wgmma_gate_up_kernel, (inter // K_moew.BN_GU, n_tiles), K_moew.THREADS,
+                         xb, gate_up, offs, tile_off, order, np.int32(top_k), h, smem=K_moew.SMEM_BYTES)
+                self._go(K_moew.moe_wgmma_down_kernel, ((hid + K_moew.BN - 1) // K_moew.BN, n_tiles),
+                         K_moew.THREADS, h, down, offs, tile_off, order, weights.reshape(-1), y,
+                         smem=K_moew.SMEM_BYTES)
+                ct = K_moeg.COMBINE_THREADS
+                self._go(K_moeg.moe_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids_f, np.int32(n_exp), out)
+                return
             if (n_pairs >= MOE_PIPELINED_MIN_PAIRS and not SIM and hid % K_mma.BK == 0
-                    and inter % K_mma.BK == 0 and all(_ptr(a) % 16 == 0 for a in (gate_up, down))):
+                    and inter % K_mma.BK == 0 and aligned):
                 self._moe_pipelined(x, order, offs, weights, gate_up, down, h, y, top_k)
                 ct = K_moeg.COMBINE_THREADS
                 self._go(K_moeg.moe_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids_f, np.int32(n_exp), out)

@@ -113,6 +113,55 @@ def test_gemm_wgmma(env, m, n, k, with_bias):
     assert err <= TOL
 
 
+@pytest.mark.parametrize("m,inter,k", [
+    (256, 128, 128),                # one row tile, two column tiles, two k-tiles
+    (300, 17408, 5120),             # ragged M at the 27B MLP shape
+    (2048, 17408, 5120),            # a 27B prefill chunk (timed)
+])
+def test_gemm_wgmma_swiglu_mlp(env, m, inter, k):
+    """The 27B MLP on a prefill chunk: linear_swiglu's wgmma GEMM with the SwiGLU in its
+    epilogue (bf16 h) then the down GEMM, against NumPy on bf16-rounded operands and against
+    the unfused GPU path (GEMM to fp32 [M, 2I], swiglu kernel, bf16 conversion in linear), which
+    rounds the same fp32 values: equal up to the odd bf16 tie of exp's last ulp."""
+    from ninfer_nb.ops import cpu
+
+    ops = _hopper_ops(env)
+    rng = np.random.default_rng(m + inter + k)
+    gu, dn = rnd_bf16(rng, 2 * inter, k), rnd_bf16(rng, k, inter)
+    x = rnd(rng, m, k)
+    GU, DN, X = env.up(gu), env.up(dn), env.up(x)
+    names = _spy(ops)
+    try:
+        h = ops.linear_swiglu(X, GU)
+        got = env.host(ops.linear(h, DN))
+    finally:
+        del ops._go
+    assert "gemm_wgmma_swiglu_kernel" in names and h.dtype == np.uint16, (names, h.dtype)
+    hb = cpu.swiglu(x.astype(BF16).astype(np.float32) @ gu.astype(np.float32).T).astype(BF16)
+    err_h = _rel_fro(env.host(h).view(BF16).astype(np.float32), hb.astype(np.float32))
+    ref = hb.astype(np.float32) @ dn.astype(np.float32).T
+    err = _rel_fro(got, ref)
+    ops.use_wgmma = False                       # unfused: mma.sync GEMM + swiglu kernel + linear
+    env.scratch.reset()
+    unfused = env.host(ops.linear(ops.linear_swiglu(X, GU), DN))
+    err_unfused = _rel_fro(got, unfused)
+    ops.use_wgmma = True
+    timing = ""
+    if m >= 2048:
+        def fused() -> None:
+            env.scratch.reset()
+            ops.linear(ops.linear_swiglu(X, GU), DN)
+
+        def pair() -> None:
+            env.scratch.reset()
+            ops.linear(ops.swiglu(ops.linear(X, GU)), DN)
+
+        timing = f"; MLP fused {_best_ms(env, fused):.2f} ms, GEMM + swiglu + GEMM {_best_ms(env, pair):.2f} ms"
+    print(f"\ngemm_wgmma_swiglu MLP M={m} I={inter} K={k}: rel_fro_err h {err_h:.2e}, out {err:.2e}, "
+          f"vs unfused {err_unfused:.2e}{timing}")
+    assert err_h <= TOL and err <= TOL and err_unfused <= 1e-3
+
+
 def _best_ms(env, fn, reps: int = 5) -> float:
     from ninfer_nb.runtime.events import Timer
 

@@ -731,13 +731,28 @@ def _moe_ref_bf16(x, ids, w, gu, dn):
     return out
 
 
+MOE_PATHS = ("grouped", "pipelined", "wgmma")
+
+
+def _moe_path(ops, path, monkeypatch):
+    """Pin CudaOps' prefill MoE GEMMs: moe_grouped's mma.sync, moe_pipelined's, or (cc 9.0)
+    moe_wgmma's; shapes a path cannot run fall back to the next simpler one."""
+    if path == "wgmma" and not ops.use_wgmma:
+        pytest.skip("wgmma needs a cc 9.0 GPU")
+    monkeypatch.setattr(cuda_ops, "MOE_PIPELINED_MIN_PAIRS", 1 << 30 if path == "grouped" else 0)
+    monkeypatch.setattr(ops, "use_wgmma", path == "wgmma")
+
+
 @pytest.mark.parametrize("t,e,k,i,h,shared", [(2048, 256, 8, 512, 2048, True), (512, 256, 8, 512, 2048, False),
-                                              (70, 16, 4, 36, 100, False), (100, 8, 2, 96, 160, False)])
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_moe_grouped_mma(env, rng, t, e, k, i, h, shared, pipelined, monkeypatch):
-    """Grouped path with the mma.sync GEMMs of moe_grouped.py, or (pipelined) the cp.async /
-    ldmatrix GEMM of moe_pipelined.py (the last case: ragged column tiles, K = 160 / 96,
-    half-empty row tiles; the 36 x 100 case does not qualify and keeps moe_grouped). First case: the Qwen3.6-35B-A3B prefill chunk
+                                              (70, 16, 4, 36, 100, False), (100, 8, 2, 96, 160, False),
+                                              (100, 8, 2, 128, 192, False)])
+@pytest.mark.parametrize("path", MOE_PATHS)
+def test_moe_grouped_mma(env, rng, t, e, k, i, h, shared, path, monkeypatch):
+    """Grouped path with the mma.sync GEMMs of moe_grouped.py, (pipelined) the cp.async /
+    ldmatrix GEMM of moe_pipelined.py, or (wgmma) the 64-row wgmma tiles of moe_wgmma.py with
+    the SwiGLU in the gate_up epilogue. Case 4: ragged column tiles, K = 160 / 96, half-empty
+    row tiles (pipelined; wgmma falls back to it); the 36 x 100 case keeps moe_grouped; case 5
+    (I = 128, H = 192) runs wgmma with a ragged down column tile. First case: the Qwen3.6-35B-A3B prefill chunk
     (T = 2048, E = 256 routed + the shared expert folded in as expert 256, k = 8 + 1: expert 256
     owns 2048 rows = 32 full row tiles); vs the bf16-operand reference (tight) and the fp32 one
     (bf16 rounding of x and h: loose); bitwise reproducible; prints the time of one call."""
@@ -747,7 +762,7 @@ def test_moe_grouped_mma(env, rng, t, e, k, i, h, shared, pipelined, monkeypatch
 
     assert t >= G.GROUPED_MIN_T
     ops = env.fresh()
-    monkeypatch.setattr(cuda_ops, "MOE_PIPELINED_MIN_PAIRS", 0 if pipelined else 1 << 30)
+    _moe_path(ops, path, monkeypatch)
     n_exp = e + int(shared)
     gu, dn = rnd_bf16(rng, n_exp, 2 * i, h), rnd_bf16(rng, n_exp, h, i)
     x = rnd(rng, t, h)
@@ -769,13 +784,13 @@ def test_moe_grouped_mma(env, rng, t, e, k, i, h, shared, pipelined, monkeypatch
         ops.moe_experts(X, ids_d, w_d, GU, DN)
         env.stream.synchronize()
         best = min(best, time.perf_counter() - t0)
-    print(f"\ngrouped mma MoE{' (pipelined)' if pipelined else ''} T={t} E={n_exp} k={ids.shape[1]} I={i} H={h}: "
+    print(f"\ngrouped mma MoE ({path}) T={t} E={n_exp} k={ids.shape[1]} I={i} H={h}: "
           f"{best * 1e3:.2f} ms "
           f"({2 * t * ids.shape[1] * 3 * i * h / best / 1e12:.1f} TFLOP/s)")
 
 
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_moe_grouped_mma_skewed(env, rng, monkeypatch, pipelined):
+@pytest.mark.parametrize("path", MOE_PATHS)
+def test_moe_grouped_mma_skewed(env, rng, monkeypatch, path):
     """Skewed routing at the 35B-A3B shape (expert 7 in every token, experts >= 64 unused) with
     the mma.sync GEMMs: vs the bf16-operand reference and vs the per-pair (fp32 activation)
     kernels, which differ from it by the bf16 rounding of x and h."""
@@ -783,7 +798,7 @@ def test_moe_grouped_mma_skewed(env, rng, monkeypatch, pipelined):
 
     t, e, k, i, h = 300, 256, 8, 512, 2048
     ops = env.fresh()
-    monkeypatch.setattr(cuda_ops, "MOE_PIPELINED_MIN_PAIRS", 0 if pipelined else 1 << 30)
+    _moe_path(ops, path, monkeypatch)
     gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
     x = rnd(rng, t, h)
     logits = rnd(rng, t, e, scale=2.0)
