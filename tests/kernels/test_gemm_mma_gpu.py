@@ -33,9 +33,9 @@ def _spy(ops) -> list[str]:
     names: list[str] = []
     go = type(ops)._go
 
-    def rec(self, spec, *a):
+    def rec(self, spec, *a, **kw):
         names.append(spec.name)
-        go(self, spec, *a)
+        go(self, spec, *a, **kw)
 
     ops._go = rec.__get__(ops)
     return names
