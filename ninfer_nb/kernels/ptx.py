@@ -278,6 +278,21 @@ def st_v2_f32(typingctx, arr, idx, v0, v1):
 
 
 @intrinsic
+def st_v4_f32(typingctx, arr, idx, v0, v1, v2, v3):
+    """16-byte store of (v0..v3) to arr.flat[idx .. idx + 3] (16-byte aligned)."""
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        vs = [context.cast(builder, args[2 + j], sig.args[2 + j], types.float32) for j in range(4)]
+        _asm(builder, "st.global.v4.f32 [$0], {$1,$2,$3,$4};", "l,f,f,f,f,~{memory}", ir.VoidType(), [addr] + vs)
+        return context.get_dummy_value()
+
+    return types.void(arr, idx, v0, v1, v2, v3), codegen
+
+
+@intrinsic
 def st_v4_u32(typingctx, arr, idx, v0, v1, v2, v3):
     """16-byte store of four 32-bit words at the byte address of arr.flat[idx] (16-byte aligned)."""
     if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
@@ -371,3 +386,4 @@ if config.ENABLE_CUDASIM:      # warp-level tensor-core ops emulated in the simu
     lds_v4_f32 = _sim.load_v4                   # noqa: F811
     ldg_v4_f32 = _sim.load_v4                   # noqa: F811
     ldg_f32 = _sim.load                         # noqa: F811
+    st_v4_f32 = _sim.store_v4                   # noqa: F811

@@ -121,6 +121,13 @@ def load_v4(arr, idx):
     return (flat[i], flat[i + 1], flat[i + 2], flat[i + 3])
 
 
+def store_v4(arr, idx, v0, v1, v2, v3) -> None:
+    """st_v4_f32: arr.flat[idx .. idx + 3] = v0 .. v3."""
+    flat = arr.reshape(-1)
+    i = int(idx)
+    flat[i], flat[i + 1], flat[i + 2], flat[i + 3] = v0, v1, v2, v3
+
+
 def _bf16_bits(x) -> int:
     b = int(np.float32(x).view(np.uint32))
     if (b & 0x7FFFFFFF) > 0x7F800000:

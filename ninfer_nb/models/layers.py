@@ -50,8 +50,8 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNSta
     hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
     mixed, z, a, b = ops.linear_split(x, w.in_proj, None,   # the fused [T, q | k | v | z | a | b]
                                       (cfg.conv_dim, hv * dv, hv, hv))
-    mixed = ops.causal_conv1d(mixed, state.conv, w.conv)   # [T, q | k | v]
-    q, k, v = ops.split(mixed, (hk * dk, hk * dk, hv * dv))
+    q, k, v = ops.causal_conv1d_split(mixed, state.conv, w.conv,   # conv over [T, q | k | v]
+                                      (hk * dk, hk * dk, hv * dv))
     q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
     if chunked:
         g, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)

@@ -219,6 +219,12 @@ def causal_conv1d(x: Array, conv_state: Array, weight: Array) -> Array:
     return silu(y)
 
 
+def causal_conv1d_split(x: Array, conv_state: Array, weight: Array, sizes: tuple[int, ...]) -> tuple[Array, ...]:
+    """split(causal_conv1d(x, conv_state, weight), sizes): the GDN's q | k | v after its conv
+    (one kernel writing each part to its own buffer on the GPU)."""
+    return split(causal_conv1d(x, conv_state, weight), sizes)
+
+
 def gdn_gates(a: Array, b: Array, a_log: Array, dt_bias: Array) -> tuple[Array, Array]:
     """a, b [T, Hv] -> (g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)), both [T, Hv]."""
     x = a + dt_bias

@@ -267,7 +267,11 @@ class CudaOps:
         _need(d <= K_norm.MAX_D, f"norm rows of {d} > {K_norm.MAX_D}")
         out, res = out if out is not None else (self.empty(x.shape), self.empty(x.shape))
         rows = x.size // d if d else 0
-        if rows:
+        if (rows >= K_norm.ROWS_MIN_R and d % (4 * K_norm.ROWS_THREADS) == 0
+                and all(_ptr(a) % 16 == 0 for a in (x, residual, weight, out, res))):
+            self._go(K_norm.add_rms_norm_rows_kernel, rows, K_norm.ROWS_THREADS, x.reshape(-1), residual.reshape(-1),
+                     weight, out.reshape(-1), res.reshape(-1), np.int32(d), np.float32(eps))
+        elif rows:
             self._go(K_norm.add_rms_norm_kernel, rows, K_norm.threads_for(d), _rows(x, d), _rows(residual, d), weight,
                      _rows(out, d), _rows(res, d), np.float32(eps))
         return out, res
@@ -581,12 +585,35 @@ class CudaOps:
         _need(weight.shape[1] <= K_conv.MAX_K, f"causal_conv1d: kernel width > {K_conv.MAX_K}")
         out = self.empty((t, c))
         if t >= K_conv.PARALLEL_MIN_T:
-            grid = ((c + 127) // 128, (t + K_conv.TOKENS_PER_THREAD - 1) // K_conv.TOKENS_PER_THREAD)
-            self._go(K_conv.conv1d_tokens_kernel, grid, 128, x, conv_state, weight, out)
-            self._go(K_conv.conv1d_state_kernel, (c + 127) // 128, 128, x, conv_state)
+            self._conv1d_parallel(x, conv_state, weight, out.reshape(-1), c, c)
         elif t:
             self._go(K_conv.causal_conv1d_kernel, (c + 127) // 128, 128, x, conv_state, weight, out)
         return out
+
+    def causal_conv1d_split(self, x: Any, conv_state: Any, weight: Any,
+                            sizes: tuple[int, ...]) -> tuple[Any, ...]:
+        """split(causal_conv1d(x, conv_state, weight), sizes), at most 3 parts. A prefill chunk
+        (T >= conv1d.PARALLEL_MIN_T): the conv kernel writes each part straight into its own
+        contiguous block, no split pass; shorter: conv, then split (views for one token)."""
+        t, c = x.shape
+        _need(sum(sizes) == c and 0 < len(sizes) <= 3, f"causal_conv1d_split: sizes {sizes} vs {x.shape}")
+        _need(weight.shape[1] <= K_conv.MAX_K, f"causal_conv1d: kernel width > {K_conv.MAX_K}")
+        if t < K_conv.PARALLEL_MIN_T:
+            return self.split(self.causal_conv1d(x, conv_state, weight), sizes)
+        flat = self.empty((t * c,))                                       # the parts, back to back
+        bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [c] * (3 - len(sizes))
+        self._conv1d_parallel(x, conv_state, weight, flat, bounds[0], bounds[1])
+        parts, off = [], 0
+        for size in sizes:
+            parts.append(flat[off * t:(off + size) * t].reshape(t, size))
+            off += size
+        return tuple(parts)
+
+    def _conv1d_parallel(self, x: Any, conv_state: Any, weight: Any, out_flat: Any, b1: int, b2: int) -> None:
+        t, c = x.shape
+        grid = ((c + 127) // 128, (t + K_conv.TOKENS_PER_THREAD - 1) // K_conv.TOKENS_PER_THREAD)
+        self._go(K_conv.conv1d_tokens_kernel, grid, 128, x, conv_state, weight, out_flat, np.int32(b1), np.int32(b2))
+        self._go(K_conv.conv1d_state_kernel, (c + 127) // 128, 128, x, conv_state)
 
     def gdn_gates(self, a: Any, b: Any, a_log: Any, dt_bias: Any) -> tuple[Any, Any]:
         g = self.empty(a.shape)

@@ -88,6 +88,22 @@ def test_norms(ops):
     close(xa, cpu.rms_norm(xw + rw, ww, 1e-6))
 
 
+def test_add_rms_norm_rows(ops, monkeypatch):
+    """The prefill add_rms_norm (float4 per thread, block per row), on two rows (its row floor
+    lowered for the simulator), then in place with two float4 per thread."""
+    monkeypatch.setattr(K_norm, "ROWS_MIN_R", 1)
+    rng = np.random.default_rng(5)
+    for rows, d in ((2, 1024), (1, 2048)):
+        x, r, w = rnd(rng, rows, d), rnd(rng, rows, d), rnd(rng, d)
+        o, res = ops.add_rms_norm(x, r, w, 1e-6)
+        close(res, x + r)
+        close(o, cpu.rms_norm(x + r, w, 1e-6))
+        xa, ra = x.copy(), r.copy()
+        ops.add_rms_norm(xa, ra, w, 1e-6, out=(xa, ra))
+        close(ra, x + r)
+        close(xa, cpu.rms_norm(x + r, w, 1e-6))
+
+
 @pytest.mark.parametrize("wdtype", [np.float32, BF16])
 def test_linear_gemm(ops, wdtype):
     rng = np.random.default_rng(4)
@@ -154,6 +170,14 @@ def test_conv1d_and_gates(ops):
         x, w, st = rnd(rng, t, c), rnd(rng, c, kw), rnd(rng, kw - 1, c)
         st_ref = st.copy()
         close(ops.causal_conv1d(x, st, w), cpu.causal_conv1d(x, st_ref, w))
+        close(st, st_ref, 0)
+    for t, sizes in ((40, (16, 16, 38)), (40, (30, 40)), (5, (16, 16, 38))):   # conv written split
+        x, w, st = rnd(rng, t, c), rnd(rng, c, 4), rnd(rng, 3, c)
+        st_ref = st.copy()
+        got, want = ops.causal_conv1d_split(x, st, w, sizes), cpu.causal_conv1d_split(x, st_ref, w, sizes)
+        assert [g.shape for g in got] == [(t, n) for n in sizes]
+        for g, r in zip(got, want):
+            close(g, r)
         close(st, st_ref, 0)
     a, b = rnd(rng, 4, 6, scale=8.0), rnd(rng, 4, 6)
     alog, dtb = rnd(rng, 6), rnd(rng, 6)

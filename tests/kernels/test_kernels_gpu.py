@@ -45,7 +45,7 @@ def test_elementwise(env, rng, t, h):
 
 
 @pytest.mark.parametrize("shape", [(1, 5120), (9, 2048), (3, 48, 128), (2, 24, 256), (4, 6, 64), (2, 3, 32),
-                                   (2, 8192), (3, 20), (1, 3000)])
+                                   (2, 8192), (3, 20), (1, 3000), (2048, 5120), (64, 2048), (100, 8192)])
 def test_norms(env, rng, shape):
     ops = env.fresh()
     x, r, z = rnd(rng, *shape), rnd(rng, *shape), rnd(rng, *shape)
@@ -59,6 +59,20 @@ def test_norms(env, rng, shape):
     ops.add_rms_norm(X, R, W, 1e-6, out=(X, R))            # in place, as the decoder layers call it
     close(env.host(R), x + r, TOL32)
     close(env.host(X), cpu.rms_norm(x + r, w, 1e-6), TOL32)
+    if shape == (2048, 5120):                              # a 27B prefill chunk: rows kernel vs block kernel
+        from ninfer_nb.kernels import norm as K_norm
+
+        X2, R2 = env.up(x), env.up(r)
+        rows = _best_time(env, lambda: ops.add_rms_norm(X2, R2, W, 1e-6), graph=True)[0]
+        floor = K_norm.ROWS_MIN_R
+        K_norm.ROWS_MIN_R = 1 << 30
+        try:
+            block = _best_time(env, lambda: ops.add_rms_norm(X2, R2, W, 1e-6), graph=True)[0]
+        finally:
+            K_norm.ROWS_MIN_R = floor
+        gbs = 4 * x.size * 4 / 1e9
+        print(f"\nadd rms norm {shape[0]}x{shape[1]}: rows kernel {rows * 1e6:.1f} us ({gbs / rows:.0f} GB/s), "
+              f"1024-thread block {block * 1e6:.1f} us ({gbs / block:.0f} GB/s)")
 
 
 @pytest.mark.parametrize("n,k", [(17408, 5120), (5120, 17408), (2048, 4096), (1000, 100), (77, 40),
@@ -367,6 +381,26 @@ def test_causal_conv1d(env, rng, t, c, kw):
     st_ref = st.copy()
     close(env.host(ops.causal_conv1d(env.up(x), ST, env.up(w))), cpu.causal_conv1d(x, st_ref, w), TOL32)
     close(env.host(ST), st_ref, 0)
+
+
+@pytest.mark.parametrize("t,sizes", [(2048, (2048, 2048, 6144)), (100, (100, 100, 100)), (5, (2048, 2048, 6144))])
+def test_causal_conv1d_split(env, rng, t, sizes):
+    """The GDN's conv written straight into its q | k | v parts (27B sizes; the middle case has
+    part boundaries inside a 128-channel block) vs NumPy, and timed against conv + split."""
+    ops = env.fresh()
+    c = sum(sizes)
+    x, w, st = rnd(rng, t, c), rnd(rng, c, 4), rnd(rng, 3, c)
+    X, W, ST = env.up(x), env.up(w), env.up(st)
+    st_ref = st.copy()
+    got = ops.causal_conv1d_split(X, ST, W, sizes)
+    want = cpu.causal_conv1d_split(x, st_ref, w, sizes)
+    for g, r in zip(got, want):
+        close(env.host(g), r, TOL32)
+    close(env.host(ST), st_ref, 0)
+    if t == 2048:
+        fused = _best_time(env, lambda: ops.causal_conv1d_split(X, ST, W, sizes), graph=True)[0]
+        pair = _best_time(env, lambda: ops.split(ops.causal_conv1d(X, ST, W), sizes), graph=True)[0]
+        print(f"\nconv1d split T={t} C={c}: written split {fused * 1e6:.1f} us, conv + split {pair * 1e6:.1f} us")
 
 
 @pytest.mark.parametrize("t,hv", [(1, 48), (100, 32)])
@@ -737,10 +771,27 @@ MOE_PATHS = ("grouped", "pipelined", "wgmma")
 def _moe_path(ops, path, monkeypatch):
     """Pin CudaOps' prefill MoE GEMMs: moe_grouped's mma.sync, moe_pipelined's, or (cc 9.0)
     moe_wgmma's; shapes a path cannot run fall back to the next simpler one."""
-    if path == "wgmma" and not ops.use_wgmma:
-        pytest.skip("wgmma needs a cc 9.0 GPU")
+    if path == "wgmma":
+        from ninfer_nb.runtime import device
+
+        cc = tuple(device.select("cuda:0").compute_capability)
+        if cc != (9, 0):
+            pytest.skip(f"wgmma needs a cc 9.0 GPU (this is {cc})")
     monkeypatch.setattr(cuda_ops, "MOE_PIPELINED_MIN_PAIRS", 1 << 30 if path == "grouped" else 0)
     monkeypatch.setattr(ops, "use_wgmma", path == "wgmma")
+
+
+def _launched(ops, monkeypatch) -> list[str]:
+    """The names of the kernels ops launches from now on (which path the dispatcher took)."""
+    names: list[str] = []
+    go = ops._go
+
+    def rec(spec, *a, **kw):
+        names.append(spec.name)
+        go(spec, *a, **kw)
+
+    monkeypatch.setattr(ops, "_go", rec)
+    return names
 
 
 @pytest.mark.parametrize("t,e,k,i,h,shared", [(2048, 256, 8, 512, 2048, True), (512, 256, 8, 512, 2048, False),
@@ -771,7 +822,12 @@ def test_moe_grouped_mma(env, rng, t, e, k, i, h, shared, path, monkeypatch):
     if shared:
         assert (ids[:, -1] == e).all()
     X, GU, DN = env.up(x), env.up(gu), env.up(dn)
+    launched = _launched(ops, monkeypatch)
     out = env.host(ops.moe_experts(X, ids_d, w_d, GU, DN))
+    expect = {"grouped": "moe_grouped_gate_up_kernel", "pipelined": "moe_mma_grouped_kernel",
+              "wgmma": "moe_wgmma_gate_up_kernel"}[path]
+    if i % 64 == 0 and h % 64 == 0:             # every path runs these shapes (else: a fallback)
+        assert expect in launched, launched
     # vs the bf16-operand reference: 6.8e-4 / 8.3e-4 on the H200, from h values whose fp32 sums
     # land on the other side of a bf16 rounding boundary; a wrong row or tile is O(1) off.
     close(out, _moe_ref_bf16(x, ids, w, gu, dn), 2e-3)     # fp32-activation reference: ~2e-3 off
@@ -808,7 +864,10 @@ def test_moe_grouped_mma_skewed(env, rng, monkeypatch, path):
     ids, w = env.host(ids_d), env.host(w_d)
     assert (ids == 7).any(axis=1).all() and ids.max() < 64
     X, GU, DN = env.up(x), env.up(gu), env.up(dn)
+    launched = _launched(ops, monkeypatch)
     out = env.host(ops.moe_experts(X, ids_d, w_d, GU, DN))
+    assert {"grouped": "moe_grouped_gate_up_kernel", "pipelined": "moe_mma_grouped_kernel",
+            "wgmma": "moe_wgmma_gate_up_kernel"}[path] in launched, launched
     close(out, _moe_ref_bf16(x, ids, w, gu, dn), 2e-3)     # fp32-activation reference: ~2e-3 off
     monkeypatch.setattr(G, "GROUPED_MIN_T", 1 << 30)            # the per-pair (decode) kernels
     close(env.host(ops.moe_experts(X, ids_d, w_d, GU, DN)), out, 2e-2)
