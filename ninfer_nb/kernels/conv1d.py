@@ -105,6 +105,46 @@ def conv1d_tokens_kernel(x, conv_state, weight, out, b1, b2):
             out[base + t * width] = y / (float32(1.0) + math.exp(-y))
 
 
+@kernel((f32_2, f32_2, f32_2, f32_1, i32, i32))
+def conv1d_tokens_k4_kernel(x, conv_state, weight, out, b1, b2):
+    """conv1d_tokens_kernel for the models' kernel width 4 (weight [C, 4]): the taps and the
+    3-input window are scalars, so they stay in registers. The general kernel indexes its
+    window and taps with the runtime width and keeps them in local memory (64-byte stack
+    frame): 134 us per 2048 x 10240 chunk, 31 % of the copy bandwidth."""
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    n_ch = x.shape[1]
+    if c >= n_ch:
+        return
+    n_tok = x.shape[0]
+    lo = 0
+    hi = b1
+    if c >= b2:
+        lo = b2
+        hi = n_ch
+    elif c >= b1:
+        lo = b1
+        hi = b2
+    base = lo * n_tok + (c - lo)
+    width = hi - lo
+    t0 = cuda.blockIdx.y * TOKENS_PER_THREAD
+    w0 = weight[c, 0]
+    w1 = weight[c, 1]
+    w2 = weight[c, 2]
+    w3 = weight[c, 3]
+    p0 = x[t0 - 3, c] if t0 >= 3 else conv_state[t0 & 0xFFFF, c]          # inputs t0-3 .. t0-1
+    p1 = x[t0 - 2, c] if t0 >= 2 else conv_state[(t0 + 1) & 0xFFFF, c]
+    p2 = x[t0 - 1, c] if t0 >= 1 else conv_state[2, c]
+    for i in range(TOKENS_PER_THREAD):
+        t = t0 + i
+        if t < n_tok:
+            cur = x[t, c]
+            y = p0 * w0 + p1 * w1 + p2 * w2 + cur * w3
+            p0 = p1
+            p1 = p2
+            p2 = cur
+            out[base + t * width] = y / (float32(1.0) + math.exp(-y))
+
+
 @kernel((f32_2, f32_2))
 def conv1d_state_kernel(x, conv_state):
     """grid ceil(C / 128), block 128: conv_state <- the last K-1 rows of [conv_state; x]
