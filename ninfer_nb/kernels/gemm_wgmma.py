@@ -37,8 +37,8 @@ from ninfer_nb.kernels.bf16 import from_f32
 from ninfer_nb.kernels.gemm_mma import _store_rows, grouped_tile
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, u16_2
 from ninfer_nb.kernels.ptx import (cp_async16, cp_async_commit, cp_async_wait0, cp_async_wait1,
-                                   f32_zeros_64, fence_proxy_async, gptr, red_add_f32, smem_u32, wgmma_commit,
-                                   wgmma_fence, wgmma_m64n128k16, wgmma_wait0, wgmma_wait1)
+                                   f32_zeros_64, fence_proxy_async, gptr, smem_u32, wgmma_commit, wgmma_fence,
+                                   wgmma_m64n128k16, wgmma_wait0, wgmma_wait1)
 from ninfer_nb.kernels.registry import kernel
 
 BM = 256
@@ -52,7 +52,6 @@ A_BYTES = BM * ROW_BYTES                   # 32 KB
 STAGE_BYTES = (BM + BN) * ROW_BYTES        # 48 KB
 SMEM_BYTES = STAGES * STAGE_BYTES + 1024   # + room to align the ring to 1024 B
 MIN_M = 256                                # below this the 256-row tile is mostly padding
-K_SPLITS = 2                               # gemm_wgmma_splitk_kernel: K halves per tile
 K_ALIGN = 64
 # descriptor high bits: LBO = 16 B (>> 4 = 1, unused for swizzled K-major), SBO = 1024 B
 # (>> 4 = 64: the stride between 8-row core-matrix groups), bits 62-63 = 1: 128-byte swizzle
@@ -159,100 +158,6 @@ def gemm_wgmma_kernel(xb, w, bias, out, has_bias):
     _store_rows(out, bias, has_bias, r0, q0 + 104, (acc[52], acc[53], acc[54], acc[55]), m_dim, n_dim, even)
     _store_rows(out, bias, has_bias, r0, q0 + 112, (acc[56], acc[57], acc[58], acc[59]), m_dim, n_dim, even)
     _store_rows(out, bias, has_bias, r0, q0 + 120, (acc[60], acc[61], acc[62], acc[63]), m_dim, n_dim, even)
-
-
-@cuda.jit(device=True)
-def _red_rows(out, bias, use_bias, r, c, a0, a1, a2, a3, m_dim, n_dim):
-    """out[r, c..c+1] and out[r + 8, c..c+1] += one fragment (+ bias), atomically (predicated)."""
-    if c >= n_dim:
-        return
-    ok1 = c + 1 < n_dim
-    b0 = float32(0.0)
-    b1 = float32(0.0)
-    if use_bias:
-        b0 = bias[c]
-        if ok1:
-            b1 = bias[c + 1]
-    if r < m_dim:
-        red_add_f32(out, r * n_dim + c, a0 + b0)
-        if ok1:
-            red_add_f32(out, r * n_dim + c + 1, a1 + b1)
-    if r + 8 < m_dim:
-        red_add_f32(out, (r + 8) * n_dim + c, a2 + b0)
-        if ok1:
-            red_add_f32(out, (r + 8) * n_dim + c + 1, a3 + b1)
-
-
-@kernel((u16_2, u16_2, f32_1, f32_2, i32), sim=False, launch_bounds=(THREADS, 1), dynamic_smem=SMEM_BYTES)
-def gemm_wgmma_splitk_kernel(xb, w, bias, out, has_bias):
-    """grid K_SPLITS * gemm_grid(M, N), block 512: gemm_wgmma_kernel's tile over one K / K_SPLITS
-    slice per block (blocks 2i, 2i + 1: the two halves of tile i), added into out with
-    red.global.add.f32. out must be zero on entry (CudaOps clears it); K % (BK K_SPLITS) == 0.
-    For grids whose last wave would be mostly empty: 2048 x 5120 outputs are 320 tiles, 2.4
-    waves of 132 SMs (3 launched, 81 % used); split in two, 640 tiles are 4.85 waves (97 %).
-    Deterministic: every element gets exactly two adds onto 0.0, and a + b == b + a."""
-    smem = cuda.shared.array(0, uint32)
-    sbase = (int32(smem_u32(smem)) + 1023) & -1024
-    tid = int32(cuda.threadIdx.x)
-    lane = tid & 31
-    wg = tid >> 7
-    wq = (tid >> 5) & 3
-    m_dim = xb.shape[0]
-    n_dim = w.shape[0]
-    k_dim = w.shape[1]
-    kz = int32(cuda.blockIdx.x) & (K_SPLITS - 1)
-    pid_m, pid_n = grouped_tile(int32(cuda.blockIdx.x) >> 1, int32((m_dim + BM - 1) // BM),
-                                int32((n_dim + BN - 1) // BN))
-    r = tid >> 3
-    c = tid & 7
-    sw = (c ^ (r & 7)) << 4
-    sa = r * ROW_BYTES + sw
-    sb = A_BYTES + r * ROW_BYTES + sw
-    k_part = k_dim // K_SPLITS
-    xp = gptr(xb) + kz * k_part * 2
-    wp = gptr(w) + kz * k_part * 2
-    row0 = pid_m * BM + r
-    col0 = pid_n * BN + r
-    acc = _tile_loop(sbase, wg, sa, sb, k_part,
-                     xp + (min(row0, m_dim - 1) * k_dim + c * 8) * 2,
-                     xp + (min(row0 + 64, m_dim - 1) * k_dim + c * 8) * 2,
-                     xp + (min(row0 + 128, m_dim - 1) * k_dim + c * 8) * 2,
-                     xp + (min(row0 + 192, m_dim - 1) * k_dim + c * 8) * 2,
-                     wp + (min(col0, n_dim - 1) * k_dim + c * 8) * 2,
-                     wp + (min(col0 + 64, n_dim - 1) * k_dim + c * 8) * 2)
-    use_bias = has_bias != 0 and kz == 0
-    r0 = pid_m * BM + wg * 64 + wq * 16 + (lane >> 2)
-    q0 = pid_n * BN + 2 * (lane & 3)
-    _red_rows(out, bias, use_bias, r0, q0, acc[0], acc[1], acc[2], acc[3], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 8, acc[4], acc[5], acc[6], acc[7], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 16, acc[8], acc[9], acc[10], acc[11], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 24, acc[12], acc[13], acc[14], acc[15], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 32, acc[16], acc[17], acc[18], acc[19], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 40, acc[20], acc[21], acc[22], acc[23], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 48, acc[24], acc[25], acc[26], acc[27], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 56, acc[28], acc[29], acc[30], acc[31], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 64, acc[32], acc[33], acc[34], acc[35], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 72, acc[36], acc[37], acc[38], acc[39], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 80, acc[40], acc[41], acc[42], acc[43], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 88, acc[44], acc[45], acc[46], acc[47], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 96, acc[48], acc[49], acc[50], acc[51], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 104, acc[52], acc[53], acc[54], acc[55], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 112, acc[56], acc[57], acc[58], acc[59], m_dim, n_dim)
-    _red_rows(out, bias, use_bias, r0, q0 + 120, acc[60], acc[61], acc[62], acc[63], m_dim, n_dim)
-
-
-def split_k_helps(m: int, n: int, k: int, sm_count: int) -> bool:
-    """Whether gemm_wgmma_splitk_kernel fills the last wave of an M x N x K GEMM clearly better
-    (one CTA per SM): tiles / SMs rounded up to whole waves, halves of K % BK == 0, K >= 2048."""
-    if k % (BK * K_SPLITS) or k < 2048 or sm_count <= 0:
-        return False
-    tiles = gemm_grid(m, n)
-
-    def used(t: int) -> float:
-        waves = t / sm_count
-        return waves / math.ceil(waves)
-
-    return used(K_SPLITS * tiles) > used(tiles) + 0.1
 
 
 @cuda.jit(device=True)

@@ -278,21 +278,6 @@ def st_v2_f32(typingctx, arr, idx, v0, v1):
 
 
 @intrinsic
-def red_add_f32(typingctx, arr, idx, v):
-    """arr.flat[idx] += v in global memory, atomically, no result (red.global.add.f32)."""
-    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-        a = context.cast(builder, args[2], sig.args[2], types.float32)
-        _asm(builder, "red.global.add.f32 [$0], $1;", "l,f,~{memory}", ir.VoidType(), [addr, a])
-        return context.get_dummy_value()
-
-    return types.void(arr, idx, v), codegen
-
-
-@intrinsic
 def st_v4_f32(typingctx, arr, idx, v0, v1, v2, v3):
     """16-byte store of (v0..v3) to arr.flat[idx .. idx + 3] (16-byte aligned)."""
     if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):

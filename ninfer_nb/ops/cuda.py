@@ -169,9 +169,6 @@ class CudaOps:
         self.stream = stream
         self.persistent = persistent
         self.use_wgmma = hopper and prefill_gemm != "mma"
-        # wgmma GEMMs whose last wave would be mostly empty run as two K halves added into a
-        # zeroed output (gemm_wgmma.split_k_helps; e.g. the 27B's 5120-wide outputs at 2048 rows)
-        self.wgmma_split_k = True
         # Names from EXPERIMENTAL turned on (kernels not yet validated on a GPU; none at
         # present); bench --experimental.
         self.experimental: frozenset[str] = frozenset()
@@ -454,14 +451,7 @@ class CudaOps:
         wgmma on cc 9.0 for M >= 256, mma.sync otherwise. K % 64 == 0, 16-byte aligned."""
         m, n = out.shape
         b = bias if bias is not None else out.reshape(-1)               # unused dummy
-        if self.use_wgmma and m >= K_wg.MIN_M and self.wgmma_split_k and K_wg.split_k_helps(m, n, xb.shape[1],
-                                                                                              self.sm_count):
-            from ninfer_nb.runtime._drv import check, driver
-
-            check(driver().cuMemsetD32Async(_ptr(out), 0, m * n, self.stream.cu))      # the halves add onto 0
-            self._go(K_wg.gemm_wgmma_splitk_kernel, K_wg.K_SPLITS * K_wg.gemm_grid(m, n), K_wg.THREADS, xb, weight,
-                     b, out, has_bias, smem=K_wg.SMEM_BYTES)
-        elif self.use_wgmma and m >= K_wg.MIN_M:
+        if self.use_wgmma and m >= K_wg.MIN_M:
             self._go(K_wg.gemm_wgmma_kernel, K_wg.gemm_grid(m, n), K_wg.THREADS, xb, weight, b, out, has_bias,
                      smem=K_wg.SMEM_BYTES)
         else:

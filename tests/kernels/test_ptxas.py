@@ -20,7 +20,7 @@ SPECS = all_specs()
 NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemm_mma_kernel", "gemm_wgmma_kernel", "attn_prefill_mma_kernel",
             "attn_split_kernel", "attn_combine_kernel", "moe_gate_up_unrolled_kernel", "moe_down_unrolled_kernel",
             "moe_grouped_gate_up_kernel", "moe_grouped_down_kernel", "moe_mma_grouped_kernel", "moe_router_fused_kernel",
-            "moe_wgmma_gate_up_kernel", "moe_wgmma_down_kernel", "gemm_wgmma_swiglu_kernel", "gemm_wgmma_splitk_kernel",
+            "moe_wgmma_gate_up_kernel", "moe_wgmma_down_kernel", "gemm_wgmma_swiglu_kernel",
             "conv1d_tokens_k4_kernel", "add_rms_norm_rows_kernel",
             "add_rms_norm_kernel"}
 # simulator-safe kernels whose PTX intrinsics are emulated there (ptx_sim.py), assembled here too
