@@ -53,9 +53,10 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # 98304x128: 200.9 -> 52.6 us) and split on a 2-D grid (elementwise.split_rows_kernel,
 # T = 2048: 162.3 -> 139.3 us); swiglu on a 2-D grid (279.9 -> 283.3 us) was dropped.
 EXPERIMENTAL: dict[str, str] = {}
-# Prefill MoE on the pipelined GEMM (kernels/moe_pipelined.py) from this many routed pairs
-# (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape: T = 2048, k = 9: 2.08 vs
-# 4.04 ms per layer; T = 512, k = 8: 1.82 vs 2.10 ms; 140-280 pairs: slower (more launches).
+# Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
+# from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
+# the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
+# 0.68 / 1.00 / 1.84 ms; 140-280 pairs (pipelined): slower than grouped (more launches).
 MOE_PIPELINED_MIN_PAIRS = 1024
 # Split-K decode GEMV (4 K slices per row pair) for weights with at most SPLITK_MAX_N rows and at
 # least SPLITK_MIN_K columns. H200, T = 1, in the 27B profile: 5120x17408 85 % -> 93 % of copy
@@ -742,7 +743,9 @@ class CudaOps:
         """Prefill MoE grouped by expert (kernels/moe_grouped.py): device-side sort of the
         (token, slot) pairs by expert, SwiGLU and down tensor-core GEMMs over each expert's rows
         (each expert's weights read once per 64-row tile; x and h rounded to bf16 as MMA
-        operands, fp32 accumulate), slot-ordered combine into out [T, H].
+        operands, fp32 accumulate), slot-ordered combine into out [T, H]. From
+        MOE_PIPELINED_MIN_PAIRS routed pairs the GEMMs are moe_wgmma's (cc 9.0: 64-row wgmma
+        tiles, SwiGLU epilogue) or moe_pipelined's (elsewhere).
         Its scratch is handed back to the arena before returning (only `out` lives on); later
         kernels on the same stream are ordered after the combine, so reuse is safe."""
         t, hid = x.shape
