@@ -58,6 +58,21 @@ TOKENS_PER_THREAD = 16
 PARALLEL_MIN_T = 32         # shorter chunks: the serial kernel (one launch)
 
 
+@cuda.jit(device=True)
+def _part_of(c, b1, b2, n_ch, n_tok):
+    """Channel c's place in the split output: (out index of (token 0, c), its part's width);
+    parts [0, b1), [b1, b2), [b2, n_ch), each a contiguous [T, width] block at (first channel) * T."""
+    lo = 0
+    hi = b1
+    if c >= b2:
+        lo = b2
+        hi = n_ch
+    elif c >= b1:
+        lo = b1
+        hi = b2
+    return lo * n_tok + (c - lo), hi - lo
+
+
 @kernel((f32_2, f32_2, f32_2, f32_1, i32, i32))
 def conv1d_tokens_kernel(x, conv_state, weight, out, b1, b2):
     """grid (ceil(C / 128), ceil(T / TOKENS_PER_THREAD)), block 128; reads conv_state only.
@@ -72,16 +87,7 @@ def conv1d_tokens_kernel(x, conv_state, weight, out, b1, b2):
         return
     kw = weight.shape[1]
     n_tok = x.shape[0]
-    lo = 0                                     # this channel's part: [lo, hi)
-    hi = b1
-    if c >= b2:
-        lo = b2
-        hi = n_ch
-    elif c >= b1:
-        lo = b1
-        hi = b2
-    base = lo * n_tok + (c - lo)               # out index of (token 0, c)
-    width = hi - lo
+    base, width = _part_of(c, b1, b2, n_ch, n_tok)
     t0 = cuda.blockIdx.y * TOKENS_PER_THREAD
     for j in range(MAX_K):
         taps[j] = weight[c, j] if j < kw else float32(0.0)
@@ -117,16 +123,7 @@ def conv1d_tokens_k4_kernel(x, conv_state, weight, out, b1, b2):
     if c >= n_ch:
         return
     n_tok = x.shape[0]
-    lo = 0
-    hi = b1
-    if c >= b2:
-        lo = b2
-        hi = n_ch
-    elif c >= b1:
-        lo = b1
-        hi = b2
-    base = lo * n_tok + (c - lo)
-    width = hi - lo
+    base, width = _part_of(c, b1, b2, n_ch, n_tok)
     t0 = cuda.blockIdx.y * TOKENS_PER_THREAD
     w0 = weight[c, 0]
     w1 = weight[c, 1]

@@ -178,6 +178,21 @@ def _swiglu_rows(h, r, c, g0, g1, g2, g3, u0, u1, u2, u3, m_dim):
         h[r + 8, c + 1] = from_f32(h, g3 / (float32(1.0) + math.exp(-g3)) * u3)
 
 
+@cuda.jit(device=True)
+def swiglu_epilogue(h, r0, q0, acc, m_dim):
+    """A warpgroup's 64 x 128 accumulator tile whose columns 0-63 are gates and 64-127 the
+    matching ups (acc[4j + e] pairs with acc[4j + 32 + e]): h[r0 (+8), q0 + 8j (+1)] =
+    bf16(silu(gate) * up) for rows < m_dim (shared with moe_wgmma's gate_up)."""
+    _swiglu_rows(h, r0, q0, acc[0], acc[1], acc[2], acc[3], acc[32], acc[33], acc[34], acc[35], m_dim)
+    _swiglu_rows(h, r0, q0 + 8, acc[4], acc[5], acc[6], acc[7], acc[36], acc[37], acc[38], acc[39], m_dim)
+    _swiglu_rows(h, r0, q0 + 16, acc[8], acc[9], acc[10], acc[11], acc[40], acc[41], acc[42], acc[43], m_dim)
+    _swiglu_rows(h, r0, q0 + 24, acc[12], acc[13], acc[14], acc[15], acc[44], acc[45], acc[46], acc[47], m_dim)
+    _swiglu_rows(h, r0, q0 + 32, acc[16], acc[17], acc[18], acc[19], acc[48], acc[49], acc[50], acc[51], m_dim)
+    _swiglu_rows(h, r0, q0 + 40, acc[20], acc[21], acc[22], acc[23], acc[52], acc[53], acc[54], acc[55], m_dim)
+    _swiglu_rows(h, r0, q0 + 48, acc[24], acc[25], acc[26], acc[27], acc[56], acc[57], acc[58], acc[59], m_dim)
+    _swiglu_rows(h, r0, q0 + 56, acc[28], acc[29], acc[30], acc[31], acc[60], acc[61], acc[62], acc[63], m_dim)
+
+
 @kernel((u16_2, u16_2, u16_2), sim=False, launch_bounds=(THREADS, 1), dynamic_smem=SMEM_BYTES)
 def gemm_wgmma_swiglu_kernel(xb, w, h):
     """grid gemm_grid(M, 2 I), block 512: h [M, I] bf16 = silu(xb @ gate^T) * (xb @ up^T) for
@@ -212,13 +227,4 @@ def gemm_wgmma_swiglu_kernel(xb, w, h):
                      xp + (min(row0 + 192, m_dim - 1) * k_dim + c * 8) * 2,
                      wp + ((n0 + r) * k_dim + c * 8) * 2,
                      wp + ((inter + n0 + r) * k_dim + c * 8) * 2)
-    r0 = pid_m * BM + wg * 64 + wq * 16 + (lane >> 2)
-    q0 = n0 + 2 * (lane & 3)
-    _swiglu_rows(h, r0, q0, acc[0], acc[1], acc[2], acc[3], acc[32], acc[33], acc[34], acc[35], m_dim)
-    _swiglu_rows(h, r0, q0 + 8, acc[4], acc[5], acc[6], acc[7], acc[36], acc[37], acc[38], acc[39], m_dim)
-    _swiglu_rows(h, r0, q0 + 16, acc[8], acc[9], acc[10], acc[11], acc[40], acc[41], acc[42], acc[43], m_dim)
-    _swiglu_rows(h, r0, q0 + 24, acc[12], acc[13], acc[14], acc[15], acc[44], acc[45], acc[46], acc[47], m_dim)
-    _swiglu_rows(h, r0, q0 + 32, acc[16], acc[17], acc[18], acc[19], acc[48], acc[49], acc[50], acc[51], m_dim)
-    _swiglu_rows(h, r0, q0 + 40, acc[20], acc[21], acc[22], acc[23], acc[52], acc[53], acc[54], acc[55], m_dim)
-    _swiglu_rows(h, r0, q0 + 48, acc[24], acc[25], acc[26], acc[27], acc[56], acc[57], acc[58], acc[59], m_dim)
-    _swiglu_rows(h, r0, q0 + 56, acc[28], acc[29], acc[30], acc[31], acc[60], acc[61], acc[62], acc[63], m_dim)
+    swiglu_epilogue(h, pid_m * BM + wg * 64 + wq * 16 + (lane >> 2), n0 + 2 * (lane & 3), acc, m_dim)

@@ -234,6 +234,14 @@ def _find_tile(tile_off, tile):
     return lo
 
 
+@cuda.jit(device=True)
+def _expert_rows(offs, tile_off, tile, bm):
+    """Row tile `tile` (< tile_off[E]) of bm-row tiles -> (expert e, its first sorted row, the
+    expert's last sorted row): the tile owns rows row0 .. min(row0 + bm, last + 1) - 1."""
+    e = _find_tile(tile_off, tile)
+    return e, offs[e] + (tile - tile_off[e]) * bm, offs[e + 1] - 1
+
+
 # ------------------------------------------------------------------ grouped GEMMs (mma.sync)
 @cuda.jit(device=True)
 def _silu(v):

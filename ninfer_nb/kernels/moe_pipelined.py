@@ -39,7 +39,7 @@ from numba import cuda, float32, int32, uint32
 
 from ninfer_nb.kernels.bf16 import from_f32
 from ninfer_nb.kernels.gemm_mma import BM, BN, SMEM_WORDS, THREADS, _mma_tile_loop
-from ninfer_nb.kernels.moe_grouped import _find_tile, _silu
+from ninfer_nb.kernels.moe_grouped import _expert_rows, _silu
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, i32_1, u16_2, u16_3
 from ninfer_nb.kernels.ptx import gptr, smem_u32, st_v2_f32
 from ninfer_nb.kernels.registry import kernel
@@ -121,9 +121,8 @@ def moe_mma_grouped_kernel(xs, w, offs, tile_off, order, wt, scatter, out):
     n_exp = tile_off.shape[0] - 1
     if by >= tile_off[n_exp]:
         return
-    e = _find_tile(tile_off, by)
-    row0 = offs[e] + (by - tile_off[e]) * BM
-    row_end = offs[e + 1]
+    e, row0, last = _expert_rows(offs, tile_off, by, BM)
+    row_end = last + 1
     pid_n = int32(cuda.blockIdx.x)
     sbase = int32(smem_u32(smem))
     tid = int32(cuda.threadIdx.x)

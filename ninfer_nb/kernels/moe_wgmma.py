@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from numba import cuda, int32, uint32
 
-from ninfer_nb.kernels.bf16 import from_f32
-from ninfer_nb.kernels.moe_grouped import _find_tile, _silu
+from ninfer_nb.kernels.gemm_wgmma import swiglu_epilogue
+from ninfer_nb.kernels.moe_grouped import _expert_rows
 from ninfer_nb.kernels.moe_pipelined import _store_grouped
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, i32_1, u16_2, u16_3
 from ninfer_nb.kernels.ptx import (cp_async16, cp_async_commit, cp_async_wait0, cp_async_wait1, f32_zeros_64,
@@ -118,17 +118,6 @@ def _tile_loop(sbase, sw_off, k_dim, ga0, ga1, ga2, ga3, gb0, gb1, gb2, gb3, gb4
     return acc
 
 
-@cuda.jit(device=True)
-def _swiglu_store(h, ra, c, g0, g1, g2, g3, u0, u1, u2, u3, row_end):
-    """h[ra, c..c+1] and h[ra + 8, c..c+1] = bf16(silu(gate) * up) of one fragment pair."""
-    if ra < row_end:
-        h[ra, c] = from_f32(h, _silu(g0) * u0)
-        h[ra, c + 1] = from_f32(h, _silu(g1) * u1)
-    if ra + 8 < row_end:
-        h[ra + 8, c] = from_f32(h, _silu(g2) * u2)
-        h[ra + 8, c + 1] = from_f32(h, _silu(g3) * u3)
-
-
 @kernel((u16_2, u16_3, i32_1, i32_1, i32_1, i32, u16_2), sim=False, launch_bounds=(THREADS, 2),
         dynamic_smem=SMEM_BYTES)
 def moe_wgmma_gate_up_kernel(xb, w, offs, tile_off, order, top_k, h):
@@ -139,9 +128,7 @@ def moe_wgmma_gate_up_kernel(xb, w, offs, tile_off, order, top_k, h):
     n_exp = tile_off.shape[0] - 1
     if by >= tile_off[n_exp]:
         return
-    e = _find_tile(tile_off, by)
-    row0 = offs[e] + (by - tile_off[e]) * BM
-    last = offs[e + 1] - 1
+    e, row0, last = _expert_rows(offs, tile_off, by, BM)
     sbase = (int32(smem_u32(smem)) + 1023) & -1024
     tid = int32(cuda.threadIdx.x)
     r = tid >> 3
@@ -166,15 +153,7 @@ def moe_wgmma_gate_up_kernel(xb, w, offs, tile_off, order, top_k, h):
     lane = tid & 31
     ra = row0 + (tid >> 5) * 16 + (lane >> 2)
     q = n0 + 2 * (lane & 3)
-    row_end = last + 1
-    _swiglu_store(h, ra, q, acc[0], acc[1], acc[2], acc[3], acc[32], acc[33], acc[34], acc[35], row_end)
-    _swiglu_store(h, ra, q + 8, acc[4], acc[5], acc[6], acc[7], acc[36], acc[37], acc[38], acc[39], row_end)
-    _swiglu_store(h, ra, q + 16, acc[8], acc[9], acc[10], acc[11], acc[40], acc[41], acc[42], acc[43], row_end)
-    _swiglu_store(h, ra, q + 24, acc[12], acc[13], acc[14], acc[15], acc[44], acc[45], acc[46], acc[47], row_end)
-    _swiglu_store(h, ra, q + 32, acc[16], acc[17], acc[18], acc[19], acc[48], acc[49], acc[50], acc[51], row_end)
-    _swiglu_store(h, ra, q + 40, acc[20], acc[21], acc[22], acc[23], acc[52], acc[53], acc[54], acc[55], row_end)
-    _swiglu_store(h, ra, q + 48, acc[24], acc[25], acc[26], acc[27], acc[56], acc[57], acc[58], acc[59], row_end)
-    _swiglu_store(h, ra, q + 56, acc[28], acc[29], acc[30], acc[31], acc[60], acc[61], acc[62], acc[63], row_end)
+    swiglu_epilogue(h, ra, q, acc, last + 1)
 
 
 @kernel((u16_2, u16_3, i32_1, i32_1, i32_1, f32_1, f32_2), sim=False, launch_bounds=(THREADS, 2),
@@ -187,9 +166,7 @@ def moe_wgmma_down_kernel(h, w, offs, tile_off, order, wt, y):
     n_exp = tile_off.shape[0] - 1
     if by >= tile_off[n_exp]:
         return
-    e = _find_tile(tile_off, by)
-    row0 = offs[e] + (by - tile_off[e]) * BM
-    last = offs[e + 1] - 1
+    e, row0, last = _expert_rows(offs, tile_off, by, BM)
     sbase = (int32(smem_u32(smem)) + 1023) & -1024
     tid = int32(cuda.threadIdx.x)
     r = tid >> 3
