@@ -86,6 +86,22 @@ def _rows(t: Any, d: int) -> Any:
     return t.reshape(-1, d)
 
 
+def _part_bounds(sizes: tuple[int, ...], slots: int) -> list[int]:
+    """The inner boundaries of `sizes` laid side by side, padded with the total to `slots`
+    entries (the split kernels' b1, b2, ...: a part past the last real one is empty)."""
+    total = sum(sizes)
+    return [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [total] * (slots - len(sizes) + 1)
+
+
+def _flat_parts(flat: Any, t: int, sizes: tuple[int, ...]) -> tuple[Any, ...]:
+    """Views [T, size_i] of the parts a split kernel wrote back to back into flat [T * sum]."""
+    parts, off = [], 0
+    for size in sizes:
+        parts.append(flat[off * t:(off + size) * t].reshape(t, size))
+        off += size
+    return tuple(parts)
+
+
 def _need(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -323,9 +339,7 @@ class CudaOps:
         if (self.use_wgmma and t >= K_wg.MIN_M and not SIM and gate_up.dtype == bfloat16 and x2.dtype == F32
                 and k % K_wg.K_ALIGN == 0 and inter % K_wg.K_ALIGN == 0
                 and _ptr(x2) % 16 == 0 and _ptr(gate_up) % 16 == 0):
-            xb = self.empty((t, k), np.uint16)                               # [T, K] x in bf16
-            self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * k), K_mma.CVT_THREADS, x2.reshape(-1),
-                     xb.reshape(-1))
+            xb = self._bf16_copy(x2)
             h = self.empty(tuple(x.shape[:-1]) + (inter,), np.uint16)        # [T, I] bf16 bits
             self._go(K_wg.gemm_wgmma_swiglu_kernel, K_wg.gemm_grid(t, two_i), K_wg.THREADS, xb, gate_up,
                      _rows(h, inter), smem=K_wg.SMEM_BYTES)
@@ -357,14 +371,9 @@ class CudaOps:
         flat = x.reshape(-1)
         if t > 1:
             flat = self.empty((t * n,))                                   # the parts, back to back
-            bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [n] * (4 - len(sizes))
             self._go(K_ew.split_rows_kernel, K_ew.row_grid(t, n), K_ew.BLOCK, _rows(x, n), flat,
-                     *(np.int32(b) for b in bounds[:3]))
-        parts, off = [], 0
-        for size in sizes:
-            parts.append(flat[off * t:(off + size) * t].reshape(t, size))
-            off += size
-        return tuple(parts)
+                     *(np.int32(b) for b in _part_bounds(sizes, 3)))
+        return _flat_parts(flat, t, sizes)
 
     def linear_split(self, x: Any, weight: Any, bias: Any, sizes: tuple[int, ...]) -> tuple[Any, ...]:
         """split(linear(x, weight, bias), sizes). For a tensor-core chunk (T > 16), one GEMM
@@ -380,9 +389,7 @@ class CudaOps:
                 and all(b % 2 == 0 for b in bounds) and _ptr(x) % 16 == 0 and _ptr(weight) % 16 == 0):
             return self.split(self.linear(x, weight, bias), sizes)
         x2 = _rows(x, k)
-        xb = self.empty((t, k), np.uint16)                               # [T, K] bf16, shared
-        self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * k), K_mma.CVT_THREADS, x2.reshape(-1),
-                 xb.reshape(-1))
+        xb = self._bf16_copy(x2)                                         # shared by the parts
         parts = []
         for n0, n1 in zip(bounds[:-1], bounds[1:]):
             out = self.empty((t, n1 - n0))                               # [T, size_i]
@@ -436,16 +443,19 @@ class CudaOps:
               and _ptr(x2) % 16 == 0 and _ptr(weight) % 16 == 0 and _ptr(out2) % 16 == 0):
             # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy (unless x already is bf16
             # bits, as linear_swiglu's wgmma result), then a bf16 GEMM
-            xb = x2
-            if x2.dtype != np.uint16:
-                xb = self.empty((t, k), np.uint16)
-                self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * k), K_mma.CVT_THREADS, x2.reshape(-1),
-                         xb.reshape(-1))
+            xb = x2 if x2.dtype == np.uint16 else self._bf16_copy(x2)
             self._gemm_bf16(xb, weight, out2, b, has_bias)
         else:
             grid = ((n + K_lin.BN - 1) // K_lin.BN, (t + K_lin.BM - 1) // K_lin.BM)
             self._go(K_lin.gemm_kernel, grid, 256, x2, weight, b, out2, has_bias)
         return out
+
+    def _bf16_copy(self, x2: Any) -> Any:
+        """x2 [M, K] fp32 -> a bf16 (uint16 bits, RNE) scratch copy, the tensor-core GEMMs' A."""
+        xb = self.empty(tuple(x2.shape), np.uint16)                      # [M, K] bf16 bits
+        n = x2.size
+        self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(n), K_mma.CVT_THREADS, x2.reshape(-1), xb.reshape(-1))
+        return xb
 
     def _gemm_bf16(self, xb: Any, weight: Any, out: Any, bias: Any = None, has_bias: Any = np.int32(0)) -> None:
         """out [M, N] fp32 = xb [M, K] bf16 @ weight [N, K]^T bf16 (+ bias) on the tensor cores:
@@ -602,13 +612,9 @@ class CudaOps:
         if t < K_conv.PARALLEL_MIN_T:
             return self.split(self.causal_conv1d(x, conv_state, weight), sizes)
         flat = self.empty((t * c,))                                       # the parts, back to back
-        bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [c] * (3 - len(sizes))
-        self._conv1d_parallel(x, conv_state, weight, flat, bounds[0], bounds[1])
-        parts, off = [], 0
-        for size in sizes:
-            parts.append(flat[off * t:(off + size) * t].reshape(t, size))
-            off += size
-        return tuple(parts)
+        b1, b2 = _part_bounds(sizes, 2)
+        self._conv1d_parallel(x, conv_state, weight, flat, b1, b2)
+        return _flat_parts(flat, t, sizes)
 
     def _conv1d_parallel(self, x: Any, conv_state: Any, weight: Any, out_flat: Any, b1: int, b2: int) -> None:
         t, c = x.shape
@@ -770,9 +776,7 @@ class CudaOps:
             aligned = all(_ptr(a) % 16 == 0 for a in (x, gate_up, down))
             if (n_pairs >= MOE_PIPELINED_MIN_PAIRS and not SIM and self.use_wgmma and aligned
                     and hid % K_moew.K_ALIGN == 0 and inter % K_moew.K_ALIGN == 0):
-                xb = self.empty((t, hid), np.uint16)                         # [T, H] x in bf16
-                self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(t * hid), K_mma.CVT_THREADS,
-                         x.reshape(-1), xb.reshape(-1))
+                xb = self._bf16_copy(x)
                 self._go(K_moew.moe_wgmma_gate_up_kernel, (inter // K_moew.BN_GU, n_tiles), K_moew.THREADS,
                          xb, gate_up, offs, tile_off, order, np.int32(top_k), h, smem=K_moew.SMEM_BYTES)
                 self._go(K_moew.moe_wgmma_down_kernel, ((hid + K_moew.BN - 1) // K_moew.BN, n_tiles),
