@@ -20,6 +20,7 @@ import math
 
 from numba import cuda, float32
 
+from ninfer_nb.kernels.elementwise import split_part
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32
 from ninfer_nb.kernels.registry import kernel
 
@@ -61,15 +62,9 @@ PARALLEL_MIN_T = 32         # shorter chunks: the serial kernel (one launch)
 @cuda.jit(device=True)
 def _part_of(c, b1, b2, n_ch, n_tok):
     """Channel c's place in the split output: (out index of (token 0, c), its part's width);
-    parts [0, b1), [b1, b2), [b2, n_ch), each a contiguous [T, width] block at (first channel) * T."""
-    lo = 0
-    hi = b1
-    if c >= b2:
-        lo = b2
-        hi = n_ch
-    elif c >= b1:
-        lo = b1
-        hi = b2
+    parts [0, b1), [b1, b2), [b2, n_ch), each a contiguous [T, width] block at (first channel) * T
+    (elementwise.split's layout)."""
+    lo, hi = split_part(c, n_ch, b1, b2, n_ch)
     return lo * n_tok + (c - lo), hi - lo
 
 

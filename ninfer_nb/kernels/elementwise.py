@@ -85,9 +85,8 @@ def swiglu_kernel(gate_up, out):
 
 
 @cuda.jit(device=True, inline=True)
-def _split_dest(r, c, t_rows, n, b1, b2, b3):
-    """Index in split's output of x[r, c]: its part [lo, hi) stored [T, hi - lo] after the parts
-    before it."""
+def split_part(c, n, b1, b2, b3):
+    """Column c's part [lo, hi) of N columns split at b1 <= b2 <= b3 (shared with conv1d)."""
     lo = 0
     hi = b1
     if c >= b3:
@@ -99,6 +98,14 @@ def _split_dest(r, c, t_rows, n, b1, b2, b3):
     elif c >= b1:
         lo = b1
         hi = b2
+    return lo, hi
+
+
+@cuda.jit(device=True, inline=True)
+def _split_dest(r, c, t_rows, n, b1, b2, b3):
+    """Index in split's output of x[r, c]: its part [lo, hi) stored [T, hi - lo] after the parts
+    before it."""
+    lo, hi = split_part(c, n, b1, b2, b3)
     return lo * t_rows + r * (hi - lo) + (c - lo)
 
 
