@@ -48,7 +48,7 @@ class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
                  kv_cache: str = "fp32", show_progress: bool = False, prefill_gemm: str = "auto",
-                 prefill_attention: str = "gemm", config: EngineConfig | None = None) -> None:
+                 prefill_attention: str = "flash", config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
                                      cuda_graphs=cuda_graphs, kv_cache=kv_cache,
@@ -61,8 +61,8 @@ class LLM:
         self.engine_config = cfg
         if cfg.prefill_gemm not in ("auto", "mma", "wgmma"):
             raise InvalidRequestError(f"prefill_gemm must be auto, mma or wgmma, got {cfg.prefill_gemm!r}")
-        if cfg.prefill_attention not in ("gemm", "simt", "mma"):
-            raise InvalidRequestError(f"prefill_attention must be gemm, simt or mma, got {cfg.prefill_attention!r}")
+        if cfg.prefill_attention not in ("flash", "gemm", "simt", "mma"):
+            raise InvalidRequestError(f"prefill_attention must be flash, gemm, simt or mma, got {cfg.prefill_attention!r}")
         self.backend = create_backend(cfg.device, prefill_gemm=cfg.prefill_gemm,
                                       prefill_attention=cfg.prefill_attention)
         if cfg.model is not None and cfg.model.startswith(RANDOM_PREFIX):

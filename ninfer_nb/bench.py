@@ -223,9 +223,10 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--kv-cache", choices=["fp32", "bf16", "int8"], default="fp32")
     p.add_argument("--gemm", choices=["auto", "mma", "wgmma"], default="auto",
                    help="prefill GEMM: wgmma (Hopper), mma.sync, or auto (wgmma on cc 9.0)")
-    p.add_argument("--attention", choices=["gemm", "simt", "mma"], default="gemm",
-                   help="prefill attention: tensor-core GEMMs + softmax (gemm), fp32 flash kernel (simt), "
-                        "mma.sync flash kernel (mma)")
+    p.add_argument("--attention", choices=["flash", "gemm", "simt", "mma"], default="flash",
+                   help="prefill attention: mma.sync flash kernel, head dim 256 (flash; else as gemm), "
+                        "tensor-core GEMMs + softmax (gemm), fp32 flash kernel (simt), first mma.sync "
+                        "flash kernel (mma)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on opt-in CUDA kernels not yet validated on a GPU, by name (ops/cuda.py "
                         "EXPERIMENTAL; none at present)")

@@ -90,9 +90,9 @@ def random_array(rng: np.random.Generator, shape: tuple[int, ...], kind: str) ->
     return (offset + scale * rng.uniform(-1.0, 1.0, shape)).astype(np.float32)
 
 
-def create_backend(device: str, *, prefill_gemm: str = "auto", prefill_attention: str = "gemm") -> Backend:
+def create_backend(device: str, *, prefill_gemm: str = "auto", prefill_attention: str = "flash") -> Backend:
     """'cpu', 'cuda', 'cuda:N' or 'auto' (GPU when one is usable, else CPU). `prefill_gemm`
-    (auto | mma | wgmma) and `prefill_attention` (gemm | simt | mma) pick CUDA prefill kernels."""
+    (auto | mma | wgmma) and `prefill_attention` (flash | gemm | simt | mma) pick CUDA prefill kernels."""
     if device == "cpu":
         return CpuBackend()
     if device == "auto" or device.startswith("cuda"):

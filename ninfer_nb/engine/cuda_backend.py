@@ -47,7 +47,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, index: int = 0, *, arena_bytes: int | None = None,
-                 prefill_gemm: str = "auto", prefill_attention: str = "gemm") -> None:
+                 prefill_gemm: str = "auto", prefill_attention: str = "flash") -> None:
         from ..ops.cuda import CudaOps
         from ..runtime import device as dev
         from ..runtime.arena import DeviceArena

@@ -3,7 +3,8 @@
 All of the engine's llvmlite-based extensions live here, because they will not port to the
 MLIR backend. The loads take an array plus a flat element index (C-contiguous arrays), so
 kernels keep array arguments. In the CUDA simulator only `mma_bf16`, `mma_tf32`, `tf32`,
-`pack_bf16x2`, `as_f32`, `ldg_f32`, `ldg_v4_f32` and `lds_v4_f32` exist (emulated, ptx_sim.py): kernels
+`pack_bf16x2`, `as_f32`, `ex2`, `shfl_xor`, `ldg_f32`, `ldg_v4_f32`, `lds_v4_f32`, `st_v4_f32`, `smem_u32`,
+`gptr`, `cp_async16` (+ commit / wait) and `ldsm_x4` exist (emulated, ptx_sim.py): kernels
 that use them and plain indexing run there.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from llvmlite import ir
-from numba import config
+from numba import config, cuda
 from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
@@ -78,6 +79,12 @@ def as_f32(typingctx, u):
         return builder.bitcast(v, _F32)
 
     return types.float32(u), codegen
+
+
+@cuda.jit(device=True, inline=True)
+def shfl_xor(v, lane_mask):
+    """cuda.shfl_xor_sync over the full warp (a name the simulator can emulate)."""
+    return cuda.shfl_xor_sync(0xFFFFFFFF, v, lane_mask)
 
 
 # ---------------------------------------------------------------- tensor-core GEMM building blocks
@@ -227,6 +234,20 @@ def tf32(typingctx, x):
         v = context.cast(builder, args[0], sig.args[0], types.float32)
         r = _asm(builder, "cvt.rna.tf32.f32 $0, $1;", "=r,f", _I32, [v], side_effect=False)
         return builder.bitcast(r, _F32)
+
+    return types.float32(x), codegen
+
+
+@intrinsic
+def ex2(typingctx, x):
+    """2^x, ex2.approx.ftz.f32 (one MUFU op, ~2 ulp; ex2(-inf) = 0). math.exp2 compiles to a
+    multi-instruction libdevice routine."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.float32)
+        return _asm(builder, "ex2.approx.ftz.f32 $0, $1;", "=f,f", _F32, [v], side_effect=False)
 
     return types.float32(x), codegen
 
@@ -387,3 +408,12 @@ if config.ENABLE_CUDASIM:      # warp-level tensor-core ops emulated in the simu
     ldg_v4_f32 = _sim.load_v4                   # noqa: F811
     ldg_f32 = _sim.load                         # noqa: F811
     st_v4_f32 = _sim.store_v4                   # noqa: F811
+    ex2 = _sim.ex2                              # noqa: F811
+    shfl_xor = _sim.shfl_xor                    # noqa: F811
+    smem_u32 = _sim.smem_u32                    # noqa: F811
+    gptr = _sim.gptr                            # noqa: F811
+    cp_async16 = _sim.cp_async16                # noqa: F811
+    cp_async_commit = _sim.cp_async_noop        # noqa: F811
+    cp_async_wait0 = _sim.cp_async_noop         # noqa: F811
+    cp_async_wait1 = _sim.cp_async_noop         # noqa: F811
+    ldsm_x4 = _sim.ldsm_x4                      # noqa: F811

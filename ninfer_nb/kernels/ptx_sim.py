@@ -2,7 +2,10 @@
 on `mma_bf16` run (slowly) in the simulator and their fragment layouts are checked on the CPU.
 
 Under NUMBA_ENABLE_CUDASIM=1, ptx.py binds `mma_bf16`, `mma_tf32`, `tf32`, `pack_bf16x2`,
-`as_f32` and the 16-byte loads to these.
+`as_f32`, `ex2`, `shfl_xor`, the 16-byte loads, `ldsm_x4` and the cp.async copies to these. Shared and global
+addresses (`smem_u32`, `gptr`) are the host addresses of the simulator's NumPy buffers, so a
+kernel's byte arithmetic on them is unchanged and `cp_async16` / `ldsm_x4` read and write
+through them (the copy is done at once: commit and wait are no-ops).
 The simulator runs a block's threads as Python threads; a warp-collective op is emulated by a
 per-warp rendezvous: every lane deposits its fragment registers, waits for the other 31 lanes,
 computes its own output registers from all of them (PTX ISA fragment layouts of
@@ -14,6 +17,7 @@ Only 1-D thread blocks are supported. Knows nothing about the kernels that use i
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import numpy as np
@@ -27,6 +31,8 @@ class _WarpSlot:
         self.barrier = threading.Barrier(32)
         self.a = np.zeros((32, 4), np.uint32)
         self.b = np.zeros((32, 2), np.uint32)
+        self.addr = [0] * 32
+        self.vals: list = [None] * 32
 
 
 def _slot() -> tuple[_WarpSlot, int]:
@@ -49,6 +55,17 @@ def _lo_hi(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+# where each lane's fragment registers sit in the 16x16 A and 16x8 B matrices (m16n8k16):
+# register j of lane l = 4g + t holds the pair (row, col), (row, col + 1) of A, and B's
+# (col, g), (col + 1, g) with col = 2t (+8)
+_G = np.arange(32) >> 2
+_T = np.arange(32) & 3
+_A_ROW = np.stack([_G, _G + 8, _G, _G + 8], axis=1)              # [32 lanes, 4 registers]
+_A_COL = np.stack([2 * _T, 2 * _T, 2 * _T + 8, 2 * _T + 8], axis=1)
+_B_ROW = np.stack([2 * _T, 2 * _T + 8], axis=1)                  # [32 lanes, 2 registers]
+_B_COL = np.stack([_G, _G], axis=1)
+
+
 def mma_bf16(a, b0, b1, c):
     """c += A (16x16) . B (16x8). Lane l = 4g + t holds A rows g / g+8, columns 2t, 2t+1 (+8);
     B column g, rows 2t, 2t+1 (+8); C rows g / g+8, columns 2t, 2t+1 (see ptx.mma_bf16)."""
@@ -56,23 +73,17 @@ def mma_bf16(a, b0, b1, c):
     slot.a[lane] = [int(v) & 0xFFFFFFFF for v in a]
     slot.b[lane] = [int(b0) & 0xFFFFFFFF, int(b1) & 0xFFFFFFFF]
     slot.barrier.wait()
-    amat = np.zeros((16, 16), np.float32)
-    bmat = np.zeros((16, 8), np.float32)
-    for ln in range(32):
-        g, t = ln >> 2, ln & 3
-        lo, hi = _lo_hi(slot.a[ln])
-        amat[g, 2 * t], amat[g, 2 * t + 1] = lo[0], hi[0]
-        amat[g + 8, 2 * t], amat[g + 8, 2 * t + 1] = lo[1], hi[1]
-        amat[g, 2 * t + 8], amat[g, 2 * t + 9] = lo[2], hi[2]
-        amat[g + 8, 2 * t + 8], amat[g + 8, 2 * t + 9] = lo[3], hi[3]
-        blo, bhi = _lo_hi(slot.b[ln])
-        bmat[2 * t, g], bmat[2 * t + 1, g] = blo[0], bhi[0]
-        bmat[2 * t + 8, g], bmat[2 * t + 9, g] = blo[1], bhi[1]
+    amat = np.zeros((16, 16), np.float64)
+    bmat = np.zeros((16, 8), np.float64)
+    lo, hi = _lo_hi(slot.a)
+    amat[_A_ROW, _A_COL], amat[_A_ROW, _A_COL + 1] = lo, hi
+    blo, bhi = _lo_hi(slot.b)
+    bmat[_B_ROW, _B_COL], bmat[_B_ROW + 1, _B_COL] = blo, bhi
     slot.barrier.wait()                          # every lane has read the deposits
     g, t = lane >> 2, lane & 3
-    prod = amat.astype(np.float64) @ bmat.astype(np.float64)
-    return (np.float32(c[0] + prod[g, 2 * t]), np.float32(c[1] + prod[g, 2 * t + 1]),
-            np.float32(c[2] + prod[g + 8, 2 * t]), np.float32(c[3] + prod[g + 8, 2 * t + 1]))
+    r = amat[[g, g + 8]] @ bmat[:, 2 * t : 2 * t + 2]          # [2 rows, 2 cols]
+    return (np.float32(c[0] + r[0, 0]), np.float32(c[1] + r[0, 1]),
+            np.float32(c[2] + r[1, 0]), np.float32(c[3] + r[1, 1]))
 
 
 def _tf32_values(words: np.ndarray) -> np.ndarray:
@@ -109,6 +120,11 @@ def tf32(x) -> np.float32:
     return np.uint32(((b + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF).view(np.float32)
 
 
+def ex2(x) -> np.float32:
+    """ex2.approx.ftz.f32 (here exact to fp32 rounding)."""
+    return np.float32(np.exp2(np.float32(x)))
+
+
 def load(arr, idx):
     """ldg_f32: arr.flat[idx]."""
     return arr.reshape(-1)[int(idx)]
@@ -142,3 +158,53 @@ def pack_bf16x2(hi, lo):
 
 def as_f32(u):
     return np.uint32(int(u) & 0xFFFFFFFF).view(np.float32)
+
+
+def _host_array(arr) -> np.ndarray:
+    """The NumPy buffer behind a simulator kernel argument (or a shared / local array)."""
+    item = getattr(arr, "__dict__", {}).get("_item", arr)       # FakeWithinKernelCUDAArray
+    ary = getattr(item, "_ary", item)                           # FakeCUDAArray
+    assert isinstance(ary, np.ndarray) and ary.flags.c_contiguous, type(ary)
+    return ary
+
+
+def smem_u32(arr) -> int:
+    """Shared-window address of element 0: here the host address of the buffer."""
+    return _host_array(arr).ctypes.data
+
+
+def gptr(arr) -> int:
+    """Device address of element 0: here the host address of the buffer."""
+    return _host_array(arr).ctypes.data
+
+
+def cp_async16(saddr, gaddr) -> None:
+    """cp.async 16 bytes global -> shared, done at once."""
+    ctypes.memmove(int(saddr), int(gaddr), 16)
+
+
+def cp_async_noop() -> None:
+    """cp.async.commit_group / wait_group: the copies already happened."""
+
+
+def ldsm_x4(saddr):
+    """ldmatrix.x4: lanes 8i..8i+7 give the row addresses (8 b16 each) of matrix i; lane l
+    receives, from each matrix, row l // 4, elements 2 (l % 4) and 2 (l % 4) + 1."""
+    slot, lane = _slot()
+    slot.addr[lane] = int(saddr)
+    slot.barrier.wait()
+    row = lane >> 2
+    words = [np.frombuffer(ctypes.string_at(slot.addr[8 * i + row], 16), np.uint32)[lane & 3]
+             for i in range(4)]
+    slot.barrier.wait()                          # every lane has read the addresses
+    return tuple(np.uint32(w) for w in words)
+
+
+def shfl_xor(v, lane_mask):
+    """shfl.sync.bfly with a full mask: lane l gets lane (l ^ lane_mask)'s v."""
+    slot, lane = _slot()
+    slot.vals[lane] = v
+    slot.barrier.wait()
+    r = slot.vals[lane ^ int(lane_mask)]
+    slot.barrier.wait()
+    return r

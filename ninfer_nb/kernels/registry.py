@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from numba import config, cuda
 
-MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "attention_gemm", "conv1d", "gdn",
+MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "attention_gemm", "attention_flash", "conv1d", "gdn",
            "gdn_chunked", "gdn_chunked_mma",
            "moe", "moe_grouped", "moe_pipelined", "moe_wgmma", "sampling", "random_fill", "gemm_mma", "gemm_wgmma")
 

@@ -20,6 +20,7 @@ import numpy as np
 from numba import config
 
 from ninfer_nb.kernels import attention as K_attn
+from ninfer_nb.kernels import attention_flash as K_fa
 from ninfer_nb.kernels import attention_gemm as K_ag
 from ninfer_nb.kernels import conv1d as K_conv
 from ninfer_nb.kernels import elementwise as K_ew
@@ -42,7 +43,7 @@ from ninfer_nb.runtime.tensor import Tensor, bfloat16
 
 SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
-ATTENTION_KINDS = ("gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
+ATTENTION_KINDS = ("flash", "gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
 # Opt-in kernels (name: what), off until a GPU run shows they win (bench --experimental NAME;
 # list a new entry in bench's --experimental help too). None at present. Promoted after the
@@ -170,15 +171,18 @@ class SimStream:
 class CudaOps:
     def __init__(self, scratch: Any, stream: Any, persistent: Any = None,
                  arch: tuple[int, int] | None = None, sm_count: int = 132, prefill_gemm: str = "auto",
-                 prefill_attention: str = "gemm") -> None:
+                 prefill_attention: str = "flash") -> None:
         """arch: the device's compute capability; sm_count: its multiprocessors (sizes the
         decode attention split grid); prefill_gemm: auto (wgmma on cc 9.0, else
-        mma.sync), mma, or wgmma (cc 9.0 only); prefill_attention: gemm (S and P through the
-        tensor-core GEMMs, bf16 Q/K/V/P; head dims % 64, else simt), simt (fp32 flash kernel
-        on CUDA cores) or mma (mma.sync flash kernel; measured slower than simt on the H200)."""
+        mma.sync), mma, or wgmma (cc 9.0 only); prefill_attention: flash (mma.sync flash
+        kernel with ldmatrix / cp.async, kernels/attention_flash.py: head dim 256 on cc >= 8.0,
+        else as gemm), gemm (S and P through the tensor-core GEMMs, bf16 Q/K/V/P; head dims
+        % 64, else simt), simt (fp32 flash kernel on CUDA cores) or mma (the first mma.sync
+        flash kernel, kernels/attention.py; measured slower than simt on the H200)."""
         _need(prefill_gemm in ("auto", "mma", "wgmma"), f"prefill_gemm: {prefill_gemm!r}")
         _need(prefill_attention in ATTENTION_KINDS, f"prefill_attention: {prefill_attention!r}")
         self.prefill_attention = prefill_attention
+        self.arch = None if arch is None else tuple(arch)
         self.sm_count = sm_count
         hopper = arch is not None and tuple(arch) == (9, 0)
         _need(prefill_gemm != "wgmma" or hopper, f"prefill_gemm=wgmma needs a cc 9.0 GPU (this is {arch})")
@@ -539,7 +543,10 @@ class CudaOps:
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
             grid = ((t * (hq // hkv) + K_attn.PRE_BM - 1) // K_attn.PRE_BM, hkv)  # rows of 1 kv head
-            if (self.prefill_attention == "gemm" and not SIM and d % K_mma.K_ALIGN == 0
+            if self.prefill_attention == "flash" and K_fa.supported(d, self.arch) and t > K_lin.GEMV_MAX_T:
+                self._attention_flash(q, k_cache, v_cache, ks, vs, positions, scale, out)
+                return out
+            if (self.prefill_attention in ("gemm", "flash") and not SIM and d % K_mma.K_ALIGN == 0
                     and t > K_lin.GEMV_MAX_T):                           # as the linear layers: T <= 16 stays fp32
                 self._attention_gemm(q, k_cache, v_cache, ks, vs, positions, scale, out)
                 return out
@@ -551,28 +558,49 @@ class CudaOps:
                      ks, vs, positions, np.float32(scale), _rows(out, d))
         return out
 
-    def _attention_gemm(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, positions: Any,
-                        scale: float, out: Any) -> None:
-        """Prefill attention as S = Q K^T, softmax, O = P V on the tensor-core GEMMs
-        (kernels/attention_gemm.py). The number of keys comes from the host copy of the
+    def _attention_gathers(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any,
+                           positions: Any) -> tuple[Any, Any, Any]:
+        """q, K and V regrouped per kv head in bf16 (attention_gemm's gathers): qb [Hkv, T*G, D],
+        kb [Hkv, Lp, D], vt [Hkv, D, Lp]. The number of keys L comes from the host copy of the
         positions (prefill inputs carry one); without it, the whole cache length."""
         t, hq, d = q.shape
         hkv = k_cache.shape[1]
-        grp = hq // hkv
         host = getattr(positions, "host", None)
         n_keys = int(host.max()) + 1 if host is not None and len(host) else k_cache.shape[0]
         lp = K_ag.padded_keys(min(n_keys, k_cache.shape[0]))
         rows = t * grp
-        # rows per S / P block: S (fp32) and P (bf16) of one block stay under ATTN_GEMM_BYTES
-        block = max(K_wg.MIN_M, min(rows, ATTN_GEMM_BYTES // (6 * lp) // K_wg.MIN_M * K_wg.MIN_M))
+        rows = t * (hq // hkv)
+        qb = self.empty((hkv, rows, d), np.uint16)                      # [Hkv, T*G, D] bf16
+        kb = self.empty((hkv, lp, d), np.uint16)                        # [Hkv, Lp, D]  bf16
+        vt = self.empty((hkv, d, lp), np.uint16)                        # [Hkv, D, Lp]  bf16
+        self._go(K_ag.attn_gather_q_kernel, (rows, hkv), 128, q, qb)
+        self._go(K_ag.attn_gather_kv_kernel, (lp // K_ag.TILE, (d + K_ag.TILE - 1) // K_ag.TILE, hkv),
+                 (K_ag.TILE, 8), k_cache, v_cache, ks, vs, positions, kb, vt)
+        return qb, kb, vt
+
+    def _attention_flash(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, positions: Any,
+                         scale: float, out: Any) -> None:
+        """Prefill attention in one flash kernel over the bf16 gathers (kernels/attention_flash.py)."""
+        t, hq, d = q.shape
+        hkv = k_cache.shape[1]
+        with self.scope():
+            qb, kb, vt = self._attention_gathers(q, k_cache, v_cache, ks, vs, positions)
+            self._go(K_fa.flash_attn_kernel, K_fa.grid(qb.shape[1], hkv), K_fa.THREADS, qb, kb, vt, positions,
+                     np.int32(hq // hkv), np.float32(scale), _rows(out, d), smem=K_fa.SMEM_BYTES)
+
+    def _attention_gemm(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, positions: Any,
+                        scale: float, out: Any) -> None:
+        """Prefill attention as S = Q K^T, softmax, O = P V on the tensor-core GEMMs
+        (kernels/attention_gemm.py)."""
+        t, hq, d = q.shape
+        hkv = k_cache.shape[1]
+        grp = hq // hkv
         out2 = _rows(out, d)
         with self.scope():
-            qb = self.empty((hkv, rows, d), np.uint16)                  # [Hkv, T*G, D] bf16
-            kb = self.empty((hkv, lp, d), np.uint16)                    # [Hkv, Lp, D]  bf16
-            vt = self.empty((hkv, d, lp), np.uint16)                    # [Hkv, D, Lp]  bf16
-            self._go(K_ag.attn_gather_q_kernel, (rows, hkv), 128, q, qb)
-            self._go(K_ag.attn_gather_kv_kernel, (lp // K_ag.TILE, (d + K_ag.TILE - 1) // K_ag.TILE, hkv),
-                     (K_ag.TILE, 8), k_cache, v_cache, ks, vs, positions, kb, vt)
+            qb, kb, vt = self._attention_gathers(q, k_cache, v_cache, ks, vs, positions)
+            lp = kb.shape[1]
+            # rows per S / P block: S (fp32) and P (bf16) of one block stay under ATTN_GEMM_BYTES
+            block = max(K_wg.MIN_M, min(rows, ATTN_GEMM_BYTES // (6 * lp) // K_wg.MIN_M * K_wg.MIN_M))
             for h in range(hkv):
                 kb_h = kb[h : h + 1].reshape(lp, d)
                 vt_h = vt[h : h + 1].reshape(d, lp)

@@ -30,6 +30,8 @@ BF16_SHAPES = {   # head_dim 64: prefill attention takes the GEMM path (head dim
     "qwen35": ("qwen35", dict(linear_key_head_dim=32, linear_value_head_dim=32, head_dim=64)),
     "qwen35_moe": ("qwen35_moe", dict(wrapper=True, linear_key_head_dim=32, linear_value_head_dim=64,
                                       head_dim=64)),
+    # the real models' head dim: prefill attention takes the flash kernel (attention_flash.py)
+    "qwen35_d256": ("qwen35", dict(linear_key_head_dim=32, linear_value_head_dim=32, head_dim=256)),
 }
 
 
@@ -146,17 +148,18 @@ def test_tensor_core_prefill_matches_bf16_rounded_cpu(tiny_checkpoints, monkeypa
     assert np.abs(tensor_cores - rounded).max() <= 1e-2 * scale
 
 
-@pytest.mark.parametrize("gemm,attention", [("auto", "gemm"), ("mma", "gemm"), ("auto", "simt"), ("auto", "mma")])
+@pytest.mark.parametrize("gemm,attention", [("auto", "flash"), ("auto", "gemm"), ("mma", "gemm"), ("auto", "simt"),
+                                            ("auto", "mma")])
 def test_long_prefill_fast_paths_match_bf16_rounded_cpu(tiny_checkpoints, monkeypatch, gemm: str,
                                                         attention: str) -> None:
     """A 600-token prompt in chunks of 512 + 88 through the prefill fast paths, as real prompts
     take them: the wgmma GEMM (cc 9.0, M >= 256; "mma" forces mma.sync) with one GEMM per part
     of the fused projections, the chunked GDN from a zero and then a carried state, the split
-    copy kernel (conv output), prefill attention (through the
-    GEMMs, the default; the SIMT kernel; the mma.sync kernel; the last and first with bf16
-    Q/K/V/P) over a cache the first chunk filled; against the CPU with the linear layers' bf16
+    copy kernel (conv output), prefill attention (the flash kernel, the default, on a head dim
+    256 checkpoint; through the GEMMs; the SIMT kernel; the first mma.sync kernel; all but SIMT
+    with bf16 Q/K/V/P) over a cache the first chunk filled; against the CPU with the linear layers' bf16
     input rounding (not the attention's, hence the wider bound for the bf16 attention paths)."""
-    path = bf16_checkpoint(tiny_checkpoints, "qwen35")
+    path = bf16_checkpoint(tiny_checkpoints, "qwen35_d256" if attention == "flash" else "qwen35")
     ids = [int(t) for t in np.random.default_rng(4).integers(0, 248000, 600)]
     ref = cpu_logits_with_bf16_gemm_inputs(path, ids, monkeypatch, max_context=640, prefill_chunk=512)
     llm = LLM(str(path), device="cuda", max_context=640, prefill_chunk=512, prefill_gemm=gemm,

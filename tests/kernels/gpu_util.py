@@ -22,6 +22,9 @@ class GpuEnv:
         self.mark = self.arena.offset
         self.stream = Stream()
         self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena, sm_count=info.multiprocessors)
+        # the arch picks the flash attention kernel; the GEMM choice stays mma.sync unless a test
+        # turns wgmma on (use_wgmma), as these tests were written
+        self.ops.arch = tuple(info.compute_capability)
 
     def fresh(self) -> Any:
         """Reset scratch + persistent allocations and fill the scratch with NaN sentinels."""
