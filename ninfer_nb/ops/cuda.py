@@ -199,6 +199,9 @@ class CudaOps:
         # Chunked GDN state passing: "mma" (TF32 tensor cores, kernels/gdn_chunked_mma.py) where
         # the key head dim allows it, else "simt" (fp32 FMAs, gdn_chunked.gdc_state_kernel).
         self.gdn_state = "mma"
+        # Its chunk-parallel prepare kernel: "mma" (TF32 tile products, kernels/gdn_prepare_mma.py)
+        # where the head dims and alignment allow it, else "simt" (gdn_chunked.gdc_prepare_kernel).
+        self.gdn_prepare = "mma"
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
@@ -687,7 +690,9 @@ class CudaOps:
         """Same contract as gated_delta_rule, chunked WY form (kernels/gdn_chunked.py, fixed chunk
         K_gdc.C = 64; `chunk` is accepted for parity with ops.cpu). T <= 16 or Dk > 128: the
         recurrent kernel. The sequential state pass runs on TF32 tensor cores
-        (kernels/gdn_chunked_mma.py) for Dk % 16 == 0 unless self.gdn_state == "simt"."""
+        (kernels/gdn_chunked_mma.py) for Dk % 16 == 0 unless self.gdn_state == "simt"; the
+        prepare kernel too (kernels/gdn_prepare_mma.py: Dk % 16 == 0, Dv % 4 == 0, 16-byte
+        aligned q / k / v) unless self.gdn_prepare == "simt"."""
         t, hv, dv = v.shape
         hk, dk = k.shape[1], k.shape[2]
         if t <= K_gdc.RECURRENT_MAX_T or not K_gdc.supported(dk, dv):
@@ -701,8 +706,14 @@ class CudaOps:
             ub = self.empty((hv, t, dv))   # [Hv, T, Dv]  U  = T (beta v)
             ks = self.empty((hv, t))       # [Hv, T]      |k|^-1 e^(gam_last - gam)
             ec = self.empty((hv, nc))      # [Hv, nc]     e^gam_last per chunk
-            self._go(K_gdc.gdc_prepare_kernel, (nc, hk), K_gdc.PREP_THREADS, q, k, v, g, beta, wb, qb, ub, ks,
-                     ec, out)
+            from ninfer_nb.kernels import gdn_prepare_mma as K_gdp
+            if (self.gdn_prepare == "mma" and K_gdp.supported(dk, dv)
+                    and _ptr(q) % 16 == 0 and _ptr(k) % 16 == 0 and _ptr(v) % 16 == 0):
+                self._go(K_gdp.gdc_prepare_mma_kernel, (nc, hk), K_gdp.THREADS, q, k, v, g, beta, wb, qb, ub,
+                         ks, ec, out, smem=K_gdp.SMEM_BYTES)
+            else:
+                self._go(K_gdc.gdc_prepare_kernel, (nc, hk), K_gdc.PREP_THREADS, q, k, v, g, beta, wb, qb, ub,
+                         ks, ec, out)
             if self.gdn_state == "mma" and K_gdm.supported(dk, dv):
                 self._go(K_gdm.gdc_state_mma_kernel, K_gdm.grid(hv, dv), K_gdm.THREADS,
                          k, wb, qb, ub, ks, ec, state, out)

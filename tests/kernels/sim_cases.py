@@ -336,10 +336,11 @@ def test_moe_grouped_top2_hot_expert(ops, monkeypatch):
 
 # --- chunked gated delta rule (kernels/gdn_chunked.py) vs the recurrent NumPy reference --------
 
-def _gdr_chunked_case(ops, seed, t, hk, hv, dk, dv, state_kernel="simt", tol=1e-4):
-    """state_kernel: "simt" (fp32, exact up to rounding) or "mma" (TF32 tensor cores: the
-    operands of the state products carry 10 mantissa bits, ~5e-4 relative)."""
+def _gdr_chunked_case(ops, seed, t, hk, hv, dk, dv, state_kernel="simt", tol=1e-4, prepare_kernel="simt"):
+    """state_kernel / prepare_kernel: "simt" (fp32, exact up to rounding) or "mma" (TF32 tensor
+    cores: the operands of the products carry 10 mantissa bits, ~5e-4 relative)."""
     ops.gdn_state = state_kernel
+    ops.gdn_prepare = prepare_kernel
     rng = np.random.default_rng(seed)
     q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
     g = -np.abs(rnd(rng, t, hv, scale=0.5))                  # log decay per token, < 0
@@ -551,6 +552,7 @@ def test_whole_hybrid_model_prefill_chunk_matches_cpu(ops):
     w = random_weights(cfg, lambda shape, kind: random_array(rng, shape, kind))
     ids = rng.integers(0, cfg.vocab_size, 34)
     ops.gdn_state = "simt"       # the TF32 state pass has its own case (simulated mma: CI time)
+    ops.gdn_prepare = "simt"     # so has the TF32 prepare kernel
     pos = np.arange(34)
     cpu_state = new_state(cfg, 64, np.zeros)
     Decoder(cfg, w).forward(cpu, ids[:17], pos[:17], cpu_state)            # first chunk: CPU
@@ -630,3 +632,40 @@ def test_attention_gemm_kernels(ops, cdtype):
     r16 = [a.astype(BF16).astype(np.float32) for a in (q, kf, vf)]
     ref = cpu.attention(r16[0], r16[1], r16[2], pos, scale).reshape(t * hq, d)
     close(out, ref, 1e-2)
+
+
+# --- tensor-core prepare kernel of the chunked gated delta rule (kernels/gdn_prepare_mma.py) ---
+# The simulated mma costs ~25 ms per warp-level call: one (chunk, V head) of the smallest
+# shapes below is ~300 of them (the Gram, M = P T and the four products), ~10 s.
+
+def test_gdr_prepare_mma_vs_simt_kernel(ops):
+    """gdc_prepare_mma_kernel's six outputs against gdc_prepare_kernel's (fp32) for one partial
+    chunk (T = 20: rows past T zero) and Hv/Hk = 2 (the Gram tiles kept across the V heads),
+    Dk = Dv = 16 (one n8 tile pair of one column group). Measured here: <= 7e-4 of the largest
+    value (TF32 operands), bound 3e-3."""
+    from ninfer_nb.kernels import gdn_chunked as K_gdc
+    from ninfer_nb.kernels import gdn_prepare_mma as K_gdp
+
+    rng = np.random.default_rng(35)
+    t, hk, hv, dk, dv = 20, 1, 2, 16, 16
+    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
+    g = -np.abs(rnd(rng, t, hv, scale=0.5))
+    beta = (1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32)
+    outs = {}
+    for kind in ("simt", "mma"):
+        bufs = [np.full(shape, np.nan, np.float32) for shape in
+                ((hv, t, dk), (hv, t, dk), (hv, t, dv), (hv, t), (hv, 1), (t, hv, dv))]
+        if kind == "mma":
+            ops._go(K_gdp.gdc_prepare_mma_kernel, (1, hk), K_gdp.THREADS, q, k, v, g, beta, *bufs,
+                    smem=K_gdp.SMEM_BYTES)
+        else:
+            ops._go(K_gdc.gdc_prepare_kernel, (1, hk), K_gdc.PREP_THREADS, q, k, v, g, beta, *bufs)
+        outs[kind] = bufs
+    for a, b in zip(outs["mma"], outs["simt"]):
+        close(a, b, 3e-3)
+
+
+def test_gdr_chunked_tensor_core_prepare(ops):
+    """The chunked pair with the TF32 prepare kernel (fp32 state pass) against the recurrent
+    reference: a full chunk then an 8-token tail (T = 72), Dk = Dv = 16."""
+    _gdr_chunked_case(ops, 36, t=72, hk=1, hv=1, dk=16, dv=16, tol=3e-3, prepare_kernel="mma")

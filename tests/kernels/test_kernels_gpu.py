@@ -426,6 +426,7 @@ def test_gated_delta_rule(env, rng, t, hk, hv, dk, dv, kind):
     fall back to the recurrent kernel), vs the recurrent NumPy reference."""
     ops = env.fresh()
     ops.gdn_state = "mma" if kind == "mma" else "simt"
+    ops.gdn_prepare = ops.gdn_state                          # both TF32, or both fp32
     q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
     g = -np.abs(rnd(rng, t, hv, scale=0.5))
     beta = 1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))
@@ -617,6 +618,7 @@ def test_gated_delta_rule_chunked_model_dims(env, rng, t, hk, hv, state_kernel):
     dk = dv = 128
     ops = env.fresh()
     ops.gdn_state = state_kernel
+    ops.gdn_prepare = state_kernel                           # both TF32, or both fp32
     q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
     g = -np.abs(rnd(rng, t, hv, scale=0.5))
     beta = (1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32)
@@ -647,6 +649,7 @@ def test_gated_delta_rule_chunked_vs_recurrent_timing(env, rng):
     res = {}
     for name in ("recurrent", "simt", "mma"):
         ops.gdn_state = name
+        ops.gdn_prepare = "simt" if name == "simt" else "mma"
         fn = ops.gated_delta_rule if name == "recurrent" else ops.gated_delta_rule_chunked
         ST = env.up(st)
         o = fn(q, k, v, g, beta, ST)                       # warm-up (compiles)
@@ -871,3 +874,76 @@ def test_moe_grouped_mma_skewed(env, rng, monkeypatch, path):
     close(out, _moe_ref_bf16(x, ids, w, gu, dn), 2e-3)     # fp32-activation reference: ~2e-3 off
     monkeypatch.setattr(G, "GROUPED_MIN_T", 1 << 30)            # the per-pair (decode) kernels
     close(env.host(ops.moe_experts(X, ids_d, w_d, GU, DN)), out, 2e-2)
+
+
+# --- tensor-core prepare kernel of the chunked gated delta rule (kernels/gdn_prepare_mma.py) ---
+
+@pytest.mark.parametrize("t", [2048, 2000])
+def test_gdn_prepare_mma_27b(env, rng, t):
+    """The TF32 prepare kernel (kernels/gdn_prepare_mma.py) at the Qwen3.6-27B GDN shape (Hk = 16,
+    Hv = 48, Dk = Dv = 128; T = 2000: a 16-token last chunk): its six outputs W, Q', U, ks, ec,
+    O_intra against gdc_prepare_kernel's (fp32 SIMT), and the chunked pair with it (TF32 state
+    pass) against the recurrent NumPy reference. Prints (-s) the errors and the GPU time of
+    either prepare kernel alone (graph replays, no launch gaps)."""
+    from ninfer_nb.kernels import gdn_chunked as K_gdc
+    from ninfer_nb.kernels import gdn_prepare_mma as K_gdp
+
+    hk, hv, dk, dv = 16, 48, 128, 128
+    ops = env.fresh()
+    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
+    g = -np.abs(rnd(rng, t, hv, scale=0.5))
+    beta = (1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32)
+    Q, K, V, G, B = env.up(q), env.up(k), env.up(v), env.up(g), env.up(beta)
+    nc = (t + K_gdc.C - 1) // K_gdc.C
+
+    def prepare(kind):
+        bufs = (ops.empty((hv, t, dk)), ops.empty((hv, t, dk)), ops.empty((hv, t, dv)), ops.empty((hv, t)),
+                ops.empty((hv, nc)), ops.empty((t, hv, dv)))
+        if kind == "mma":
+            ops._go(K_gdp.gdc_prepare_mma_kernel, (nc, hk), K_gdp.THREADS, Q, K, V, G, B, *bufs,
+                    smem=K_gdp.SMEM_BYTES)
+        else:
+            ops._go(K_gdc.gdc_prepare_kernel, (nc, hk), K_gdc.PREP_THREADS, Q, K, V, G, B, *bufs)
+        return bufs
+
+    outs = {kind: [env.host(b) for b in prepare(kind)] for kind in ("simt", "mma")}
+    errs = []
+    for name, a, b in zip(("W", "Q'", "U", "ks", "ec", "O_intra"), outs["mma"], outs["simt"]):
+        errs.append(f"{name} {_rel_err(a, b):.2e}")
+        close(a, b, TOL_TF32)
+    times = {kind: _best_time(env, lambda kind=kind: prepare(kind), graph=True)[0] for kind in ("simt", "mma")}
+
+    ops.gdn_state = ops.gdn_prepare = "mma"
+    st = rnd(rng, hv, dv, dk, scale=0.1)
+    ST = env.up(st)
+    o = env.host(ops.gated_delta_rule_chunked(Q, K, V, G, B, ST))
+    st_ref = st.copy()
+    ref = cpu.gated_delta_rule(q, k, v, g, beta, st_ref)
+    print(f"\ngdn prepare T={t} Hv={hv}: SIMT {times['simt'] * 1e3:.3f} ms, TF32 mma {times['mma'] * 1e3:.3f} ms; "
+          f"error / max |value| vs the SIMT kernel: {', '.join(errs)}; chunked pair (both TF32) vs recurrent: "
+          f"output {_rel_err(o, ref):.2e}, state {_rel_err(env.host(ST), st_ref):.2e}")
+    close(o, ref, TOL_TF32)
+    close(env.host(ST), st_ref, TOL_TF32)
+
+
+@pytest.mark.parametrize("t,hk,hv,dk,dv", [(100, 2, 4, 64, 48), (77, 1, 3, 48, 36), (130, 1, 2, 128, 160)])
+def test_gdn_prepare_mma_ragged(env, rng, t, hk, hv, dk, dv):
+    """The TF32 prepare kernel's edges against the fp32 pair: partial last chunks, Dk < 128 with a
+    partial 32-column group (48), Dv not a multiple of 8 (36), Dv > 128 (two V column passes)."""
+    ops = env.fresh()
+    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
+    g = -np.abs(rnd(rng, t, hv, scale=0.5))
+    beta = (1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32)
+    st = rnd(rng, hv, dv, dk, scale=0.1)
+    res = {}
+    for prep in ("simt", "mma"):
+        ops.gdn_state = "simt"
+        ops.gdn_prepare = prep
+        ST = env.up(st)
+        res[prep] = (env.host(ops.gated_delta_rule_chunked(env.up(q), env.up(k), env.up(v), env.up(g), env.up(beta),
+                                                           ST)), env.host(ST))
+    st_ref = st.copy()
+    ref = cpu.gated_delta_rule(q, k, v, g, beta, st_ref)
+    close(res["simt"][0], ref, TOL32 * 10)
+    close(res["mma"][0], ref, TOL_TF32)
+    close(res["mma"][1], st_ref, TOL_TF32)
