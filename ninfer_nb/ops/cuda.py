@@ -28,6 +28,7 @@ from ninfer_nb.kernels import embedding as K_emb
 from ninfer_nb.kernels import gdn as K_gdn
 from ninfer_nb.kernels import gdn_chunked as K_gdc
 from ninfer_nb.kernels import gdn_chunked_mma as K_gdm
+from ninfer_nb.kernels import gdn_prepare_mma as K_gdp
 from ninfer_nb.kernels import gemm_mma as K_mma
 from ninfer_nb.kernels import gemm_wgmma as K_wg
 from ninfer_nb.kernels import linear as K_lin
@@ -571,7 +572,6 @@ class CudaOps:
         host = getattr(positions, "host", None)
         n_keys = int(host.max()) + 1 if host is not None and len(host) else k_cache.shape[0]
         lp = K_ag.padded_keys(min(n_keys, k_cache.shape[0]))
-        rows = t * grp
         rows = t * (hq // hkv)
         qb = self.empty((hkv, rows, d), np.uint16)                      # [Hkv, T*G, D] bf16
         kb = self.empty((hkv, lp, d), np.uint16)                        # [Hkv, Lp, D]  bf16
@@ -598,6 +598,7 @@ class CudaOps:
         t, hq, d = q.shape
         hkv = k_cache.shape[1]
         grp = hq // hkv
+        rows = t * grp
         out2 = _rows(out, d)
         with self.scope():
             qb, kb, vt = self._attention_gathers(q, k_cache, v_cache, ks, vs, positions)
@@ -706,7 +707,6 @@ class CudaOps:
             ub = self.empty((hv, t, dv))   # [Hv, T, Dv]  U  = T (beta v)
             ks = self.empty((hv, t))       # [Hv, T]      |k|^-1 e^(gam_last - gam)
             ec = self.empty((hv, nc))      # [Hv, nc]     e^gam_last per chunk
-            from ninfer_nb.kernels import gdn_prepare_mma as K_gdp
             if (self.gdn_prepare == "mma" and K_gdp.supported(dk, dv)
                     and _ptr(q) % 16 == 0 and _ptr(k) % 16 == 0 and _ptr(v) % 16 == 0):
                 self._go(K_gdp.gdc_prepare_mma_kernel, (nc, hk), K_gdp.THREADS, q, k, v, g, beta, wb, qb, ub,

@@ -494,6 +494,39 @@ def test_prefill_mma_bf16_gqa3_d64(ops, monkeypatch):
     _prefill_mma_case(ops, monkeypatch, 52, "bf16", hq=3, hkv=1, d=64, start=10, t=23)
 
 
+# --- flash prefill attention (kernels/attention_flash.py: ldmatrix, cp.async, mma.sync) --------
+
+def test_prefill_flash_gqa4_d256(ops, monkeypatch):
+    """The flash kernel through CudaOps.attention (f32 cache, head dim 256, G = 4, one kv head:
+    the GPU test takes the 27B's 4 x 6), chunk at 50, T = 17: 68 rows = a full 64-row block and a 4-row block (rows past
+    68 read row 67 and are not written); keys 0..66 = two 64-key tiles, the second masked per
+    row and zero past key 66. vs ops.cpu on the exact inputs (bf16 rounding of Q, K, V, P by
+    design) and on bf16-rounded q, k, v (the kernel's own error)."""
+    monkeypatch.setattr(ops, "arch", (9, 0))
+    assert ops.prefill_attention == "flash"
+    names = []
+    go = ops._go
+
+    def rec(spec, *a, **kw):
+        names.append(spec.name)
+        go(spec, *a, **kw)
+
+    monkeypatch.setattr(ops, "_go", rec)
+    rng = np.random.default_rng(61)
+    hq, hkv, d, start, t = 4, 1, 256, 50, 17
+    s = start + t + 5
+    q = rnd(rng, t, hq, d)
+    kc, vc = rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
+    kc[start + t:] = np.nan                                  # stale cache rows past the chunk
+    pos = np.arange(start, start + t, dtype=np.int32)
+    scale = d ** -0.5
+    got = ops.attention(q, kc, vc, pos, scale)
+    assert "flash_attn_kernel" in names, names
+    ref = cpu.attention(q, kc[: start + t], vc[: start + t], pos, scale)
+    close(got, ref, 2e-2)
+    close(got, cpu.attention(_bf16r(q), _bf16r(kc[: start + t]), _bf16r(vc[: start + t]), pos, scale), 6e-3)
+
+
 def test_prefill_mma_int8_d256(ops, monkeypatch):
     """D = 256 (8 k-steps and 16 O n-tiles per warp, 4 int8 scale groups), G = 1, int8 cache,
     chunk at 12, T = 5: one key tile, keys 17..31 masked / zero-filled."""

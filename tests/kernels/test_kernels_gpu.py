@@ -236,9 +236,9 @@ def test_rope(env, rng, t, heads, d, rd):
 
 
 def _check_attention(o, q, kf, vf, pos, scale, kind):
-    """SIMT / decode kernels: fp32 throughout (1e-4). The GEMM path: bf16 Q, K, V and P, so
-    against the reference on bf16-rounded q, k, v; P's rounding leaves ~4e-3 (1e-2 allowed)."""
-    if kind == "gemm":
+    """SIMT / decode kernels: fp32 throughout (1e-4). The GEMM and flash paths: bf16 Q, K, V and
+    P, so against the reference on bf16-rounded q, k, v; P's rounding leaves ~4e-3 (1e-2 allowed)."""
+    if kind in ("gemm", "flash"):
         r16 = [a.astype(BF16).astype(np.float32) for a in (q, kf, vf)]
         return close(o, cpu.attention(r16[0], r16[1], r16[2], pos, scale), 1e-2)
     return close(o, cpu.attention(q, kf, vf, pos, scale), TOL32 * 10)
@@ -296,13 +296,13 @@ def _attn_case(env, rng, cdtype, s, hq, hkv, d, start, t, kind="gemm"):
     return _check_attention(o, q, kc_ref, vc_ref, pos, d ** -0.5, decode_or_simt)
 
 
-@pytest.mark.parametrize("kind", ["gemm", "simt"])
+@pytest.mark.parametrize("kind", ["flash", "gemm", "simt"])
 @pytest.mark.parametrize("cdtype", [np.float32, BF16])
 @pytest.mark.parametrize("start,t", [(0, 1), (4000, 1), (700, 3), (0, 300), (300, 77)])
 def test_attention_qwen_dims(env, rng, cdtype, start, t, kind):
-    """24 q heads / 4 kv heads x 256 (decode split-K for T <= 4; prefill above: the GEMM path
-    or the SIMT flash kernel)."""
-    if t <= 4 and kind != "gemm":
+    """24 q heads / 4 kv heads x 256 (decode split-K for T <= 4; prefill above: the mma.sync
+    flash kernel, the GEMM path or the SIMT flash kernel)."""
+    if t <= 4 and kind != "flash":
         pytest.skip("decode takes the split-K kernel whatever the prefill kind")
     _attn_case(env, rng, cdtype, 4096, 24, 4, 256, start, t, kind)
 
@@ -687,7 +687,7 @@ def test_gated_delta_rule_chunked_vs_recurrent_timing(env, rng):
     close(res["mma"][1], res["recurrent"][1], TOL_TF32)
 
 
-@pytest.mark.parametrize("kind", ["gemm", "simt"])
+@pytest.mark.parametrize("kind", ["flash", "gemm", "simt"])
 @pytest.mark.parametrize("cdtype", [np.float32, BF16])
 def test_attention_prefill_qwen27b_second_chunk(env, rng, cdtype, kind):
     """Prefill attention at the Qwen3.6-27B shape (24 q / 4 kv heads x 256): a 512-token chunk
@@ -735,7 +735,7 @@ def test_attention_prefill_mma_qwen27b(env, rng, cdtype, monkeypatch):
 @pytest.mark.parametrize("hq,hkv", [(24, 4), (16, 2)])
 def test_attention_prefill_mma_timing_8k(env, rng, hq, hkv, monkeypatch):
     """Qwen3.6-27B (24/4) and -35B (16/2) heads x 256, a 2048-token chunk at 6144..8191 over a
-    bf16 cache: mma vs SIMT kernel output (2e-2) and times (-s)."""
+    bf16 cache: the flash, mma and GEMM paths vs the SIMT kernel's output (2e-2) and times (-s)."""
     ops = env.fresh()
     s, d, start, t = 8192, 256, 6144, 2048
     KC = env.up(rnd(rng, s, hkv, d).astype(BF16))
@@ -744,15 +744,19 @@ def test_attention_prefill_mma_timing_8k(env, rng, hq, hkv, monkeypatch):
     Q = env.up(rnd(rng, t, hq, d))
     times = {}
     outs = {}
-    for name in ("simt", "mma", "gemm"):
+    launched = _launched(ops, monkeypatch)
+    for name in ("simt", "mma", "gemm", "flash"):
         monkeypatch.setattr(ops, "prefill_attention", name)
         times[name], o = _best_time(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
         outs[name] = env.host(o)
+    assert "flash_attn_kernel" in launched, set(launched)
     flops = 4 * hq * d * t * (start + (t + 1) / 2)
     print(f"\nprefill attention T={t} at {start}, Hq={hq} Hkv={hkv} D={d}: "
           + ", ".join(f"{k} {v * 1e3:.2f} ms ({flops / v * 1e-12:.1f} TFLOP/s)" for k, v in times.items()))
     close(outs["mma"], outs["simt"], 2e-2)
     close(outs["gemm"], outs["simt"], 2e-2)
+    close(outs["flash"], outs["simt"], 2e-2)
+    close(outs["flash"], outs["gemm"], 1e-2)
 
 
 # --- grouped MoE on the tensor cores: x and h are bf16 MMA operands, fp32 accumulate ------------
