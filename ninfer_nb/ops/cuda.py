@@ -60,6 +60,12 @@ EXPERIMENTAL: dict[str, str] = {}
 # the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
 # 0.68 / 1.00 / 1.84 ms; 140-280 pairs (pipelined): slower than grouped (more launches).
 MOE_PIPELINED_MIN_PAIRS = 1024
+# The TF32 GDN prepare kernel (gdn_prepare_mma.py) by default from this key head dim up. Below the
+# chunk length (64) a chunk's keys are linearly dependent and (I + A)^-1 amplifies TF32 rounding:
+# H200, tiny Qwen3.5 with Dk = 32, the logits moved 2.5-3.4e-2 of the max logit from the CPU
+# (8e-3 with the fp32 prepare kernel; one greedy token changed), against 6e-4 output error at the
+# 27B shape (Dk = 128) in the kernel test.
+GDN_PREPARE_MMA_MIN_DK = 64
 # Split-K decode GEMV (4 K slices per row pair) for weights with at most SPLITK_MAX_N rows and at
 # least SPLITK_MIN_K columns. H200, T = 1, in the 27B profile: 5120x17408 85 % -> 93 % of copy
 # bandwidth; 5120x6144 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
@@ -201,8 +207,9 @@ class CudaOps:
         # the key head dim allows it, else "simt" (fp32 FMAs, gdn_chunked.gdc_state_kernel).
         self.gdn_state = "mma"
         # Its chunk-parallel prepare kernel: "mma" (TF32 tile products, kernels/gdn_prepare_mma.py)
-        # where the head dims and alignment allow it, else "simt" (gdn_chunked.gdc_prepare_kernel).
-        self.gdn_prepare = "mma"
+        # where the head dims and alignment allow it, "simt" (fp32, gdn_chunked.gdc_prepare_kernel),
+        # or "auto": mma from GDN_PREPARE_MMA_MIN_DK up, simt below.
+        self.gdn_prepare = "auto"
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
@@ -707,7 +714,8 @@ class CudaOps:
             ub = self.empty((hv, t, dv))   # [Hv, T, Dv]  U  = T (beta v)
             ks = self.empty((hv, t))       # [Hv, T]      |k|^-1 e^(gam_last - gam)
             ec = self.empty((hv, nc))      # [Hv, nc]     e^gam_last per chunk
-            if (self.gdn_prepare == "mma" and K_gdp.supported(dk, dv)
+            mma = self.gdn_prepare == "mma" or (self.gdn_prepare == "auto" and dk >= GDN_PREPARE_MMA_MIN_DK)
+            if (mma and K_gdp.supported(dk, dv)
                     and _ptr(q) % 16 == 0 and _ptr(k) % 16 == 0 and _ptr(v) % 16 == 0):
                 self._go(K_gdp.gdc_prepare_mma_kernel, (nc, hk), K_gdp.THREADS, q, k, v, g, beta, wb, qb, ub,
                          ks, ec, out, smem=K_gdp.SMEM_BYTES)

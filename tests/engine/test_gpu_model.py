@@ -30,8 +30,9 @@ BF16_SHAPES = {   # head_dim 64: prefill attention takes the GEMM path (head dim
     "qwen35": ("qwen35", dict(linear_key_head_dim=32, linear_value_head_dim=32, head_dim=64)),
     "qwen35_moe": ("qwen35_moe", dict(wrapper=True, linear_key_head_dim=32, linear_value_head_dim=64,
                                       head_dim=64)),
-    # the real models' head dim: prefill attention takes the flash kernel (attention_flash.py)
-    "qwen35_d256": ("qwen35", dict(linear_key_head_dim=32, linear_value_head_dim=32, head_dim=256)),
+    # the real models' head dims: prefill attention takes the flash kernel (attention_flash.py),
+    # the chunked GDN the TF32 prepare kernel (gdn_prepare_mma.py, Dk >= 64 by default)
+    "qwen35_d256": ("qwen35", dict(linear_key_head_dim=128, linear_value_head_dim=128, head_dim=256)),
 }
 
 
@@ -155,8 +156,8 @@ def test_long_prefill_fast_paths_match_bf16_rounded_cpu(tiny_checkpoints, monkey
     """A 600-token prompt in chunks of 512 + 88 through the prefill fast paths, as real prompts
     take them: the wgmma GEMM (cc 9.0, M >= 256; "mma" forces mma.sync) with one GEMM per part
     of the fused projections, the chunked GDN from a zero and then a carried state, the split
-    copy kernel (conv output), prefill attention (the flash kernel, the default, on a head dim
-    256 checkpoint; through the GEMMs; the SIMT kernel; the first mma.sync kernel; all but SIMT
+    copy kernel (conv output), prefill attention (the flash kernel, the default, on a checkpoint
+    with the real head dims, 256 and GDN 128, which also takes the TF32 GDN prepare; through the GEMMs; the SIMT kernel; the first mma.sync kernel; all but SIMT
     with bf16 Q/K/V/P) over a cache the first chunk filled; against the CPU with the linear layers' bf16
     input rounding (not the attention's, hence the wider bound for the bf16 attention paths)."""
     path = bf16_checkpoint(tiny_checkpoints, "qwen35_d256" if attention == "flash" else "qwen35")
