@@ -10,8 +10,9 @@ The simulator runs a block's threads as Python threads; a warp-collective op is 
 per-warp rendezvous: every lane deposits its fragment registers, waits for the other 31 lanes,
 computes its own output registers from all of them (PTX ISA fragment layouts of
 mma.m16n8k16.row.col with bf16 inputs and of mma.m16n8k8.row.col with tf32 inputs, fp32
-accumulators), and waits again before the slot
-is reused. All 32 lanes of a warp must make the call together (as on the GPU); a warp that
+accumulators). Deposits alternate between two buffers per warp, so one barrier per op is
+enough: a lane can be at most one op ahead of the slowest (it waits for it at the next
+barrier), so it never overwrites a buffer another lane still reads. All 32 lanes of a warp must make the call together (as on the GPU); a warp that
 diverges around it deadlocks here, which on the GPU is undefined behaviour anyway.
 Only 1-D thread blocks are supported. Knows nothing about the kernels that use it.
 """
@@ -26,16 +27,25 @@ _LOCK = threading.Lock()
 _WARPS: dict[tuple[int, int, int, int], "_WarpSlot"] = {}
 
 
-class _WarpSlot:
+class _Deposits:
+    """What the 32 lanes of a warp hand in for one collective op."""
+
     def __init__(self) -> None:
-        self.barrier = threading.Barrier(32)
         self.a = np.zeros((32, 4), np.uint32)
         self.b = np.zeros((32, 2), np.uint32)
         self.addr = [0] * 32
         self.vals: list = [None] * 32
 
 
-def _slot() -> tuple[_WarpSlot, int]:
+class _WarpSlot:
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(32)
+        self.buffers = (_Deposits(), _Deposits())
+        self.phase = [0] * 32                    # each lane's next buffer
+
+
+def _slot() -> tuple[_Deposits, threading.Barrier, int]:
+    """This lane's deposit buffer for its next collective op, the warp's barrier, the lane."""
     t = threading.current_thread()
     tid = int(t.threadIdx.x)                     # type: ignore[attr-defined]
     b = t.blockIdx                               # type: ignore[attr-defined]
@@ -44,7 +54,10 @@ def _slot() -> tuple[_WarpSlot, int]:
         slot = _WARPS.get(key)
         if slot is None:
             slot = _WARPS[key] = _WarpSlot()
-    return slot, tid % 32
+    lane = tid % 32
+    buf = slot.buffers[slot.phase[lane]]
+    slot.phase[lane] ^= 1
+    return buf, slot.barrier, lane
 
 
 def _lo_hi(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -69,21 +82,28 @@ _B_COL = np.stack([_G, _G], axis=1)
 def mma_bf16(a, b0, b1, c):
     """c += A (16x16) . B (16x8). Lane l = 4g + t holds A rows g / g+8, columns 2t, 2t+1 (+8);
     B column g, rows 2t, 2t+1 (+8); C rows g / g+8, columns 2t, 2t+1 (see ptx.mma_bf16)."""
-    slot, lane = _slot()
-    slot.a[lane] = [int(v) & 0xFFFFFFFF for v in a]
-    slot.b[lane] = [int(b0) & 0xFFFFFFFF, int(b1) & 0xFFFFFFFF]
-    slot.barrier.wait()
+    dep, barrier, lane = _slot()
+    dep.a[lane] = [int(v) & 0xFFFFFFFF for v in a]
+    dep.b[lane] = [int(b0) & 0xFFFFFFFF, int(b1) & 0xFFFFFFFF]
+    barrier.wait()
     amat = np.zeros((16, 16), np.float64)
     bmat = np.zeros((16, 8), np.float64)
-    lo, hi = _lo_hi(slot.a)
+    lo, hi = _lo_hi(dep.a)
     amat[_A_ROW, _A_COL], amat[_A_ROW, _A_COL + 1] = lo, hi
-    blo, bhi = _lo_hi(slot.b)
+    blo, bhi = _lo_hi(dep.b)
     bmat[_B_ROW, _B_COL], bmat[_B_ROW + 1, _B_COL] = blo, bhi
-    slot.barrier.wait()                          # every lane has read the deposits
     g, t = lane >> 2, lane & 3
     r = amat[[g, g + 8]] @ bmat[:, 2 * t : 2 * t + 2]          # [2 rows, 2 cols]
     return (np.float32(c[0] + r[0, 0]), np.float32(c[1] + r[0, 1]),
             np.float32(c[2] + r[1, 0]), np.float32(c[3] + r[1, 1]))
+
+
+# m16n8k8 tf32: register j of lane l = 4g + t holds A (g, t), (g+8, t), (g, t+4), (g+8, t+4)
+# and B (t, g), (t+4, g)
+_TF_A_ROW = np.stack([_G, _G + 8, _G, _G + 8], axis=1)
+_TF_A_COL = np.stack([_T, _T, _T + 4, _T + 4], axis=1)
+_TF_B_ROW = np.stack([_T, _T + 4], axis=1)
+_TF_B_COL = np.stack([_G, _G], axis=1)
 
 
 def _tf32_values(words: np.ndarray) -> np.ndarray:
@@ -93,19 +113,14 @@ def _tf32_values(words: np.ndarray) -> np.ndarray:
 def mma_tf32(a, b0, b1, c):
     """c += A (16x8) . B (8x8), tf32 operands (fp32 values, top 19 bits used). Lane l = 4g + t holds A (g, t), (g+8, t),
     (g, t+4), (g+8, t+4); B rows t, t+4 of column g; C rows g / g+8, columns 2t, 2t+1."""
-    slot, lane = _slot()
-    slot.a[lane] = np.array(a, np.float32).view(np.uint32)
-    slot.b[lane] = np.array([b0, b1], np.float32).view(np.uint32)
-    slot.barrier.wait()
+    dep, barrier, lane = _slot()
+    dep.a[lane] = np.array(a, np.float32).view(np.uint32)
+    dep.b[lane] = np.array([b0, b1], np.float32).view(np.uint32)
+    barrier.wait()
     amat = np.zeros((16, 8), np.float32)
     bmat = np.zeros((8, 8), np.float32)
-    for ln in range(32):
-        g, t = ln >> 2, ln & 3
-        av = _tf32_values(slot.a[ln])
-        amat[g, t], amat[g + 8, t], amat[g, t + 4], amat[g + 8, t + 4] = av
-        bv = _tf32_values(slot.b[ln])
-        bmat[t, g], bmat[t + 4, g] = bv
-    slot.barrier.wait()                          # every lane has read the deposits
+    amat[_TF_A_ROW, _TF_A_COL] = _tf32_values(dep.a)
+    bmat[_TF_B_ROW, _TF_B_COL] = _tf32_values(dep.b)
     g, t = lane >> 2, lane & 3
     prod = amat.astype(np.float64) @ bmat.astype(np.float64)
     return (np.float32(c[0] + prod[g, 2 * t]), np.float32(c[1] + prod[g, 2 * t + 1]),
@@ -190,21 +205,18 @@ def cp_async_noop() -> None:
 def ldsm_x4(saddr):
     """ldmatrix.x4: lanes 8i..8i+7 give the row addresses (8 b16 each) of matrix i; lane l
     receives, from each matrix, row l // 4, elements 2 (l % 4) and 2 (l % 4) + 1."""
-    slot, lane = _slot()
-    slot.addr[lane] = int(saddr)
-    slot.barrier.wait()
+    dep, barrier, lane = _slot()
+    dep.addr[lane] = int(saddr)
+    barrier.wait()
     row = lane >> 2
-    words = [np.frombuffer(ctypes.string_at(slot.addr[8 * i + row], 16), np.uint32)[lane & 3]
+    words = [np.frombuffer(ctypes.string_at(dep.addr[8 * i + row], 16), np.uint32)[lane & 3]
              for i in range(4)]
-    slot.barrier.wait()                          # every lane has read the addresses
     return tuple(np.uint32(w) for w in words)
 
 
 def shfl_xor(v, lane_mask):
     """shfl.sync.bfly with a full mask: lane l gets lane (l ^ lane_mask)'s v."""
-    slot, lane = _slot()
-    slot.vals[lane] = v
-    slot.barrier.wait()
-    r = slot.vals[lane ^ int(lane_mask)]
-    slot.barrier.wait()
-    return r
+    dep, barrier, lane = _slot()
+    dep.vals[lane] = v
+    barrier.wait()
+    return dep.vals[lane ^ int(lane_mask)]

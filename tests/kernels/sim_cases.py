@@ -89,9 +89,10 @@ def test_norms(ops):
 
 
 def test_add_rms_norm_rows(ops, monkeypatch):
-    """The prefill add_rms_norm (float4 per thread, block per row), on two rows (its row floor
-    lowered for the simulator), then in place with two float4 per thread."""
-    monkeypatch.setattr(K_norm, "ROWS_MIN_R", 1)
+    """The rows add_rms_norm (float4 per thread, block per row; every row count since it beat
+    the 1024-thread kernel on one decode row too) on two rows, then in place with two float4
+    per thread."""
+    assert K_norm.ROWS_MIN_R == 1
     rng = np.random.default_rng(5)
     for rows, d in ((2, 1024), (1, 2048)):
         x, r, w = rnd(rng, rows, d), rnd(rng, rows, d), rnd(rng, d)
@@ -496,12 +497,13 @@ def test_prefill_mma_bf16_gqa3_d64(ops, monkeypatch):
 
 # --- flash prefill attention (kernels/attention_flash.py: ldmatrix, cp.async, mma.sync) --------
 
-def test_prefill_flash_gqa4_d256(ops, monkeypatch):
-    """The flash kernel through CudaOps.attention (f32 cache, head dim 256, G = 4, one kv head:
-    the GPU test takes the 27B's 4 x 6), chunk at 50, T = 17: 68 rows = a full 64-row block and a 4-row block (rows past
-    68 read row 67 and are not written); keys 0..66 = two 64-key tiles, the second masked per
-    row and zero past key 66. vs ops.cpu on the exact inputs (bf16 rounding of Q, K, V, P by
-    design) and on bf16-rounded q, k, v (the kernel's own error)."""
+def test_prefill_flash_gqa2_d256(ops, monkeypatch):
+    """The flash kernel through CudaOps.attention (f32 cache, head dim 256, G = 2, one kv head:
+    the GPU tests take the 27B's and 35B's heads), chunk at 50, T = 17: 34 rows = one block
+    whose rows past 34 read row 33 and are not written; keys 0..66 = two 64-key tiles (the copy
+    pipeline's second round), the second masked per row and zero past key 66. vs ops.cpu on the
+    exact inputs (bf16 rounding of Q, K, V, P by design) and on bf16-rounded q, k, v (the
+    kernel's own error)."""
     monkeypatch.setattr(ops, "arch", (9, 0))
     assert ops.prefill_attention == "flash"
     names = []
@@ -513,7 +515,7 @@ def test_prefill_flash_gqa4_d256(ops, monkeypatch):
 
     monkeypatch.setattr(ops, "_go", rec)
     rng = np.random.default_rng(61)
-    hq, hkv, d, start, t = 4, 1, 256, 50, 17
+    hq, hkv, d, start, t = 2, 1, 256, 50, 17
     s = start + t + 5
     q = rnd(rng, t, hq, d)
     kc, vc = rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
