@@ -225,77 +225,90 @@ def gemv_bf16_swiglu_kernel(x, w, h):
                 h[t0 + 3, j] = g3 / (float32(1.0) + math.exp(-g3)) * u3
 
 
-SPLITK_WARPS_PER_PAIR = 4   # gemv_bf16_splitk: K slices per row pair (one warp each)
-SPLITK_PAIRS = GEMV_WARPS // SPLITK_WARPS_PER_PAIR
-SPLITK_ROWS_PER_BLOCK = SPLITK_PAIRS * GEMV_ROWS
+def splitk_rows_per_block(ways: int) -> int:
+    return GEMV_WARPS // ways * GEMV_ROWS
 
 
-@kernel((f32_2, u16_2, f32_1, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
-def gemv_bf16_splitk_kernel(x, w, bias, out, has_bias):
-    """grid ceil(N / 4), block 256; the vectorised path only (K % 8 == 0, 16-byte aligned).
-    x [T, K] fp32, w [N, K] bf16, out [T, N] fp32, T <= 4 per pass like gemv_bf16_kernel.
+def _make_splitk(ways: int, name: str):
+    """gemv_bf16_splitk with `ways` K slices (warps) per row pair (compile-time constant)."""
+    WAYS = ways
+    PAIRS = GEMV_WARPS // ways
 
-    For weights with few rows and long rows (the 27B's 5120 x 17408 and 5120 x 6144, the 35B's
-    2048 x 4096): gemv_bf16_kernel gives each warp 2 whole rows, so N = 5120 is 320 blocks for
-    264 resident (2 per SM), and the second, 56-block wave leaves most SMs idle (86 % and 79 %
-    of the copy bandwidth in the 27B profile). Here the 4 warps of a row pair each stream one
-    K slice (a multiple of 256 columns) of both rows: 4 rows per block, N = 5120 is 1280 short
-    blocks (~5 waves, so the last one costs little). The slices' sums meet in shared memory in
-    a fixed order, so the result is deterministic (no atomics)."""
-    red = cuda.shared.array((GEMV_WARPS, 8), float32)
-    lane = cuda.threadIdx.x & 31
-    warp = cuda.threadIdx.x >> 5
-    pair = warp // SPLITK_WARPS_PER_PAIR
-    sl = warp - pair * SPLITK_WARPS_PER_PAIR
-    n_rows = w.shape[0]
-    k_dim = w.shape[1]
-    n_tok = x.shape[0]
-    n0 = (cuda.blockIdx.x * SPLITK_PAIRS + pair) * GEMV_ROWS
-    live = n0 < n_rows                           # dead pairs still reach the barriers
-    n0 = n0 if live else 0
-    has1 = n0 + 1 < n_rows
-    n1 = n0 + 1 if has1 else n0
-    k_len = ((k_dim + SPLITK_WARPS_PER_PAIR * 256 - 1) // (SPLITK_WARPS_PER_PAIR * 256)) * 256
-    k_beg = sl * k_len
-    k_end = min(k_dim, k_beg + k_len)
-    for t0 in range(0, n_tok, 4):
-        ok1 = t0 + 1 < n_tok
-        ok2 = t0 + 2 < n_tok
-        ok3 = t0 + 3 < n_tok
-        acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0),
-               float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-        if live:
-            acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, k_beg + lane * 8, k_end, t0, k_dim, ok1, ok2, ok3,
-                               acc)
-        a00, a01, a10, a11, a20, a21, a30, a31 = acc
-        a00 = warp_sum(a00)
-        a01 = warp_sum(a01)
-        a10 = warp_sum(a10)
-        a11 = warp_sum(a11)
-        a20 = warp_sum(a20)
-        a21 = warp_sum(a21)
-        a30 = warp_sum(a30)
-        a31 = warp_sum(a31)
-        if lane == 0:
-            red[warp, 0] = a00
-            red[warp, 1] = a01
-            red[warp, 2] = a10
-            red[warp, 3] = a11
-            red[warp, 4] = a20
-            red[warp, 5] = a21
-            red[warp, 6] = a30
-            red[warp, 7] = a31
-        cuda.syncthreads()
-        if live and sl == 0 and lane < 8:            # lane j adds value j over the slices
-            v = float32(0.0)
-            for j in range(SPLITK_WARPS_PER_PAIR):
-                v += red[warp + j, lane]
-            tok = t0 + (lane >> 1)
-            row = n0 if (lane & 1) == 0 else n1
-            if tok < n_tok and ((lane & 1) == 0 or has1):
-                b = bias[row] if has_bias != 0 else float32(0.0)
-                out[tok, row] = v + b
-        cuda.syncthreads()                           # red is rewritten by the next pass
+    def gemv_bf16_splitk(x, w, bias, out, has_bias):
+        """grid ceil(N / splitk_rows_per_block(ways)), block 256; the vectorised path only (K % 8
+        == 0, 16-byte aligned).
+        x [T, K] fp32, w [N, K] bf16, out [T, N] fp32, T <= 4 per pass like gemv_bf16_kernel.
+
+        For weights with few rows and long rows (the 27B's 5120 x 17408 and 5120 x 6144, the 35B's
+        2048 x 4096): gemv_bf16_kernel gives each warp 2 whole rows, so N = 5120 is 320 blocks for
+        264 resident (2 per SM), and the second, 56-block wave leaves most SMs idle (86 % and 79 %
+        of the copy bandwidth in the 27B profile). Here the `ways` warps of a row pair each stream
+        one K slice (a multiple of 256 columns) of both rows: at 4 ways 4 rows per block, N = 5120
+        is 1280 short blocks (~5 waves, so the last one costs little); at 2 ways 8 rows per block,
+        each slice twice as long. The slices' sums meet in shared memory in
+        a fixed order, so the result is deterministic (no atomics)."""
+        red = cuda.shared.array((GEMV_WARPS, 8), float32)
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        pair = warp // WAYS
+        sl = warp - pair * WAYS
+        n_rows = w.shape[0]
+        k_dim = w.shape[1]
+        n_tok = x.shape[0]
+        n0 = (cuda.blockIdx.x * PAIRS + pair) * GEMV_ROWS
+        live = n0 < n_rows                           # dead pairs still reach the barriers
+        n0 = n0 if live else 0
+        has1 = n0 + 1 < n_rows
+        n1 = n0 + 1 if has1 else n0
+        k_len = ((k_dim + WAYS * 256 - 1) // (WAYS * 256)) * 256
+        k_beg = sl * k_len
+        k_end = min(k_dim, k_beg + k_len)
+        for t0 in range(0, n_tok, 4):
+            ok1 = t0 + 1 < n_tok
+            ok2 = t0 + 2 < n_tok
+            ok3 = t0 + 3 < n_tok
+            acc = (float32(0.0), float32(0.0), float32(0.0), float32(0.0),
+                   float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+            if live:
+                acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, k_beg + lane * 8, k_end, t0, k_dim, ok1, ok2, ok3,
+                                   acc)
+            a00, a01, a10, a11, a20, a21, a30, a31 = acc
+            a00 = warp_sum(a00)
+            a01 = warp_sum(a01)
+            a10 = warp_sum(a10)
+            a11 = warp_sum(a11)
+            a20 = warp_sum(a20)
+            a21 = warp_sum(a21)
+            a30 = warp_sum(a30)
+            a31 = warp_sum(a31)
+            if lane == 0:
+                red[warp, 0] = a00
+                red[warp, 1] = a01
+                red[warp, 2] = a10
+                red[warp, 3] = a11
+                red[warp, 4] = a20
+                red[warp, 5] = a21
+                red[warp, 6] = a30
+                red[warp, 7] = a31
+            cuda.syncthreads()
+            if live and sl == 0 and lane < 8:            # lane j adds value j over the slices
+                v = float32(0.0)
+                for j in range(WAYS):
+                    v += red[warp + j, lane]
+                tok = t0 + (lane >> 1)
+                row = n0 if (lane & 1) == 0 else n1
+                if tok < n_tok and ((lane & 1) == 0 or has1):
+                    b = bias[row] if has_bias != 0 else float32(0.0)
+                    out[tok, row] = v + b
+            cuda.syncthreads()                           # red is rewritten by the next pass
+
+    gemv_bf16_splitk.__name__ = name
+    return kernel((f32_2, u16_2, f32_1, f32_2, i32), sim=False, fastmath=True,
+                  launch_bounds=(256, 2))(gemv_bf16_splitk)
+
+
+gemv_bf16_splitk_kernel = _make_splitk(4, "gemv_bf16_splitk_kernel")     # 4 K slices per row pair
+gemv_bf16_splitk2_kernel = _make_splitk(2, "gemv_bf16_splitk2_kernel")   # 2 K slices per row pair
 
 
 BM = 64

@@ -71,6 +71,10 @@ GDN_PREPARE_MMA_MIN_DK = 64
 # bandwidth; 5120x6144 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
 SPLITK_MAX_N = 8192
 SPLITK_MIN_K = 12288
+# The 2-slice variant (8 rows per block) for K from SPLITK2_MIN_K up to SPLITK_MIN_K. H200, T = 1,
+# graph-timed: 5120x6144 20.4 -> 19.9 us (whole rows -> 2 slices; 4 slices 23.2), 2048x4096
+# 7.2 -> 6.6 us (4 slices 7.7).
+SPLITK2_MIN_K = 4096
 # MoE decode expert kernels with 8 / 4 loads in flight per lane (moe_*_unrolled_kernel), for up
 # to this many tokens. H200, 35B profile: 1.04 -> 0.92 ms per decode token; at T = 4 the
 # kernel test timed them slower than the plain pair, so batches keep the plain kernels.
@@ -447,9 +451,12 @@ class CudaOps:
             self._go(K_lin.gemv_f32_kernel, grid, 32 * K_lin.GEMV_F32_WARPS, x2, weight, b, out2, has_bias)
         elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
-            if vec and n <= SPLITK_MAX_N and k >= SPLITK_MIN_K:
-                grid = (n + K_lin.SPLITK_ROWS_PER_BLOCK - 1) // K_lin.SPLITK_ROWS_PER_BLOCK
-                self._go(K_lin.gemv_bf16_splitk_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
+            ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
+            if vec and n <= SPLITK_MAX_N and ways:
+                spec = K_lin.gemv_bf16_splitk_kernel if ways == 4 else K_lin.gemv_bf16_splitk2_kernel
+                rows_per_block = K_lin.splitk_rows_per_block(ways)
+                grid = (n + rows_per_block - 1) // rows_per_block
+                self._go(spec, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
             else:
                 grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
                 self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias,
