@@ -6,9 +6,10 @@
   averaged ~3.0 TB/s in the 27B decode profile; the design spike's 4-deep SIMT variant reached
   ~4.0 TB/s, numba-kernels-measured.md section 3), 4 tokens per pass, fp32 FMA, warp-shuffle
   reduction. `vec = 0` selects a scalar path (K % 8 != 0 or unaligned).
-* `gemv_bf16_splitk_kernel`: the same loop over 4 K slices per row pair, for weights with few,
-  long rows (see its docstring); CudaOps picks it by shape (ops/cuda.py SPLITK_*: on the H200
-  it lifts 5120x17408 from 85 % to 93 % of copy bandwidth and slows the shorter rows).
+* `gemv_bf16_splitk_kernel` / `gemv_bf16_splitk2_kernel`: the same loop over 4 / 2 K slices
+  per row pair, for weights with few, long rows (see the docstring); CudaOps picks them by
+  shape (ops/cuda.py SPLITK_*: on the H200 4 slices lift 5120x17408 from 85 % to 93 % of copy
+  bandwidth, 2 slices take 5120x6144 from 20.4 to 19.9 us and 2048x4096 from 7.2 to 6.6 us).
 * `gemv_bf16_swiglu_kernel`: the MLP's gate_up GEMV with the SwiGLU applied as
   each warp finishes its gate and up row.
 * `gemm_kernel` (prefill chunks, any dtype of W): 64x64x16 shared-memory tiles, 4x4 per thread.
