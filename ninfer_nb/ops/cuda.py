@@ -61,7 +61,8 @@ EXPERIMENTAL: dict[str, str] = {}
 # 0.68 / 1.00 / 1.84 ms; 140-280 pairs (pipelined): slower than grouped (more launches).
 MOE_PIPELINED_MIN_PAIRS = 1024
 # The TF32 GDN prepare kernel (gdn_prepare_mma.py) by default from this key head dim up. Below the
-# chunk length (64) a chunk's keys are linearly dependent and (I + A)^-1 amplifies TF32 rounding:
+# chunk length (64) a chunk's keys are linearly dependent, and (I + A)^-1 likely amplifies TF32
+# rounding (a hypothesis; the measurement is this):
 # H200, tiny Qwen3.5 with Dk = 32, the logits moved 2.5-3.4e-2 of the max logit from the CPU
 # (8e-3 with the fp32 prepare kernel; one greedy token changed), against 6e-4 output error at the
 # 27B shape (Dk = 128) in the kernel test.
