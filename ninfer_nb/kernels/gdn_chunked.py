@@ -114,6 +114,67 @@ K_ROWS_PER_THREAD = C // (STATE_THREADS // MAX_DK)   # rows of the [C][Dk] K chu
 assert X_ROWS_PER_THREAD % LOAD_BATCH == 0 and K_ROWS_PER_THREAD % LOAD_BATCH == 0
 
 
+@cuda.jit(device=True, inline=True)
+def invert_unit_lower(tm, t_off, ld, buf, td_off, y_off, tid, n_threads):
+    """T = (I + A)^-1 in place, for the strictly lower triangular C x C matrix A at
+    tm[t_off + i ld + j] (its diagonal and upper part are ignored and overwritten: T is unit
+    lower triangular). By 16x16 blocks: the diagonal blocks by column-wise forward substitution
+    (thread tid < C owns column tid), then each off-diagonal block row as two small products,
+    T_ab = -T_aa sum_{c=b}^{a-1} A_ac T_cb. Scratch in buf: the inverted diagonal blocks
+    [4][16][17] at td_off, the block-row products [3][16][17] at y_off. The whole block
+    (n_threads >= C, a multiple of C; BS x BS = 256 threads take part in the block rows) calls
+    it; it ends on a barrier. Shared by gdc_prepare_kernel and gdn_prepare_mma."""
+    # diagonal blocks: thread tid owns column tid, forward substitution inside its block
+    if tid < C:
+        blk = tid // BS
+        jj = tid % BS
+        base = blk * BS
+        tdo = td_off + blk * BSZ
+        for ii in range(BS):
+            val = float32(0.0)
+            if ii == jj:
+                val = float32(1.0)
+            elif ii > jj:
+                s = -tm[(t_off + (base + ii) * ld + base + jj) & NN]
+                for m in range(jj + 1, ii):
+                    s -= tm[(t_off + (base + ii) * ld + base + m) & NN] * buf[(tdo + m * BLD + jj) & NN]
+                val = s
+            buf[(tdo + ii * BLD + jj) & NN] = val
+    cuda.syncthreads()
+    # off-diagonal block rows: T_ab = -T_aa sum_{c=b}^{a-1} A_ac T_cb, written over A_ab
+    ii = tid // BS
+    jj = tid % BS
+    for ab in range(1, C // BS):
+        for b in range(ab):
+            s = float32(0.0)
+            for cb in range(b, ab):
+                for m in range(BS):
+                    av = tm[(t_off + (ab * BS + ii) * ld + cb * BS + m) & NN]
+                    if cb == b:
+                        tv = buf[(td_off + b * BSZ + m * BLD + jj) & NN]
+                    else:
+                        tv = tm[(t_off + (cb * BS + m) * ld + b * BS + jj) & NN]
+                    s += av * tv
+            buf[(y_off + b * BSZ + ii * BLD + jj) & NN] = s
+        cuda.syncthreads()
+        for b in range(ab):
+            s = float32(0.0)
+            for m in range(ii + 1):
+                s += buf[(td_off + ab * BSZ + ii * BLD + m) & NN] * buf[(y_off + b * BSZ + m * BLD + jj) & NN]
+            tm[(t_off + (ab * BS + ii) * ld + b * BS + jj) & NN] = -s
+        cuda.syncthreads()
+    # diagonal blocks into T, zeros above them
+    j = tid % C
+    for i in range(tid // C, C, n_threads // C):
+        bi = i // BS
+        bj = j // BS
+        if bj > bi:
+            tm[(t_off + i * ld + j) & NN] = float32(0.0)
+        elif bj == bi:
+            tm[(t_off + i * ld + j) & NN] = buf[(td_off + bi * BSZ + (i % BS) * BLD + (j % BS)) & NN]
+    cuda.syncthreads()
+
+
 def supported(d_k: int, d_v: int) -> bool:
     return 0 < d_k <= MAX_DK and d_v > 0
 
@@ -238,55 +299,7 @@ def gdc_prepare_kernel(q, k, v, g, beta, wb, qb, ub, ks, ec, out):
         cuda.syncthreads()
 
         # --- T = (I + A)^-1 by 16x16 blocks ---------------------------------------------------
-        # diagonal blocks: thread tid owns column tid, forward substitution inside its block
-        if tid < C:
-            blk = tid // BS
-            jj = tid % BS
-            base = blk * BS
-            tdo = TD_OFF + blk * BSZ
-            for ii in range(BS):
-                val = float32(0.0)
-                if ii == jj:
-                    val = float32(1.0)
-                elif ii > jj:
-                    s = -tm[((base + ii) * LD + base + jj) & NN]
-                    for m in range(jj + 1, ii):
-                        s -= tm[((base + ii) * LD + base + m) & NN] * buf[(tdo + m * BLD + jj) & NN]
-                    val = s
-                buf[(tdo + ii * BLD + jj) & NN] = val
-        cuda.syncthreads()
-        # off-diagonal block rows: T_ab = -T_aa sum_{c=b}^{a-1} A_ac T_cb, written over A_ab
-        ii = tid // BS
-        jj = tid % BS
-        for ab in range(1, C // BS):
-            for b in range(ab):
-                s = float32(0.0)
-                for cb in range(b, ab):
-                    for m in range(BS):
-                        av = tm[((ab * BS + ii) * LD + cb * BS + m) & NN]
-                        if cb == b:
-                            tv = buf[(TD_OFF + b * BSZ + m * BLD + jj) & NN]
-                        else:
-                            tv = tm[((cb * BS + m) * LD + b * BS + jj) & NN]
-                        s += av * tv
-                buf[(Y_OFF + b * BSZ + ii * BLD + jj) & NN] = s
-            cuda.syncthreads()
-            for b in range(ab):
-                s = float32(0.0)
-                for m in range(ii + 1):
-                    s += buf[(TD_OFF + ab * BSZ + ii * BLD + m) & NN] * buf[(Y_OFF + b * BSZ + m * BLD + jj) & NN]
-                tm[((ab * BS + ii) * LD + b * BS + jj) & NN] = -s
-            cuda.syncthreads()
-        # diagonal blocks into T, zeros above them
-        j = tid % C
-        for i in range(tid // C, C, PREP_THREADS // C):
-            bi = i // BS
-            bj = j // BS
-            if bj > bi:
-                tm[(i * LD + j) & NN] = float32(0.0)
-            elif bj == bi:
-                tm[(i * LD + j) & NN] = buf[(TD_OFF + bi * BSZ + (i % BS) * BLD + (j % BS)) & NN]
-        cuda.syncthreads()
+        invert_unit_lower(tm, 0, LD, buf, TD_OFF, Y_OFF, tid, PREP_THREADS)
 
         # --- M = P T (lower triangular; entries above the diagonal come out exactly 0) --------
         for a in range(4):

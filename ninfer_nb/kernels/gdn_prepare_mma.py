@@ -71,7 +71,7 @@ import math
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.gdn_chunked import C
+from ninfer_nb.kernels.gdn_chunked import C, invert_unit_lower
 from ninfer_nb.kernels.nbtypes import f32_2, f32_3
 from ninfer_nb.kernels.ptx import ldg_v4_f32, mma_tf32, st_v4_f32, tf32
 from ninfer_nb.kernels.registry import kernel
@@ -307,55 +307,7 @@ def gdc_prepare_mma_kernel(q, k, v, g, beta, wb, qb, ub, ks, ec, out):
         cuda.syncthreads()
 
         # --- T = (I + A)^-1 by 16x16 blocks (fp32; scratch in the Q / V buffer) ---------------
-        # diagonal blocks: thread tid owns column tid, forward substitution inside its block
-        if tid < C:
-            blk = tid // BS
-            jj = tid % BS
-            base = blk * BS
-            tdo = TD_OFF + blk * BSZ
-            for ii in range(BS):
-                val = float32(0.0)
-                if ii == jj:
-                    val = float32(1.0)
-                elif ii > jj:
-                    s = -sm[(T_OFF + (base + ii) * LDT + base + jj) & NN]
-                    for m in range(jj + 1, ii):
-                        s -= sm[(T_OFF + (base + ii) * LDT + base + m) & NN] * sm[(tdo + m * BLD + jj) & NN]
-                    val = s
-                sm[(tdo + ii * BLD + jj) & NN] = val
-        cuda.syncthreads()
-        # off-diagonal block rows: T_ab = -T_aa sum_{c=b}^{a-1} A_ac T_cb, written over A_ab
-        ii = tid // BS
-        jj = tid % BS
-        for ab in range(1, C // BS):
-            for b in range(ab):
-                s = float32(0.0)
-                for cb in range(b, ab):
-                    for m in range(BS):
-                        av = sm[(T_OFF + (ab * BS + ii) * LDT + cb * BS + m) & NN]
-                        if cb == b:
-                            tv = sm[(TD_OFF + b * BSZ + m * BLD + jj) & NN]
-                        else:
-                            tv = sm[(T_OFF + (cb * BS + m) * LDT + b * BS + jj) & NN]
-                        s += av * tv
-                sm[(Y_OFF + b * BSZ + ii * BLD + jj) & NN] = s
-            cuda.syncthreads()
-            for b in range(ab):
-                s = float32(0.0)
-                for m in range(ii + 1):
-                    s += sm[(TD_OFF + ab * BSZ + ii * BLD + m) & NN] * sm[(Y_OFF + b * BSZ + m * BLD + jj) & NN]
-                sm[(T_OFF + (ab * BS + ii) * LDT + b * BS + jj) & NN] = -s
-            cuda.syncthreads()
-        # diagonal blocks into T, zeros above them
-        j = tid % C
-        for i in range(tid // C, C, THREADS // C):
-            bi = i // BS
-            bj = j // BS
-            if bj > bi:
-                sm[(T_OFF + i * LDT + j) & NN] = float32(0.0)
-            elif bj == bi:
-                sm[(T_OFF + i * LDT + j) & NN] = sm[(TD_OFF + bi * BSZ + (i % BS) * BLD + (j % BS)) & NN]
-        cuda.syncthreads()
+        invert_unit_lower(sm, T_OFF, LDT, sm, TD_OFF, Y_OFF, tid, THREADS)
         _sts_rows(sm, QV_OFF, rows, c0, n_t, d_v, tid)    # V (first pass) over the scratch
 
         # --- M = P T on mma (lower tiles; k blocks nt .. 2 mt + 1), then over P --------------
