@@ -82,6 +82,16 @@ def grid(rows: int, n_kv_heads: int) -> tuple[int, int]:
 
 
 @cuda.jit(device=True, inline=True)
+def _mma_pair(acc, i, a, b):
+    """Two m16n8k16 products of A fragment a with an ldmatrix.x4 B pair b (n-tiles b[0:2] and
+    b[2:4]) into the accumulator registers acc[i .. i + 7]."""
+    c0 = mma_bf16(a, b[0], b[1], (acc[i], acc[i + 1], acc[i + 2], acc[i + 3]))
+    c1 = mma_bf16(a, b[2], b[3], (acc[i + 4], acc[i + 5], acc[i + 6], acc[i + 7]))
+    acc[i], acc[i + 1], acc[i + 2], acc[i + 3] = c0
+    acc[i + 4], acc[i + 5], acc[i + 6], acc[i + 7] = c1
+
+
+@cuda.jit(device=True, inline=True)
 def _copy_k(k_s, k_g, key0):
     """K tile: keys key0.. of this head's kb rows -> [BC][ROW_BYTES]. Thread tid copies row
     tid / 32 + 4 i, 16-byte part tid % 32 (k_s, k_g: its addresses for i = 0, key0 = 0)."""
@@ -172,11 +182,7 @@ def flash_attn_kernel(qb, kb, vt, positions, grp, scale, out):
             a = ldsm_x4(qa + kk * 32)
             for npair in range(NT_S // 2):
                 b = ldsm_x4(ka + npair * 16 * ROW_BYTES + kk * 32)
-                j = 8 * npair
-                c0 = mma_bf16(a, b[0], b[1], (s[j], s[j + 1], s[j + 2], s[j + 3]))
-                c1 = mma_bf16(a, b[2], b[3], (s[j + 4], s[j + 5], s[j + 6], s[j + 7]))
-                s[j], s[j + 1], s[j + 2], s[j + 3] = c0
-                s[j + 4], s[j + 5], s[j + 6], s[j + 7] = c1
+                _mma_pair(s, 8 * npair, a, b)
         cuda.syncthreads()                                        # every warp is done with K
         if it + 1 < n_tiles:
             _copy_k(k_s, k_g, key0 + BC)
@@ -234,11 +240,7 @@ def flash_attn_kernel(qb, kb, vt, positions, grp, scale, out):
                  pack_bf16x2(s[j + 5], s[j + 4]), pack_bf16x2(s[j + 7], s[j + 6]))
             for dpair in range(NT_O // 2):
                 b = ldsm_x4(va + dpair * 16 * VT_BYTES + ks * 32)
-                i = 8 * dpair
-                c0 = mma_bf16(a, b[0], b[1], (o[i], o[i + 1], o[i + 2], o[i + 3]))
-                c1 = mma_bf16(a, b[2], b[3], (o[i + 4], o[i + 5], o[i + 6], o[i + 7]))
-                o[i], o[i + 1], o[i + 2], o[i + 3] = c0
-                o[i + 4], o[i + 5], o[i + 6], o[i + 7] = c1
+                _mma_pair(o, 8 * dpair, a, b)
         cuda.syncthreads()                                        # every warp is done with V
         if it + 1 < n_tiles:
             _copy_v(v_s, v_g, key0 + BC, v_step)
