@@ -48,12 +48,12 @@ class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
                  kv_cache: str = "fp32", show_progress: bool = False, prefill_gemm: str = "auto",
-                 prefill_attention: str = "flash", config: EngineConfig | None = None) -> None:
+                 prefill_attention: str = "flash", pdl: bool = True, config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
                                      cuda_graphs=cuda_graphs, kv_cache=kv_cache,
                                      show_progress=show_progress, prefill_gemm=prefill_gemm,
-                                     prefill_attention=prefill_attention)
+                                     prefill_attention=prefill_attention, pdl=pdl)
         if cfg.kv_cache not in ("fp32", "bf16", "int8"):
             raise InvalidRequestError(f"kv_cache must be fp32, bf16 or int8, got {cfg.kv_cache!r}")
         if cfg.max_context < 2:
@@ -64,7 +64,7 @@ class LLM:
         if cfg.prefill_attention not in ("flash", "gemm", "simt", "mma"):
             raise InvalidRequestError(f"prefill_attention must be flash, gemm, simt or mma, got {cfg.prefill_attention!r}")
         self.backend = create_backend(cfg.device, prefill_gemm=cfg.prefill_gemm,
-                                      prefill_attention=cfg.prefill_attention)
+                                      prefill_attention=cfg.prefill_attention, pdl=cfg.pdl)
         if cfg.model is not None and cfg.model.startswith(RANDOM_PREFIX):
             # Benchmark shapes with random weights built on the device; token ids only.
             preset = cfg.model[len(RANDOM_PREFIX):]

@@ -227,6 +227,8 @@ def main(argv: Sequence[str]) -> int:
                    help="prefill attention: mma.sync flash kernel, head dim 256 (flash; else as gemm), "
                         "tensor-core GEMMs + softmax (gemm), fp32 flash kernel (simt), first mma.sync "
                         "flash kernel (mma)")
+    p.add_argument("--no-pdl", action="store_true",
+                   help="decode graph without programmatic dependent launch (cc >= 9.0 uses it by default)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on opt-in CUDA kernels not yet validated on a GPU, by name (ops/cuda.py "
                         "EXPERIMENTAL; none at present)")
@@ -256,7 +258,8 @@ def main(argv: Sequence[str]) -> int:
     t_load = time.perf_counter()
     llm = LLM(model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
               prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph,
-              kv_cache=args.kv_cache, prefill_gemm=args.gemm, prefill_attention=args.attention)
+              kv_cache=args.kv_cache, prefill_gemm=args.gemm, prefill_attention=args.attention,
+              pdl=not args.no_pdl)
     load_s = time.perf_counter() - t_load
     if experimental:
         if llm.backend.name != "cuda":
@@ -300,6 +303,7 @@ def main(argv: Sequence[str]) -> int:
     report = {"model": llm.model_id, "profile": profile, "prefill_profile": prefill_profile, **step_gap,
               "load_s": load_s,
               "start_to_first_token_s": start_to_first_token, "device": llm.device_name,
+              "decode_graph_pdl": bool(getattr(llm.backend, "pdl", False)) and not args.no_cuda_graph,
               "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
@@ -313,7 +317,8 @@ def main(argv: Sequence[str]) -> int:
         _print_profile(f"One {chunk}-token prefill chunk ending at context {max(lens) + args.gen} by op",
                        prefill_profile, bw / 1e9)
     print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
-          f"command to first token {start_to_first_token:.1f} s")
+          f"command to first token {start_to_first_token:.1f} s; decode graph "
+          f"{'with' if report['decode_graph_pdl'] else 'without'} programmatic dependent launch")
     print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
           f"{'limit t/s':>10}{'of limit':>9}{'vs peer':>8}")
     for r in rows:

@@ -168,6 +168,7 @@ class EngineConfig:
     kv_cache: str = "fp32"                   # fp32 | bf16 | int8 (one fp32 scale per 64 values)
     prefill_gemm: str = "auto"               # auto | mma | wgmma: tensor-core GEMM for prefill chunks
     prefill_attention: str = "flash"         # flash | gemm | simt | mma: prefill attention kernel
+    pdl: bool = True                         # programmatic dependent launch in the decode graph (cc >= 9.0)
     enable_thinking: bool = True
     show_progress: bool = True
     seed: int | None = None

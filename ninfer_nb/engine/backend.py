@@ -90,9 +90,11 @@ def random_array(rng: np.random.Generator, shape: tuple[int, ...], kind: str) ->
     return (offset + scale * rng.uniform(-1.0, 1.0, shape)).astype(np.float32)
 
 
-def create_backend(device: str, *, prefill_gemm: str = "auto", prefill_attention: str = "flash") -> Backend:
+def create_backend(device: str, *, prefill_gemm: str = "auto", prefill_attention: str = "flash",
+                   pdl: bool = True) -> Backend:
     """'cpu', 'cuda', 'cuda:N' or 'auto' (GPU when one is usable, else CPU). `prefill_gemm`
-    (auto | mma | wgmma) and `prefill_attention` (flash | gemm | simt | mma) pick CUDA prefill kernels."""
+    (auto | mma | wgmma) and `prefill_attention` (flash | gemm | simt | mma) pick CUDA prefill
+    kernels; `pdl`: programmatic dependent launch in the CUDA decode graph (cc >= 9.0)."""
     if device == "cpu":
         return CpuBackend()
     if device == "auto" or device.startswith("cuda"):
@@ -108,5 +110,5 @@ def create_backend(device: str, *, prefill_gemm: str = "auto", prefill_attention
         from .cuda_backend import CudaBackend
 
         index = int(device.split(":", 1)[1]) if ":" in device else 0
-        return CudaBackend(index, prefill_gemm=prefill_gemm, prefill_attention=prefill_attention)
+        return CudaBackend(index, prefill_gemm=prefill_gemm, prefill_attention=prefill_attention, pdl=pdl)
     raise DeviceError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")

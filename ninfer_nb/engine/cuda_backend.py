@@ -47,7 +47,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, index: int = 0, *, arena_bytes: int | None = None,
-                 prefill_gemm: str = "auto", prefill_attention: str = "flash") -> None:
+                 prefill_gemm: str = "auto", prefill_attention: str = "flash", pdl: bool = True) -> None:
         from ..ops.cuda import CudaOps
         from ..runtime import device as dev
         from ..runtime.arena import DeviceArena
@@ -68,6 +68,7 @@ class CudaBackend:
                            arch=info.compute_capability, sm_count=info.multiprocessors,
                            prefill_gemm=prefill_gemm,
                            prefill_attention=prefill_attention)
+        self.pdl = pdl                  # decode graph with programmatic dependent launch (cc >= 9.0)
         self._inputs: tuple[Any, Any] | None = None
         self._graph: Any = None
         self._graph_logits: Any = None
@@ -96,7 +97,9 @@ class CudaBackend:
         """One decode step by CUDA-graph replay. The first step runs eagerly on the persistent
         input buffers (compiling every kernel); the second captures `forward` once (capture
         records, it does not execute) and every step from then on is one replay. Token and
-        position are written into device buffers the graph reads."""
+        position are written into device buffers the graph reads. With `pdl` (cc >= 9.0) the
+        graph's kernels are captured as programmatic dependent launches: each kernel's blocks
+        are scheduled while the one before it drains, instead of after it has completed."""
         from ..runtime.graph import CudaGraph
 
         if self._inputs is None:
@@ -111,7 +114,8 @@ class CudaBackend:
             return self.to_host(forward(ids, pos))[-1]
         if self._graph is None:
             graph = CudaGraph(self.stream)
-            self._graph_logits = graph.capture(lambda: forward(ids, pos))
+            with self.ops.programmatic_launches(self.pdl):
+                self._graph_logits = graph.capture(lambda: forward(ids, pos))
             self._graph = graph
         self._graph.replay()
         return self.to_host(self._graph_logits)[-1]

@@ -162,6 +162,26 @@ cp_async_wait0 = _make_noarg("cp_async_wait0", "cp.async.wait_group 0;")
 
 
 @intrinsic
+def grid_dependency_sync(typingctx):
+    """Programmatic dependent launch (cc >= 9.0), at a kernel's start: `griddepcontrol.wait`
+    (block until the grids this one depends on have completed and their memory is visible;
+    returns at once when the kernel was launched without the PDL attribute), then
+    `griddepcontrol.launch_dependents` (the next kernel in the stream may start its blocks).
+    Emits nothing below cc 9.0, where the instructions do not exist (the compile target is
+    read from numba's config stack at lowering time, as numba's own tanh does)."""
+    def codegen(context, builder, sig, args):
+        from numba.cuda.core import targetconfig
+
+        cc = targetconfig.ConfigStack().top().compute_capability
+        if cc is not None and tuple(cc[:2]) >= (9, 0):
+            _asm(builder, "griddepcontrol.wait;", "~{memory}", ir.VoidType(), [])
+            _asm(builder, "griddepcontrol.launch_dependents;", "~{memory}", ir.VoidType(), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
 def ldsm_x4(typingctx, saddr):
     """ldmatrix.x4 (non-transposed): four 8x8 b16 matrices, lanes 8i..8i+7 address matrix i's rows."""
     if not isinstance(saddr, types.Integer):

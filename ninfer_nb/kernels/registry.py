@@ -4,10 +4,20 @@ Kernels are plain Python functions registered with `@kernel(...)`; the numba dis
 built lazily on first launch (an explicit signature compiles eagerly, which needs a GPU), so
 importing kernels/ needs no driver. `all_specs()` lets the compile test see every kernel.
 In the simulator, `get()` returns the simulator kernel and ignores signatures.
+
+On the GPU every kernel is compiled through a generated entry point with the same parameters
+that calls `ptx.grid_dependency_sync()` (cc >= 9.0: griddepcontrol.wait, then
+launch_dependents) and then the kernel body as an inlined device function. So any kernel may
+be launched with programmatic dependent launch (runtime/launch.py `pdl=True`): its blocks can
+be scheduled while the previous kernel in the stream finishes, and they wait there until that
+kernel's memory is visible. Launched without the attribute, the wait returns at once. ptxas on
+the H200's kernels: the same registers, two instructions more. The entry is compiled from the
+kernel module's file name, so numba's on-disk cache keys it to that file as before.
 """
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -29,13 +39,14 @@ class KernelSpec:
     sim: bool = True  # runs in the CUDA simulator (no warp shuffles, no inline PTX)
     dynamic_smem: int = 0  # bytes of dynamic shared memory the kernel is launched with
     _disp: Any = None
+    _entry: Any = None
 
     def get(self) -> Any:
         if self._disp is None:
             if config.ENABLE_CUDASIM:
                 self._disp = cuda.jit(self.fn)
             else:
-                disp = cuda.jit(list(self.sigs), cache=True, **self.options)(self.fn)
+                disp = cuda.jit(list(self.sigs), cache=True, **self.options)(self.entry())
                 if self.dynamic_smem > 48 * 1024:
                     _allow_dynamic_smem(disp, self.dynamic_smem)
                 self._disp = disp
@@ -45,8 +56,22 @@ class KernelSpec:
         return self.get()[cfg]
 
     def compile_ptx(self, sig: Any, cc: tuple[int, int]) -> str:
-        ptx, _ = cuda.compile_ptx(self.fn, sig, cc=cc, **self.options)
+        ptx, _ = cuda.compile_ptx(self.entry(), sig, cc=cc, **self.options)
         return ptx
+
+    def entry(self) -> Callable[..., None]:
+        """The GPU entry point: `grid_dependency_sync()`, then the body (see the module doc)."""
+        if self._entry is not None:
+            return self._entry
+        from ninfer_nb.kernels.ptx import grid_dependency_sync
+
+        body = cuda.jit(device=True, fastmath=self.options.get("fastmath", False))(self.fn)
+        names = ", ".join(inspect.signature(self.fn).parameters)
+        src = f"def {self.name}({names}):\n    _grid_dependency_sync()\n    _body({names})\n"
+        namespace: dict[str, Any] = {"_grid_dependency_sync": grid_dependency_sync, "_body": body}
+        exec(compile(src, inspect.getfile(self.fn), "exec"), namespace)
+        self._entry = namespace[self.name]
+        return self._entry
 
 
 def _allow_dynamic_smem(disp: Any, nbytes: int) -> None:

@@ -208,6 +208,11 @@ class CudaOps:
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
         self._launchers: dict[str, Launcher] = {}                     # kernel name -> direct launcher
         self._cu_stream = None if SIM else stream.cu                  # CUstream for cuLaunchKernel
+        # Programmatic dependent launch (cc >= 9.0) inside `programmatic_launches()`: a kernel
+        # that directly follows another kernel of ours on the stream is launched with the PDL
+        # attribute. `_after_kernel` is False after a memset or copy, which keep plain order.
+        self._pdl = False
+        self._after_kernel = False
         # Chunked GDN state passing: "mma" (TF32 tensor cores, kernels/gdn_chunked_mma.py) where
         # the key head dim allows it, else "simt" (fp32 FMAs, gdn_chunked.gdc_state_kernel).
         self.gdn_state = "mma"
@@ -215,6 +220,10 @@ class CudaOps:
         # where the head dims and alignment allow it, "simt" (fp32, gdn_chunked.gdc_prepare_kernel),
         # or "auto": mma from GDN_PREPARE_MMA_MIN_DK up, simt below.
         self.gdn_prepare = "auto"
+        # MoE decode experts (one token): "wide" (moe_*_wide_kernel: a warp's whole 2048-wide
+        # row pair, or 9 (slot, chunk) items, of loads in flight) or "unrolled"
+        # (moe_*_unrolled_kernel, 8 / 4 loads in flight).
+        self.moe_decode = "wide"
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
@@ -231,6 +240,7 @@ class CudaOps:
             n = t.nbytes
             if n:
                 check(driver().cuMemsetD8Async(t.ptr, 0, n, self.stream.cu))
+                self._after_kernel = False
         return t
 
     def from_numpy(self, arr: np.ndarray, dtype: Any = None, persistent: bool = True) -> Any:
@@ -241,6 +251,7 @@ class CudaOps:
             t[...] = a
         else:
             t.copy_from_numpy(a, self.stream)
+            self._after_kernel = False
         return t
 
     def to_numpy(self, t: Any) -> np.ndarray:
@@ -260,6 +271,20 @@ class CudaOps:
             if mark is not None:
                 self.scratch.offset = mark
 
+    @contextlib.contextmanager
+    def programmatic_launches(self, enabled: bool = True) -> Iterator[None]:
+        """Launch with programmatic dependent launch inside (cc >= 9.0 and `enabled`; else a
+        no-op): each kernel that follows another kernel on the stream may start its blocks
+        while that one finishes (see runtime/launch.py). The CUDA backend captures its decode
+        graph inside, so the graph's kernel-to-kernel edges are programmatic."""
+        before = self._pdl
+        self._pdl = enabled and not SIM and self.arch is not None and self.arch >= (9, 0)
+        self._after_kernel = False                   # the first launch follows whatever came before
+        try:
+            yield
+        finally:
+            self._pdl = before
+
     def _go(self, spec: Any, grid: Any, block: int, *args: Any, smem: int = 0) -> None:
         """Launch `spec` on the engine stream: straight through cuLaunchKernel
         (runtime/launch.py) when every array argument is a device Tensor, else (the simulator,
@@ -269,10 +294,12 @@ class CudaOps:
             if launcher is None:
                 launcher = self._launchers[spec.name] = Launcher(spec.get())
             try:
-                launcher(grid, block, self._cu_stream, args, smem)
+                launcher(grid, block, self._cu_stream, args, smem, self._pdl and self._after_kernel)
+                self._after_kernel = True
                 return
             except NotDeviceArgs:
                 pass
+        self._after_kernel = True
         if smem:
             spec[grid, block, self.stream.numba, smem](*[_kv(a) for a in args])
         else:
@@ -792,9 +819,12 @@ class CudaOps:
         vec = np.int32(hid % 8 == 0 and inter % 8 == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down, h)))
         w8 = K_moe.MOE_WARPS
         if t <= MOE_UNROLLED_MAX_T and vec and hid % (256 * K_moe.MOE_UNROLL) == 0 and inter % 256 == 0:
-            self._go(K_moe.moe_gate_up_unrolled_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids,
-                     gate_up, h)
-            self._go(K_moe.moe_down_unrolled_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out)
+            wide = self.moe_decode == "wide"
+            gate_up_kernel = (K_moe.moe_gate_up_wide_kernel if wide and hid % (256 * K_moe.MOE_WIDE_GU) == 0
+                              else K_moe.moe_gate_up_unrolled_kernel)
+            down_kernel = K_moe.moe_down_wide_kernel if wide else K_moe.moe_down_unrolled_kernel
+            self._go(gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h)
+            self._go(down_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out)
             return out
         self._go(K_moe.moe_gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h, vec)
         self._go(K_moe.moe_down_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out, vec)

@@ -42,6 +42,19 @@ class CudaGraph:
         self._exec = check(drv.cuGraphInstantiate(graph, 0))
         return result
 
+    def edge_counts(self) -> dict[str, int]:
+        """{"default": n, "programmatic": m}: the captured graph's dependency edges by type
+        (programmatic ones come from launches with programmatic dependent launch)."""
+        drv = driver()
+        _, _, _, n = check(drv.cuGraphGetEdges(self._graph, 0))
+        counts = {"default": 0, "programmatic": 0}
+        if n:
+            _, _, data, _ = check(drv.cuGraphGetEdges(self._graph, n))
+            programmatic = int(drv.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)
+            for d in data:
+                counts["programmatic" if int(d.type) == programmatic else "default"] += 1
+        return counts
+
     def replay(self) -> None:
         check(driver().cuGraphLaunch(self._exec, self.stream.cu))
 

@@ -17,7 +17,11 @@ Arguments must be `Tensor`s (C-contiguous device memory; each caches its packed 
 `Tensor.kernel_abi`) or scalars; a host array raises `NotDeviceArgs` (the caller falls back to
 numba, which copies it). The overload is picked by the arrays' storage dtype and ndim, and a
 mismatch raises TypeError as numba would. A lock guards each overload's packing buffer, so
-threads may launch the same kernel. The calling thread must have the context current
+threads may launch the same kernel. `pdl=True` launches through `cuLaunchKernelEx` with the
+programmatic-stream-serialization attribute (programmatic dependent launch, cc >= 9.0): the
+kernel's blocks may start while the previous kernel in the stream is still running, and they
+wait in `griddepcontrol.wait`, which every registered kernel runs first (kernels/registry.py).
+Captured into a CUDA graph it becomes a programmatic edge. The calling thread must have the context current
 (CudaBackend binds it). Knows nothing about what the kernels compute. GPU only: the simulator
 keeps numba's path.
 """
@@ -73,6 +77,21 @@ class _Overload:
         self.lock = threading.Lock()
         handle = kernel._codelibrary.get_cufunc().handle              # a CUkernel (cuLibrary loading)
         self.function = check(driver().cuKernelGetFunction(handle))
+        self.pdl_config: Any = None                                   # CUlaunchConfig, made on first use
+
+    def programmatic_config(self) -> Any:
+        """The CUlaunchConfig of a programmatic dependent launch (grid, block, shared memory
+        and stream are set per launch, under `lock`)."""
+        if self.pdl_config is None:
+            drv = driver()
+            attr = drv.CUlaunchAttribute()
+            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg = drv.CUlaunchConfig()
+            cfg.attrs = [attr]
+            cfg.numAttrs = 1
+            self.pdl_config = cfg
+        return self.pdl_config
 
     def pack(self, args: tuple[Any, ...]) -> list[Any] | None:
         """The parameter values for `args`, or None if they do not fit this signature."""
@@ -106,9 +125,11 @@ class Launcher:
         self.overloads = [_Overload(k) for k in dispatcher.overloads.values()]
         drv = driver()
         self._launch = drv.cuLaunchKernel
+        self._launch_ex = drv.cuLaunchKernelEx
         self._ok = drv.CUresult.CUDA_SUCCESS
 
-    def __call__(self, grid: Any, block: Any, stream: Any, args: tuple[Any, ...], smem: int = 0) -> None:
+    def __call__(self, grid: Any, block: Any, stream: Any, args: tuple[Any, ...], smem: int = 0,
+                 pdl: bool = False) -> None:
         for ov in self.overloads:
             vals = ov.pack(args)
             if vals is not None:
@@ -120,6 +141,14 @@ class Launcher:
         bx, by, bz = (tuple(block) + (1, 1))[:3] if isinstance(block, (tuple, list)) else (int(block), 1, 1)
         with ov.lock:
             ov.struct.pack_into(ov.buf, 0, *vals)
-            err = self._launch(ov.function, gx, gy, gz, bx, by, bz, smem, stream, ov.params, 0)
+            if pdl:
+                cfg = ov.programmatic_config()
+                cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
+                cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
+                cfg.sharedMemBytes = smem
+                cfg.hStream = stream
+                err = self._launch_ex(cfg, ov.function, ov.params, 0)
+            else:
+                err = self._launch(ov.function, gx, gy, gz, bx, by, bz, smem, stream, ov.params, 0)
         if err[0] != self._ok:
             check(err)

@@ -96,6 +96,30 @@ def test_graph_replay_equals_eager(name: str, tiny_checkpoints) -> None:
     assert graph.generate(ids[:9], p).token_ids == eager.generate(ids[:9], p).token_ids
 
 
+@pytest.mark.parametrize("name", ["qwen35_moe", "llama"])
+def test_pdl_decode_graph_logits_equal_plain_graph(name: str, tiny_checkpoints) -> None:
+    """Programmatic dependent launch changes when a kernel's blocks start, never what they
+    compute: the decode graph's logits are bitwise those of the graph without it. On cc >= 9.0
+    the graph really has programmatic edges (one per kernel after the first, none without)."""
+    from ninfer_nb.runtime.device import info
+
+    path = gpu_checkpoint(tiny_checkpoints, name)
+    rng = np.random.default_rng(11)
+    prompt = [int(t) for t in rng.integers(0, 248000, 13)]
+    feed = [int(t) for t in rng.integers(0, 248000, 10)]
+    logits, edges = [], []
+    for pdl in (True, False):
+        gen = LLM(str(path), device="cuda", max_context=128, pdl=pdl)._generator
+        gen.prefill(prompt)
+        logits.append(np.stack([gen.decode(t) for t in feed]))      # eager step, capture, replays
+        edges.append(gen.backend._graph.edge_counts())
+    assert np.isfinite(logits[0]).all()
+    assert np.array_equal(logits[0], logits[1])
+    assert edges[1]["programmatic"] == 0
+    if tuple(info().compute_capability) >= (9, 0):
+        assert edges[0]["programmatic"] >= 10 and edges[0]["programmatic"] >= 2 * edges[0]["default"]
+
+
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 def test_compact_kv_cache_matches_cpu(kv: str, tiny_checkpoints) -> None:
     path = bf16_checkpoint(tiny_checkpoints, "qwen35_moe")

@@ -42,6 +42,19 @@ def test_registry_is_complete() -> None:
 def test_compile_sm90(name: str, i: int) -> None:
     ptx = SPECS[name].compile_ptx(SPECS[name].sigs[i], (9, 0))
     assert ".entry" in ptx and ".target sm_90" in ptx
+    _assert_waits_before_memory(ptx, name)
+
+
+def _assert_waits_before_memory(ptx: str, name: str) -> None:
+    """Programmatic dependent launch is safe only if the kernel waits (griddepcontrol.wait)
+    before its first global or shared memory access: the previous kernel may still run."""
+    body = ptx[ptx.index(".entry"):]
+    wait = body.find("griddepcontrol.wait;")
+    assert wait >= 0, name
+    first = min((i for i in (body.find(op) for op in ("ld.global", "st.global", "atom.", "red.", "cp.async",
+                                                       "ld.shared", "st.shared", "ld.volatile")) if i >= 0),
+                default=len(body))
+    assert wait < first, f"{name}: memory access before griddepcontrol.wait"
 
 
 @pytest.mark.parametrize("cc", OTHER_CC, ids=[f"sm{a}{b}" for a, b in OTHER_CC])
@@ -51,3 +64,7 @@ def test_compile_other_targets(cc: tuple[int, int]) -> None:
             continue
         ptx = spec.compile_ptx(spec.sigs[0], cc)
         assert f".target sm_{cc[0]}{cc[1]}" in ptx, name
+        if cc >= (9, 0):
+            _assert_waits_before_memory(ptx, name)
+        else:                                   # griddepcontrol does not exist before sm_90
+            assert "griddepcontrol" not in ptx, name

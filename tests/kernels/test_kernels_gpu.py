@@ -317,7 +317,7 @@ def test_attention_qwen_dims(env, rng, cdtype, start, t, kind):
 
 @pytest.mark.parametrize("cdtype", [np.float32, BF16, np.int8])
 @pytest.mark.parametrize("hq,hkv,start,t", [(24, 4, 4000, 1), (16, 2, 700, 3), (8, 2, 30, 1), (16, 2, 8190, 1),
-                                            (24, 4, 0, 1), (16, 2, 13, 4), (24, 4, 511, 1)])
+                                            (24, 4, 0, 1), (16, 2, 13, 4), (24, 4, 511, 1), (24, 4, 8190, 1)])
 def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatch):
     """Decode attention (split kernel + combine) over an 8K cache at short and long positions,
     including the first key alone and a few tokens at once, on fp32 / bf16 / int8 caches,
@@ -471,10 +471,13 @@ def test_qk_norm_rope_store(env, rng, cdtype, hq, hkv, d, rot, t, norm):
     close(env.host(VC).astype(np.float32), vc_ref.astype(cdtype).astype(np.float32), 0)
 
 
-@pytest.mark.parametrize("t,hk,hv,dk,dv", [(1, 16, 48, 128, 128), (3, 16, 32, 128, 128), (2, 2, 4, 64, 96)])
+@pytest.mark.parametrize("t,hk,hv,dk,dv", [(1, 16, 48, 128, 128), (3, 16, 32, 128, 128), (2, 2, 4, 64, 96),
+                                           (1, 16, 32, 128, 128), (1, 1, 2, 256, 40)])
 def test_gated_delta_rule_raw_gates(env, rng, t, hk, hv, dk, dv):
     """The decode form: gates computed inside the recurrent kernel from the raw a / b projections
-    (including a > 20, where softplus is the identity), against ops.cpu."""
+    (including a > 20, where softplus is the identity), against ops.cpu; prints the time at the
+    27B / 35B decode shapes (-s). (Variants with 2 and 1 state rows per warp, 8 and 16 warps per
+    block, were slower on the H200: 8.1 / 10.4 us at Hv = 48 against 5.9 us.)"""
     ops = env.fresh()
     q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
     a, b = rnd(rng, t, hv, scale=2.0), rnd(rng, t, hv)
@@ -482,11 +485,14 @@ def test_gated_delta_rule_raw_gates(env, rng, t, hk, hv, dk, dv):
     al, dtb = rnd(rng, hv, scale=0.5), rnd(rng, hv)
     st = rnd(rng, hv, dv, dk, scale=0.1)
     ST, st_ref = env.up(st), st.copy()
-    o = ops.gated_delta_rule_raw_gates(env.up(q), env.up(k), env.up(v), env.up(a), env.up(b), env.up(al),
-                                       env.up(dtb), ST)
+    args = (env.up(q), env.up(k), env.up(v), env.up(a), env.up(b), env.up(al), env.up(dtb))
+    o = ops.gated_delta_rule_raw_gates(*args, ST)
     ref = cpu.gated_delta_rule_raw_gates(q, k, v, a, b, al, dtb, st_ref)
     close(env.host(o), ref, TOL32 * 10)
     close(env.host(ST), st_ref, TOL32 * 10)
+    if t == 1 and dk == 128:                       # the state is updated in place by every timed call
+        best, _ = _best_time(env, lambda: ops.gated_delta_rule_raw_gates(*args, ST), reps=5, graph=True)
+        print(f"\ngated delta rule decode Hv={hv} Dk={dk} Dv={dv}: {best * 1e6:.1f} us")
 
 
 @pytest.mark.parametrize("e,k,h,shared,renorm", [(256, 8, 2048, True, True), (128, 8, 2048, False, False),
@@ -528,12 +534,16 @@ def test_moe_route(env, rng, t, e, k, shared):
         close(env.host(w), wr, TOL32)
 
 
-@pytest.mark.parametrize("t,e,k,i,h", [(1, 256, 8, 512, 2048), (4, 256, 8, 512, 2048), (3, 16, 4, 36, 100)])
-@pytest.mark.parametrize("unrolled", [False, True])
-def test_moe_experts(env, rng, t, e, k, i, h, unrolled, monkeypatch):
-    """Per-pair (decode) expert kernels; `unrolled`: the moe_*_unrolled pair, forced for every T
-    (taken where H % 1024 == 0 and I % 256 == 0; the 36 x 100 case keeps the plain kernels).
-    Prints the time of one call at the 35B shape (-s)."""
+@pytest.mark.parametrize("t,e,k,i,h", [(1, 256, 9, 512, 2048), (4, 256, 8, 512, 2048), (3, 16, 4, 36, 100),
+                                       (2, 64, 5, 256, 1024), (1, 32, 3, 768, 4096)])
+@pytest.mark.parametrize("kind", ["plain", "unrolled", "wide"])
+def test_moe_experts(env, rng, t, e, k, i, h, kind, monkeypatch):
+    """Per-pair (decode) expert kernels; "unrolled" / "wide": the moe_*_unrolled or moe_*_wide
+    pair (ops.moe_decode), forced for every T (taken where H % 1024 == 0 and I % 256 == 0; the
+    36 x 100 case keeps the plain kernels; wide gate_up needs H % 2048 == 0, so H = 1024 runs
+    the unrolled gate_up with the wide down). Prints the time of one call at the 35B shape (9
+    slots: 8 routed experts and the shared one) (-s)."""
+    unrolled = kind != "plain"
 
     ops = env.fresh()
     gu, dn = rnd_bf16(rng, e, 2 * i, h), rnd_bf16(rng, e, h, i)
@@ -542,12 +552,13 @@ def test_moe_experts(env, rng, t, e, k, i, h, unrolled, monkeypatch):
     w = rng.random((t, k), dtype=np.float32)
     args = (env.up(x), env.up(ids), env.up(w), env.up(gu), env.up(dn))
     monkeypatch.setattr(cuda_ops, "MOE_UNROLLED_MAX_T", 4 if unrolled else 0)
+    ops.moe_decode = kind
     best, o = _best_time(env, lambda: ops.moe_experts(*args), reps=5, graph=True)
     out = env.host(o)
     ref = cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn))
     close(out, ref, TOL32 * 10)
     if i == 512:
-        print(f"\nMoE decode experts T={t} k={k} I={i} H={h} ({'unrolled' if unrolled else 'plain'}): "
+        print(f"\nMoE decode experts T={t} k={k} I={i} H={h} ({kind}): "
               f"{best * 1e6:.1f} us")
 
 

@@ -30,7 +30,7 @@ def test_packed_layout_matches_ptx_params(name: str, sig: int) -> None:
     from numba import cuda
 
     spec = SPECS[name]
-    ptx, _ = cuda.compile_ptx(spec.fn, spec.sigs[sig], cc=(9, 0), **spec.options)
+    ptx, _ = cuda.compile_ptx(spec.entry(), spec.sigs[sig], cc=(9, 0), **spec.options)
     entry = ptx[ptx.index(".entry"):]
     params = re.findall(r"\.param\s+\.(\w+)\s", entry[:entry.index(")")])
     argtypes = spec.sigs[sig] if isinstance(spec.sigs[sig], tuple) else spec.sigs[sig].args
