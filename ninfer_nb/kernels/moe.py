@@ -173,6 +173,16 @@ def moe_router_fused_kernel(x, w, logits, counter, top_k, renorm, shared, ids, w
     _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, 0)
 
 
+@cuda.jit(device=True, inline=True)
+def _gate_up_rows(ids, ts, j, inter, hid):
+    """Flat offsets (gate row, up row, x row) for pair ts = t * k + s and column j: expert
+    ids[t, s]'s rows j and I + j of gate_up [E, 2I, H], and token t's row of x [T, H]."""
+    top_k = ids.shape[1]
+    t = ts // top_k
+    rg = (ids[t, ts - t * top_k] * 2 * inter + j) * hid
+    return rg, rg + inter * hid, t * hid
+
+
 @kernel((f32_2, i32_2, u16_3, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
 def moe_gate_up_kernel(x, ids, gate_up, h, vec):
     """grid (ceil(I / 8), T * k), block 256. x [T, H]; gate_up [E, 2I, H]; h [T*k, I]."""
@@ -256,15 +266,10 @@ def moe_gate_up_unrolled_kernel(x, ids, gate_up, h):
     inter = h.shape[1]
     hid = x.shape[1]
     ts = cuda.blockIdx.y
-    top_k = ids.shape[1]
-    t = ts // top_k
     j = cuda.blockIdx.x * MOE_WARPS + warp
     if j >= inter:
         return
-    e = ids[t, ts - t * top_k]
-    rg = (e * 2 * inter + j) * hid
-    ru = rg + inter * hid
-    xr = t * hid
+    rg, ru, xr = _gate_up_rows(ids, ts, j, inter, hid)
     ag = float32(0.0)
     au = float32(0.0)
     for kk in range(lane * 8, hid, 256 * MOE_UNROLL):
@@ -359,15 +364,10 @@ def moe_gate_up_wide_kernel(x, ids, gate_up, h):
     inter = h.shape[1]
     hid = x.shape[1]
     ts = cuda.blockIdx.y
-    top_k = ids.shape[1]
-    t = ts // top_k
     j = cuda.blockIdx.x * MOE_WARPS + warp
     if j >= inter:
         return
-    e = ids[t, ts - t * top_k]
-    rg = (e * 2 * inter + j) * hid
-    ru = rg + inter * hid
-    xr = t * hid
+    rg, ru, xr = _gate_up_rows(ids, ts, j, inter, hid)
     g = cuda.local.array((MOE_WIDE_GU, 4), uint32)      # [chunk, word] gate row words
     u = cuda.local.array((MOE_WIDE_GU, 4), uint32)      # [chunk, word] up row words
     ag = float32(0.0)
