@@ -21,8 +21,8 @@ threads may launch the same kernel. `pdl=True` launches through `cuLaunchKernelE
 programmatic-stream-serialization attribute (programmatic dependent launch, cc >= 9.0): the
 kernel's blocks may start while the previous kernel in the stream is still running, and they
 wait in `griddepcontrol.wait`, which every registered kernel runs first (kernels/registry.py).
-Captured into a CUDA graph it becomes a programmatic edge. The calling thread must have the context current
-(CudaBackend binds it). Knows nothing about what the kernels compute. GPU only: the simulator
+Captured into a CUDA graph it becomes a programmatic edge. The calling thread must have the
+context current (CudaBackend binds it). Knows nothing about what the kernels compute. GPU only: the simulator
 keeps numba's path.
 """
 from __future__ import annotations
