@@ -8,18 +8,15 @@
   one warp per (slot, j). `moe_down_kernel`: out[t, n] = sum_s w[t, s] * down[e_s, n] . h[t*k+s],
   one warp per (t, n), slots summed in order (deterministic, no atomics). Both stream weights
   with 16-byte loads when `vec` (H % 8 == 0 and I % 8 == 0), else scalar loads.
-* `moe_gate_up_unrolled_kernel` / `moe_down_unrolled_kernel`: the same contracts with more
-  16-byte loads in flight (H % 1024 == 0 and I % 256 == 0). The plain kernels keep one or two
-  loads in flight per lane: the gate_up loop is not unrolled, and moe_down walks the k slots one
-  after the other (2 chunks of a 512-wide row each), so a 35B decode layer took 26 us for
-  ~28 MB of expert weights (54 % of the copy bandwidth). Here gate_up issues 4 chunks of both
-  rows (8 loads) before any math, and down flattens (slot, chunk) pairs, issues 4 at a time,
-  scales each lane's partial by its slot weight and reduces once. H200, 35B decode profile:
-  1.04 -> 0.92 ms per token (40 layers). CudaOps takes them for T <= MOE_UNROLLED_MAX_T (1).
-* `moe_gate_up_wide_kernel` / `moe_down_wide_kernel` (CudaOps.moe_decode = "wide", the
-  default): all 16 loads of a 2048-wide row pair, and 9 (slot, chunk) items of down, in flight
-  per lane (local arrays that ptxas keeps in registers: 128, no spills). H200, kernel test at
-  the 35B shape with 9 slots: 23.1 -> 21.9 us per layer; profile 927 -> 875 us per token.
+* Decode (T <= CudaOps' MOE_UNROLLED_MAX_T, H % 1024 == 0, I % 256 == 0): the same contracts
+  with more 16-byte loads in flight. The plain kernels keep one or two loads in flight per
+  lane, so a 35B decode layer took 26 us for its expert weights (54 % of the copy bandwidth).
+  `moe_gate_up_wide_kernel` (H % 2048 == 0) issues all 16 loads of a 2048-wide gate + up row
+  pair before any math, `moe_gate_up_unrolled_kernel` 8 (4 chunks of both rows);
+  `moe_down_wide_kernel` flattens (slot, chunk) items, issues 9 at a time, scales each lane's
+  partial by its slot weight and reduces once (local arrays that ptxas keeps in registers:
+  128, no spills). H200, 35B shape with 9 slots: plain 26.2, 4-wide unrolled pair 23.1, wide
+  pair 21.9 us per layer (the 4-wide down kernel was removed for the 9-wide one).
 Decode-oriented (each routed pair streams its expert's weights): CudaOps.moe_experts uses them for
 T < moe_grouped.GROUPED_MIN_T; longer prefill chunks take the grouped-by-expert path (moe_grouped.py).
 """
@@ -312,44 +309,6 @@ def _down_addr(ids, t, item, nch, hid, inter, n, lane):
     return (ids[t, s] * hid + n) * inter + kk, (t * top_k + s) * inter + kk, s
 
 
-@kernel((f32_2, i32_2, f32_2, u16_3, f32_2), sim=False, fastmath=True, launch_bounds=(256, 2))
-def moe_down_unrolled_kernel(h, ids, weights, down, out):
-    """moe_down_kernel's contract, vectorised path only, I % 256 == 0. The 4 items' weight
-    loads are issued before any math (items past the end repeat the last one and count 0).
-    The sum over slots is folded into each lane's partial (linear): one warp reduction."""
-    lane = cuda.threadIdx.x & 31
-    warp = cuda.threadIdx.x >> 5
-    hid = out.shape[1]
-    inter = h.shape[1]
-    t = cuda.blockIdx.y
-    n = cuda.blockIdx.x * MOE_WARPS + warp
-    if n >= hid:
-        return
-    nch = inter // 256
-    n_items = ids.shape[1] * nch
-    last = n_items - 1
-    total = float32(0.0)
-    for i in range(0, n_items, MOE_UNROLL):
-        w0, h0, s0 = _down_addr(ids, t, min(i, last), nch, hid, inter, n, lane)
-        w1, h1, s1 = _down_addr(ids, t, min(i + 1, last), nch, hid, inter, n, lane)
-        w2, h2, s2 = _down_addr(ids, t, min(i + 2, last), nch, hid, inter, n, lane)
-        w3, h3, s3 = _down_addr(ids, t, min(i + 3, last), nch, hid, inter, n, lane)
-        v0 = ldg_stream_v4_u32(down, w0)
-        v1 = ldg_stream_v4_u32(down, w1)
-        v2 = ldg_stream_v4_u32(down, w2)
-        v3 = ldg_stream_v4_u32(down, w3)
-        c1 = weights[t, s1] if i + 1 <= last else float32(0.0)
-        c2 = weights[t, s2] if i + 2 <= last else float32(0.0)
-        c3 = weights[t, s3] if i + 3 <= last else float32(0.0)
-        total += weights[t, s0] * _dot8(v0, ldg_v4_f32(h, h0), ldg_v4_f32(h, h0 + 4))
-        total += c1 * _dot8(v1, ldg_v4_f32(h, h1), ldg_v4_f32(h, h1 + 4))
-        total += c2 * _dot8(v2, ldg_v4_f32(h, h2), ldg_v4_f32(h, h2 + 4))
-        total += c3 * _dot8(v3, ldg_v4_f32(h, h3), ldg_v4_f32(h, h3 + 4))
-    total = warp_sum(total)
-    if lane == 0:
-        out[t, n] = total
-
-
 MOE_WIDE_GU = 8    # 256-column chunks of both rows per pass in moe_gate_up_wide: 16 loads in flight
 MOE_WIDE_DN = 9    # (slot, chunk) items per pass in moe_down_wide: 9 loads in flight
 
@@ -389,9 +348,10 @@ def moe_gate_up_wide_kernel(x, ids, gate_up, h):
 
 @kernel((f32_2, i32_2, f32_2, u16_3, f32_2), sim=False, fastmath=True, launch_bounds=(256, 2))
 def moe_down_wide_kernel(h, ids, weights, down, out):
-    """moe_down_unrolled_kernel with MOE_WIDE_DN (slot, chunk) items per pass: the 35B decode's
-    9 slots x 2 chunks of a 512-wide row take two memory round trips per warp instead of five.
-    Items past the end repeat the last one and count 0."""
+    """moe_down_kernel's contract, vectorised path only, I % 256 == 0, MOE_WIDE_DN (slot, chunk)
+    items per pass: the 35B decode's 9 slots x 2 chunks of a 512-wide row take two memory round
+    trips per warp (five with 4 items per pass). Items past the end repeat the last one and
+    count 0; the sum over slots is folded into each lane's partial: one warp reduction."""
     lane = cuda.threadIdx.x & 31
     warp = cuda.threadIdx.x >> 5
     hid = out.shape[1]

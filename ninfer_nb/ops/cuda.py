@@ -76,7 +76,7 @@ SPLITK_MIN_K = 12288
 # graph-timed: 5120x6144 20.4 -> 19.9 us (whole rows -> 2 slices; 4 slices 23.2), 2048x4096
 # 7.2 -> 6.6 us (4 slices 7.7).
 SPLITK2_MIN_K = 4096
-# MoE decode expert kernels with 8 / 4 loads in flight per lane (moe_*_unrolled_kernel), for up
+# MoE decode expert kernels with more loads in flight per lane (kernels/moe.py), for up
 # to this many tokens. H200, 35B profile: 1.04 -> 0.92 ms per decode token; at T = 4 the
 # kernel test timed them slower than the plain pair, so batches keep the plain kernels.
 MOE_UNROLLED_MAX_T = 1
@@ -220,10 +220,6 @@ class CudaOps:
         # where the head dims and alignment allow it, "simt" (fp32, gdn_chunked.gdc_prepare_kernel),
         # or "auto": mma from GDN_PREPARE_MMA_MIN_DK up, simt below.
         self.gdn_prepare = "auto"
-        # MoE decode experts (one token): "wide" (moe_*_wide_kernel: a warp's whole 2048-wide
-        # row pair, or 9 (slot, chunk) items, of loads in flight) or "unrolled"
-        # (moe_*_unrolled_kernel, 8 / 4 loads in flight).
-        self.moe_decode = "wide"
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
@@ -819,12 +815,10 @@ class CudaOps:
         vec = np.int32(hid % 8 == 0 and inter % 8 == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down, h)))
         w8 = K_moe.MOE_WARPS
         if t <= MOE_UNROLLED_MAX_T and vec and hid % (256 * K_moe.MOE_UNROLL) == 0 and inter % 256 == 0:
-            wide = self.moe_decode == "wide"
-            gate_up_kernel = (K_moe.moe_gate_up_wide_kernel if wide and hid % (256 * K_moe.MOE_WIDE_GU) == 0
+            gate_up_kernel = (K_moe.moe_gate_up_wide_kernel if hid % (256 * K_moe.MOE_WIDE_GU) == 0
                               else K_moe.moe_gate_up_unrolled_kernel)
-            down_kernel = K_moe.moe_down_wide_kernel if wide else K_moe.moe_down_unrolled_kernel
             self._go(gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h)
-            self._go(down_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out)
+            self._go(K_moe.moe_down_wide_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out)
             return out
         self._go(K_moe.moe_gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h, vec)
         self._go(K_moe.moe_down_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out, vec)
