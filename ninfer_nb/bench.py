@@ -129,8 +129,8 @@ class _ProfiledOps:
             return fn                     # scratch bookkeeping, no kernel
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if name == "split" and args[0].shape[0] == 1:
-                return fn(*args)          # one token: pointer views, no kernel to time
+            if name in ("split", "normed") and args[0].shape[0] == 1:
+                return fn(*args)          # one token: pointer views / a deferred norm, no kernel
             if self.backend.name == "cuda":
                 # Kernel time without Python launch gaps (runtime.graph.time_in_graph). In-place
                 # ops update their state many times: the profile runs after the timed
@@ -150,10 +150,14 @@ class _ProfiledOps:
                 x, ids, _, gate_up, down = args
                 frac = min(1.0, ids.shape[0] * ids.shape[1] / gate_up.shape[0])
                 nbytes = int(frac * (gate_up.nbytes + down.nbytes)) + 2 * int(x.nbytes)
+            elif name == "moe":               # the router and the routed (+ shared) experts' rows
+                x, router, top_k, _, shared_slot, gate_up, down = args[:7]
+                frac = min(1.0, x.shape[0] * (top_k + int(shared_slot)) / gate_up.shape[0])
+                nbytes = int(frac * (gate_up.nbytes + down.nbytes)) + int(router.nbytes)
             else:
                 nbytes = sum(int(getattr(a, "nbytes", 0)) for a in (*args, *outs))
             key = name
-            if name in ("linear", "linear_split"):   # per weight shape: the per-linear target
+            if name in ("linear", "linear_split", "linear_add"):   # per weight shape: the per-linear target
                 key = f"linear {args[1].shape[0]}x{args[1].shape[1]}"
             elif name == "linear_swiglu":             # the MLP's gate_up GEMV and its SwiGLU
                 key = f"linear_swiglu {args[1].shape[0]}x{args[1].shape[1]}"

@@ -2,8 +2,9 @@
 
 * `moe_route_kernel`: one block per token; top-k by rank counting over the row in shared memory
   (ties -> lower expert id), softmax weights over the chosen k (renormalised) or over all E.
-  Simulator-safe. `moe_router_fused_kernel`: the decode router GEMV and the
-  same selection in one launch (the last block to finish routes).
+  Simulator-safe. `moe_router_fused_kernel`: the decode router's RMSNorm, GEMV and the
+  same selection in one launch (the last block to finish routes); it also writes the normed
+  row that the expert kernels read.
 * `moe_gate_up_kernel`: h[t*k + s, j] = silu(gate_up[e, j] . x[t]) * (gate_up[e, I + j] . x[t]),
   one warp per (slot, j). `moe_down_kernel`: out[t, n] = sum_s w[t, s] * down[e_s, n] . h[t*k+s],
   one warp per (t, n), slots summed in order (deterministic, no atomics). Both stream weights
@@ -27,9 +28,9 @@ import math
 from numba import cuda, float32, int32, uint32
 
 from ninfer_nb.kernels.bf16 import widen
-from ninfer_nb.kernels.linear import _dot8, _stream_pair, warp_sum
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
-from ninfer_nb.kernels.ptx import fence_acq_rel_gpu, ldg_stream_v4_u32, ldg_v4_f32
+from ninfer_nb.kernels.linear import _dot8, _stream_pair_normed, inv_rms, warp_sum
+from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
+from ninfer_nb.kernels.ptx import fence_acq_rel_gpu, grid_dependency_sync, ldg_stream_v4_u32, ldg_v4_f32, st_v4_f32
 from ninfer_nb.kernels.registry import kernel
 
 ROUTE_BLOCK = 256     # power of two
@@ -121,18 +122,19 @@ def _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, t):
         weights[t, top_k] = float32(1.0) / (float32(1.0) + math.exp(-gate))
 
 
-@kernel((f32_2, u16_2, f32_1, i32_1, i32, i32, i32, i32_2, f32_2), sim=False, fastmath=True,
-        launch_bounds=(ROUTE_BLOCK, 2))
-def moe_router_fused_kernel(x, w, logits, counter, top_k, renorm, shared, ids, weights):
-    """Decode router in one launch: logits = w [E + shared, H] @ x[0] (bf16 weights, one token,
-    H % 8 == 0, 16-byte aligned), then the top-k of `_route_row`, in the block that finishes
-    last. grid ceil((E + shared) / 16), block ROUTE_BLOCK (8 warps, 2 rows each, as
-    linear.gemv_bf16_kernel's vectorised loop). Each block writes its rows' logits, fences,
-    and bumps `counter` [1] (device memory, 0 between launches); the block that sees
-    gridDim - 1 routes over all logits and sets the counter back to 0, so a captured graph
-    replays it. The logits come out in the same order and sums as the separate GEMV's, so
-    ids and weights are the same. Replaces the router GEMV + moe_route pair; H200, 35B shape,
-    timed in a graph: 10.3 vs 10.6 us (the selection itself, ~7 us, is most of both)."""
+@kernel((f32_2, f32_1, f32, u16_2, f32_2, f32_1, i32_1, i32, i32, i32, i32_2, f32_2), sim=False, fastmath=True,
+        launch_bounds=(ROUTE_BLOCK, 2), self_sync=True)
+def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, shared, ids, weights):
+    """Decode router in one launch, its RMSNorm fused in: logits = w [E + shared, H] @
+    rms_norm(x[0], nw, eps) (bf16 weights, one token, H % 8 == 0, 16-byte aligned; the norm as
+    in linear.gemv_bf16_normed_kernel), then the top-k of `_route_row`, in the block that
+    finishes last. grid ceil((E + shared) / 16), block ROUTE_BLOCK (8 warps, 2 rows each).
+    Warp 0 of block 0 also writes the normed row xn [1, H] for the expert kernels that follow
+    (which then need no norm of their own: the wide gate_up kernel keeps its registers).
+    Each block writes its rows' logits, fences, and bumps `counter` [1] (device memory, 0
+    between launches); the block that sees gridDim - 1 routes over all logits and sets the
+    counter back to 0, so a captured graph replays it. Replaces the norm + router GEMV +
+    moe_route triple; H200, 35B shape, timed in a graph (without the norm): 10.3 vs 10.6 us."""
     row = cuda.shared.array(ROUTE_MAX_E, float32)
     last = cuda.shared.array(1, int32)
     lane = cuda.threadIdx.x & 31
@@ -144,16 +146,21 @@ def moe_router_fused_kernel(x, w, logits, counter, top_k, renorm, shared, ids, w
     if n0 < n_rows:
         has1 = n0 + 1 < n_rows
         n1 = n0 + 1 if has1 else n0
-        z = float32(0.0)
-        acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, lane * 8, k_dim, 0, k_dim, False, False, False,
-                           (z, z, z, z, z, z, z, z))
-        a0 = warp_sum(acc[0])
-        a1 = warp_sum(acc[1])
+        a0, a1, ss = _stream_pair_normed(x, 0, nw, w, n0 * k_dim, n1 * k_dim, lane * 8, k_dim)
+        inv = inv_rms(ss, k_dim, eps)
+        a0 = warp_sum(a0) * inv
+        a1 = warp_sum(a1) * inv
         if lane == 0:
             logits[n0] = a0
             if has1:
                 logits[n1] = a1
-    fence_acq_rel_gpu()                          # this block's logits before its arrival
+        if cuda.blockIdx.x == 0 and warp == 0:
+            for i in range(lane * 4, k_dim, 128):
+                xa = ldg_v4_f32(x, i)
+                na = ldg_v4_f32(nw, i)
+                st_v4_f32(xn, i, xa[0] * inv * na[0], xa[1] * inv * na[1], xa[2] * inv * na[2], xa[3] * inv * na[3])
+    grid_dependency_sync()                       # (the GEMV's warps have: self_sync) all threads
+    fence_acq_rel_gpu()                          # this block's logits (and xn) before its arrival
     cuda.syncthreads()
     if tid == 0:
         last[0] = 1 if cuda.atomic.add(counter, 0, 1) == cuda.gridDim.x - 1 else 0
@@ -346,12 +353,13 @@ def moe_gate_up_wide_kernel(x, ids, gate_up, h):
         h[ts, j] = (ag / (1.0 + math.exp(-ag))) * au
 
 
-@kernel((f32_2, i32_2, f32_2, u16_3, f32_2), sim=False, fastmath=True, launch_bounds=(256, 2))
-def moe_down_wide_kernel(h, ids, weights, down, out):
+@kernel((f32_2, i32_2, f32_2, u16_3, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
+def moe_down_wide_kernel(h, ids, weights, down, out, accumulate):
     """moe_down_kernel's contract, vectorised path only, I % 256 == 0, MOE_WIDE_DN (slot, chunk)
     items per pass: the 35B decode's 9 slots x 2 chunks of a 512-wide row take two memory round
     trips per warp (five with 4 items per pass). Items past the end repeat the last one and
-    count 0; the sum over slots is folded into each lane's partial: one warp reduction."""
+    count 0; the sum over slots is folded into each lane's partial: one warp reduction.
+    accumulate = 1: out += the result (out is the residual stream; the decoder's residual add)."""
     lane = cuda.threadIdx.x & 31
     warp = cuda.threadIdx.x >> 5
     hid = out.shape[1]
@@ -378,4 +386,4 @@ def moe_down_wide_kernel(h, ids, weights, down, out):
             total += coef[c] * _dot8((wv[c, 0], wv[c, 1], wv[c, 2], wv[c, 3]), ldg_v4_f32(h, ho), ldg_v4_f32(h, ho + 4))
     total = warp_sum(total)
     if lane == 0:
-        out[t, n] = total
+        out[t, n] = total + (out[t, n] if accumulate != 0 else float32(0.0))

@@ -10,7 +10,9 @@ that calls `ptx.grid_dependency_sync()` (cc >= 9.0: griddepcontrol.wait, then
 launch_dependents) and then the kernel body as an inlined device function. So any kernel may
 be launched with programmatic dependent launch (runtime/launch.py `pdl=True`): its blocks can
 be scheduled while the previous kernel in the stream finishes, and they wait there until that
-kernel's memory is visible. Launched without the attribute, the wait returns at once. ptxas on
+kernel's memory is visible. Launched without the attribute, the wait returns at once. A kernel
+registered with `self_sync=True` makes the call itself, after issuing its first weight loads
+(weights depend on no kernel), so those loads overlap the previous kernel's tail. ptxas on
 the H200's kernels: the same registers, two instructions more. The entry is compiled from the
 kernel module's file name, so numba's on-disk cache keys it to that file as before.
 """
@@ -38,6 +40,9 @@ class KernelSpec:
     options: dict[str, Any] = field(default_factory=dict)
     sim: bool = True  # runs in the CUDA simulator (no warp shuffles, no inline PTX)
     dynamic_smem: int = 0  # bytes of dynamic shared memory the kernel is launched with
+    # The body calls ptx.grid_dependency_sync() itself, after issuing its first weight loads
+    # (which depend on no earlier kernel), instead of the entry calling it first.
+    self_sync: bool = False
     _disp: Any = None
     _entry: Any = None
 
@@ -67,7 +72,8 @@ class KernelSpec:
 
         body = cuda.jit(device=True, fastmath=self.options.get("fastmath", False))(self.fn)
         names = ", ".join(inspect.signature(self.fn).parameters)
-        src = f"def {self.name}({names}):\n    _grid_dependency_sync()\n    _body({names})\n"
+        sync = "" if self.self_sync else "    _grid_dependency_sync()\n"
+        src = f"def {self.name}({names}):\n{sync}    _body({names})\n"
         namespace: dict[str, Any] = {"_grid_dependency_sync": grid_dependency_sync, "_body": body}
         exec(compile(src, inspect.getfile(self.fn), "exec"), namespace)
         self._entry = namespace[self.name]
@@ -86,10 +92,10 @@ def _allow_dynamic_smem(disp: Any, nbytes: int) -> None:
         driver.cuKernelSetAttribute(attr, int(nbytes), f.handle, f.device.id)
 
 
-def kernel(*sigs: Any, sim: bool = True, dynamic_smem: int = 0,
+def kernel(*sigs: Any, sim: bool = True, dynamic_smem: int = 0, self_sync: bool = False,
            **options: Any) -> Callable[[Callable[..., None]], KernelSpec]:
     def deco(fn: Callable[..., None]) -> KernelSpec:
-        spec = KernelSpec(fn.__name__, fn, tuple(sigs), options, sim, dynamic_smem)
+        spec = KernelSpec(fn.__name__, fn, tuple(sigs), options, sim, dynamic_smem, self_sync)
         if spec.name in _SPECS:
             raise ValueError(f"duplicate kernel name {spec.name}")
         _SPECS[spec.name] = spec

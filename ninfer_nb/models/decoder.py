@@ -22,30 +22,38 @@ class Decoder:
         self.cfg = cfg
         self.weights = weights
 
-    def hidden(self, ops: Any, ids: Any, positions: Any, state: SequenceState) -> Any:
-        """ids, positions [T] -> final-normed hidden states [T, H]; advances the caches.
-        Each residual add is fused with the norm that follows it (add_rms_norm). The residual
-        stream x and the normed input h live across the layers; everything a layer allocates
-        besides them is handed back when it ends (ops.scope), so a long prefill chunk needs
-        one layer's temporaries, not all of them."""
+    def residual_stream(self, ops: Any, ids: Any, positions: Any, state: SequenceState) -> Any:
+        """ids, positions [T] -> the residual stream after the last block [T, H] (before the
+        final norm); advances the caches. The stream x is one buffer that each block's output
+        projection adds into in place (ops.linear_add, moe_experts(residual=)); each block reads
+        ops.normed(x), which one decode token's consumers compute inside their own kernels
+        (the CUDA backend's Normed) and a prefill chunk gets as a normed copy. Everything a
+        layer allocates besides x is handed back when it ends (ops.scope), so a long prefill
+        chunk needs one layer's temporaries, not all of them."""
         cfg, w = self.cfg, self.weights
         eps = cfg.rms_norm_eps
-        x = ops.embedding(w.embed, ids)
+        x = ops.embedding(w.embed, ids)                                 # [T, H], updated in place
         chunked = ids.shape[0] >= CHUNKED_GDN_MIN_TOKENS
-        h = ops.rms_norm(x, w.layers[0].input_norm, eps)
-        for i, (lw, cache) in enumerate(zip(w.layers, state.layers)):
-            next_norm = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else w.norm
+        for lw, cache in zip(w.layers, state.layers):
             with ops.scope():
+                h = ops.normed(x, lw.input_norm, eps)
                 if isinstance(lw.mixer, AttentionWeights):
                     assert isinstance(cache, KVCache)
-                    y = attention_block(ops, cfg, lw.mixer, h, positions, cache)
+                    attention_block(ops, cfg, lw.mixer, h, positions, cache, x)
                 else:
                     assert isinstance(cache, GDNState)
-                    y = gdn_block(ops, cfg, lw.mixer, h, cache, chunked)
-                y, x_mid = ops.add_rms_norm(y, x, lw.post_norm, eps)
-                y = mlp_block(ops, lw.ffn, y) if isinstance(lw.ffn, MLPWeights) else moe_block(ops, lw.ffn, y)
-                h, x = ops.add_rms_norm(y, x_mid, next_norm, eps, out=(h, x))   # into the kept buffers
-        return h
+                    gdn_block(ops, cfg, lw.mixer, h, cache, chunked, x)
+                h = ops.normed(x, lw.post_norm, eps)
+                if isinstance(lw.ffn, MLPWeights):
+                    mlp_block(ops, lw.ffn, h, x)
+                else:
+                    moe_block(ops, lw.ffn, h, x)
+        return x
+
+    def hidden(self, ops: Any, ids: Any, positions: Any, state: SequenceState) -> Any:
+        """ids, positions [T] -> final-normed hidden states [T, H]; advances the caches."""
+        x = self.residual_stream(ops, ids, positions, state)
+        return ops.rms_norm(x, self.weights.norm, self.cfg.rms_norm_eps)
 
     def logits(self, ops: Any, hidden: Any) -> Any:
         """hidden [T, H] -> logits [T, V]."""
@@ -54,7 +62,7 @@ class Decoder:
     def forward(self, ops: Any, ids: Any, positions: Any, state: SequenceState,
                 all_logits: bool = False) -> Any:
         """Logits for every position ([T, V]) or only the last one ([1, V])."""
-        h = self.hidden(ops, ids, positions, state)
+        x = self.residual_stream(ops, ids, positions, state)
         if not all_logits:
-            h = h[h.shape[0] - 1 :]
-        return self.logits(ops, h)
+            x = x[x.shape[0] - 1 :]
+        return self.logits(ops, ops.normed(x, self.weights.norm, self.cfg.rms_norm_eps))

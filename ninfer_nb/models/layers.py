@@ -17,8 +17,9 @@ Array = Any
 
 
 def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
-                    positions: Array, cache: KVCache) -> Array:
-    """x [T, H] (normed) -> [T, H]. Writes this chunk's K/V into the cache."""
+                    positions: Array, cache: KVCache, residual: Array) -> Array:
+    """x [T, H] (normed) -> residual += attention(x), in place. Writes this chunk's K/V into
+    the cache."""
     t = x.shape[0]
     d = cfg.head_dim
     qd, kvd = cfg.num_heads * d, cfg.num_kv_heads * d
@@ -39,12 +40,13 @@ def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
     out = out.reshape(t, qd)
     if gate is not None:
         out = ops.sigmoid_mul(out, gate)
-    return ops.linear(out, w.o)
+    return ops.linear_add(out, w.o, residual)
 
 
 def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNState,
-              chunked: bool) -> Array:
-    """Gated DeltaNet mixer. x [T, H] (normed) -> [T, H]; updates conv + recurrent state."""
+              chunked: bool, residual: Array) -> Array:
+    """Gated DeltaNet mixer. x [T, H] (normed) -> residual += gdn(x), in place; updates the conv
+    and recurrent state."""
     t = x.shape[0]
     hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
     hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
@@ -59,19 +61,21 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNSta
     else:                                                   # decode: the gates inside the rule's kernel
         o = ops.gated_delta_rule_raw_gates(q, k, v, a, b, w.a_log, w.dt_bias, state.recurrent)
     o = ops.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), w.norm, cfg.rms_norm_eps)
-    return ops.linear(o.reshape(t, hv * dv), w.out)
+    return ops.linear_add(o.reshape(t, hv * dv), w.out, residual)
 
 
-def mlp_block(ops: Ops, w: MLPWeights, x: Array) -> Array:
-    return ops.linear(ops.linear_swiglu(x, w.gate_up), w.down)
+def mlp_block(ops: Ops, w: MLPWeights, x: Array, residual: Array | None = None) -> Array:
+    """SwiGLU MLP of x [T, H] (normed) -> [T, H], or residual += it in place when given."""
+    h = ops.linear_swiglu(x, w.gate_up)
+    return ops.linear(h, w.down) if residual is None else ops.linear_add(h, w.down, residual)
 
 
-def moe_block(ops: Ops, w: MoEWeights, x: Array) -> Array:
-    ids, weights = ops.moe_router(x, w.router, w.top_k, w.renormalize, w.shared_slot)
-    y = ops.moe_experts(x, ids, weights, w.gate_up, w.down)           # + the shared slot, if any
-    if w.shared is not None:
-        shared = mlp_block(ops, w.shared, x)
-        if w.shared_gate is not None:
-            shared = ops.sigmoid_mul(shared, ops.linear(x, w.shared_gate))  # gate [T, 1] broadcasts
-        y = ops.add(y, shared)
-    return y
+def moe_block(ops: Ops, w: MoEWeights, x: Array, residual: Array) -> Array:
+    """Routed experts (+ a shared expert) of x [T, H] (normed) -> residual += them, in place."""
+    if w.shared is None:                                             # no shared expert, or in a slot
+        return ops.moe(x, w.router, w.top_k, w.renormalize, w.shared_slot, w.gate_up, w.down, residual)
+    y = ops.moe(x, w.router, w.top_k, w.renormalize, w.shared_slot, w.gate_up, w.down)
+    shared = mlp_block(ops, w.shared, x)
+    if w.shared_gate is not None:
+        shared = ops.sigmoid_mul(shared, ops.linear(x, w.shared_gate))  # gate [T, 1] broadcasts
+    return ops.add_into(residual, ops.add(y, shared))

@@ -31,8 +31,20 @@ def rms_norm(x: Array, weight: Array, eps: float) -> Array:
     return (x * inv) * weight
 
 
+def normed(x: Array, weight: Array, eps: float) -> Array:
+    """rms_norm(x, weight, eps) for the next op to consume (the CUDA backend defers one token's
+    norm into that op's kernel; here it is computed at once)."""
+    return rms_norm(x, weight, eps)
+
+
 def add(x: Array, y: Array) -> Array:
     return x + y
+
+
+def add_into(acc: Array, y: Array) -> Array:
+    """acc += y in place (the residual stream); returns acc."""
+    acc += y
+    return acc
 
 
 def add_rms_norm(x: Array, residual: Array, weight: Array, eps: float,
@@ -90,6 +102,13 @@ def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
     if bias is not None:
         y = y + bias
     return y
+
+
+def linear_add(x: Array, weight: Array, residual: Array) -> Array:
+    """residual += linear(x, weight), in place (a block's output projection into the residual
+    stream); returns residual."""
+    residual += linear(x, weight)
+    return residual
 
 
 # --- rotary embedding + attention ----------------------------------------------------------
@@ -317,6 +336,15 @@ def moe_router(x: Array, weight: Array, top_k: int, renormalize: bool = True,
     return moe_route(linear(x, weight), top_k, renormalize, shared_slot)
 
 
+def moe(x: Array, router: Array, top_k: int, renormalize: bool, shared_slot: bool, gate_up: Array,
+        down: Array, residual: Array | None = None) -> Array:
+    """moe_experts(x, *moe_router(x, router, ...), gate_up, down, residual): routed experts,
+    the shared expert included when it is a slot (the CUDA backend fuses the norm, the router
+    and the top-k for one token)."""
+    ids, w = moe_router(x, router, top_k, renormalize, shared_slot)
+    return moe_experts(x, ids, w, gate_up, down, residual)
+
+
 def moe_route(logits: Array, top_k: int, renormalize: bool = True,
               shared_slot: bool = False) -> tuple[Array, Array]:
     """Softmax router. logits [T, E] -> (ids [T, k] int32, weights [T, k] fp32); ties -> lower id.
@@ -339,11 +367,13 @@ def moe_route(logits: Array, top_k: int, renormalize: bool = True,
     return ids, w.astype(np.float32)
 
 
-def moe_experts(x: Array, ids: Array, weights: Array, gate_up: Array, down: Array) -> Array:
-    """Routed SwiGLU experts. x [T, H]; ids, weights [T, k]; gate_up [E, 2I, H]; down [E, H, I]."""
+def moe_experts(x: Array, ids: Array, weights: Array, gate_up: Array, down: Array,
+                residual: Array | None = None) -> Array:
+    """Routed SwiGLU experts. x [T, H]; ids, weights [T, k]; gate_up [E, 2I, H]; down [E, H, I].
+    Returns their weighted sum [T, H], or adds it into `residual` in place and returns that."""
     out = np.zeros_like(x, dtype=np.float32)
     for e in np.unique(ids):
         rows, slots = np.nonzero(ids == e)
         h = swiglu(x[rows] @ gate_up[e].T)
         out[rows] += (h @ down[e].T) * weights[rows, slots][:, None]
-    return out
+    return out if residual is None else add_into(residual, out)

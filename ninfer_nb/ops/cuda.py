@@ -14,6 +14,7 @@ kernels that need warp shuffles / inline PTX are replaced by their simulator-saf
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -82,6 +83,26 @@ SPLITK2_MIN_K = 4096
 MOE_UNROLLED_MAX_T = 1
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
+
+
+@dataclass(frozen=True)
+class Normed:
+    """rms_norm(x, weight, eps) of one token's residual row, left for the consumer to compute
+    (`CudaOps.normed`): the decode GEMVs, the router and the MoE gate_up scale x by the norm
+    weight as they stream it and apply 1 / rms at the end (kernels/linear.py
+    gemv_bf16_normed_kernel), so the norm costs no launch. Consumers without such a kernel
+    call `CudaOps.plain` first."""
+    x: Any          # [1, H] fp32 device tensor (the residual stream)
+    weight: Any     # [H] fp32
+    eps: float
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape)
+
+    @property
+    def size(self) -> int:
+        return int(self.x.size)
 
 
 def _kv(t: Any) -> Any:
@@ -336,6 +357,28 @@ class CudaOps:
                      _rows(out, d), _rows(res, d), np.float32(eps))
         return out, res
 
+    def normed(self, x: Any, weight: Any, eps: float) -> Any:
+        """rms_norm(x, weight, eps) for a consumer to read: one fp32 token row (the decode
+        step) comes back as a `Normed` that the next kernel normalises as it reads it; more
+        rows (prefill) are normalised here."""
+        d = x.shape[-1]
+        if (not SIM and x.size == d and d % 8 == 0 and x.dtype == F32 and weight.dtype == F32
+                and _ptr(x) % 16 == 0 and _ptr(weight) % 16 == 0):
+            return Normed(x, weight, float(eps))
+        return self.rms_norm(x, weight, eps)
+
+    def plain(self, x: Any) -> Any:
+        """x itself, or a `Normed` computed into a new tensor."""
+        return self.rms_norm(x.x, x.weight, x.eps) if isinstance(x, Normed) else x
+
+    def add_into(self, acc: Any, y: Any) -> Any:
+        """acc += y in place (the residual stream); returns acc."""
+        _need(tuple(acc.shape) == tuple(y.shape), f"add_into: shapes differ {acc.shape} vs {y.shape}")
+        if acc.size:
+            self._go(K_ew.add_kernel, K_ew.grid_for(acc.size), K_ew.BLOCK, acc.reshape(-1), y.reshape(-1),
+                     acc.reshape(-1))
+        return acc
+
     def _unary(self, spec: Any, x: Any) -> Any:
         out = self.empty(x.shape)
         n = x.size
@@ -376,6 +419,13 @@ class CudaOps:
         consumes it (models/layers.py mlp_block)."""
         two_i, k = gate_up.shape
         _need(x.shape[-1] == k and two_i % 2 == 0, f"linear_swiglu: x {x.shape} vs weight {gate_up.shape}")
+        if isinstance(x, Normed):                       # one token, the RMSNorm fused in
+            if gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0:
+                out = self.empty((1, two_i // 2))                                   # [1, I]
+                self._go(K_lin.gemv_bf16_swiglu_normed_kernel, (two_i // 2 + K_lin.GEMV_WARPS - 1) // K_lin.GEMV_WARPS,
+                         32 * K_lin.GEMV_WARPS, _rows(x.x, k), x.weight, np.float32(x.eps), gate_up, out)
+                return out.reshape(tuple(x.shape[:-1]) + (two_i // 2,))
+            x = self.plain(x)
         x2 = _rows(x, k)
         t = x2.shape[0]
         inter = two_i // 2
@@ -459,12 +509,36 @@ class CudaOps:
     def linear(self, x: Any, weight: Any, bias: Any = None) -> Any:
         n, k = weight.shape
         _need(x.shape[-1] == k, f"linear: x {x.shape} vs weight {weight.shape}")
+        out = self.empty(tuple(x.shape[:-1]) + (n,))
+        if out.size:
+            self._linear_into(x, weight, bias, _rows(out, n))
+        return out
+
+    def linear_add(self, x: Any, weight: Any, residual: Any) -> Any:
+        """residual += linear(x, weight), in place; returns residual. One token: the GEMV adds
+        the residual as its bias and writes over it (each element is read and written by the
+        same thread), so the add costs no launch."""
+        n, k = weight.shape
+        _need(x.shape[-1] == k and residual.shape[-1] == n and x.size // k == residual.size // n,
+              f"linear_add: x {x.shape}, weight {weight.shape}, residual {residual.shape}")
+        if residual.size == n:
+            self._linear_into(x, weight, residual.reshape(-1), _rows(residual, n))
+            return residual
+        return self.add_into(residual, self.linear(x, weight))
+
+    def _linear_into(self, x: Any, weight: Any, bias: Any, out2: Any) -> None:
+        """out2 [T, N] = x @ weight^T (+ bias [N]); bias may alias out2 when T == 1."""
+        n, k = weight.shape
+        if isinstance(x, Normed):
+            if (weight.dtype == bfloat16 and k % 8 == 0 and _ptr(weight) % 16 == 0):
+                grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
+                b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
+                self._go(K_lin.gemv_bf16_normed_kernel, grid, 32 * K_lin.GEMV_WARPS, _rows(x.x, k), x.weight,
+                         np.float32(x.eps), weight, b, out2, np.int32(bias is not None))
+                return
+            x = self.plain(x)
         x2 = _rows(x, k)
         t = x2.shape[0]
-        out = self.empty(tuple(x.shape[:-1]) + (n,))
-        if t == 0 or n == 0:
-            return out
-        out2 = _rows(out, n)
         has_bias = np.int32(bias is not None)
         b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
         _need(x2.dtype == F32 or (x2.dtype == np.uint16 and t > K_lin.GEMV_MAX_T and weight.dtype == bfloat16
@@ -494,7 +568,6 @@ class CudaOps:
         else:
             grid = ((n + K_lin.BN - 1) // K_lin.BN, (t + K_lin.BM - 1) // K_lin.BM)
             self._go(K_lin.gemm_kernel, grid, 256, x2, weight, b, out2, has_bias)
-        return out
 
     def _bf16_copy(self, x2: Any) -> Any:
         """x2 [M, K] fp32 -> a bf16 (uint16 bits, RNE) scratch copy, the tensor-core GEMMs' A."""
@@ -764,24 +837,45 @@ class CudaOps:
     # --- mixture of experts ----------------------------------------------------------
     def moe_router(self, x: Any, weight: Any, top_k: int, renormalize: bool = True,
                    shared_slot: bool = False) -> tuple[Any, Any]:
-        """moe_route(linear(x, weight), ...); for one token and a bf16 router: one kernel
-        (kernels/moe.py moe_router_fused_kernel) with a persistent arrival counter."""
+        """moe_route(linear(x, weight), ...); for one token of a `Normed` input and a bf16
+        router: one kernel (`_moe_router_fused`)."""
+        if self._router_fusable(x, weight, top_k, shared_slot):
+            return self._moe_router_fused(x, weight, top_k, renormalize, shared_slot)[:2]
+        return self.moe_route(self.linear(x, weight), top_k, renormalize, shared_slot)
+
+    def moe(self, x: Any, router: Any, top_k: int, renormalize: bool, shared_slot: bool, gate_up: Any,
+            down: Any, residual: Any = None) -> Any:
+        """moe_experts(x, *moe_router(x, router, ...), gate_up, down, residual): the routed
+        experts (with the shared one, when it is a slot). One token of a `Normed` input: the
+        fused router also writes the normed row, which the expert kernels read as plain x."""
+        if self._router_fusable(x, router, top_k, shared_slot):
+            ids, w, xn = self._moe_router_fused(x, router, top_k, renormalize, shared_slot)
+            return self.moe_experts(xn, ids, w, gate_up, down, residual)
+        ids, w = self.moe_router(x, router, top_k, renormalize, shared_slot)
+        return self.moe_experts(x, ids, w, gate_up, down, residual)
+
+    def _router_fusable(self, x: Any, weight: Any, top_k: int, shared_slot: bool) -> bool:
         n, k = weight.shape
-        t = x.size // k if k else 0
-        if not (t == 1 and not SIM and weight.dtype == bfloat16
-                and k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x) % 16 == 0
-                and n - int(shared_slot) <= K_moe.ROUTE_MAX_E and 0 < top_k < K_moe.MAX_TOPK):
-            return self.moe_route(self.linear(x, weight), top_k, renormalize, shared_slot)
+        return (isinstance(x, Normed) and weight.dtype == bfloat16 and k % 8 == 0 and _ptr(weight) % 16 == 0
+                and n - int(shared_slot) <= K_moe.ROUTE_MAX_E and 0 < top_k < K_moe.MAX_TOPK)
+
+    def _moe_router_fused(self, x: Any, weight: Any, top_k: int, renormalize: bool,
+                          shared_slot: bool) -> tuple[Any, Any, Any]:
+        """(ids, weights, the normed row xn [1, H]) from kernels/moe.py moe_router_fused_kernel:
+        the norm, the router GEMV and the top-k in one launch, with a persistent arrival counter."""
+        n, k = weight.shape
         if self._router_counter is None:          # 0 between launches; the last block resets it
             self._router_counter = self.zeros((1,), np.int32, persistent=True)
         slots = top_k + int(shared_slot)
         ids = self.empty((1, slots), np.int32)                           # [1, k (+1 shared)]
         w = self.empty((1, slots))
+        xn = self.empty((1, k))                                          # [1, H] rms_norm(x) * weight
         logits = self.empty((n,))                                        # [E (+1)] router logits
         rows = K_moe.ROUTE_BLOCK // 32 * 2
-        self._go(K_moe.moe_router_fused_kernel, (n + rows - 1) // rows, K_moe.ROUTE_BLOCK, _rows(x, k), weight,
-                 logits, self._router_counter, np.int32(top_k), np.int32(renormalize), np.int32(shared_slot), ids, w)
-        return ids, w
+        self._go(K_moe.moe_router_fused_kernel, (n + rows - 1) // rows, K_moe.ROUTE_BLOCK, _rows(x.x, k), x.weight,
+                 np.float32(x.eps), weight, xn, logits, self._router_counter, np.int32(top_k),
+                 np.int32(renormalize), np.int32(shared_slot), ids, w)
+        return ids, w, xn
 
     def moe_route(self, logits: Any, top_k: int, renormalize: bool = True,
                   shared_slot: bool = False) -> tuple[Any, Any]:
@@ -800,17 +894,21 @@ class CudaOps:
                      np.int32(shared_slot), ids, w)
         return ids, w
 
-    def moe_experts(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any) -> Any:
+    def moe_experts(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any,
+                    residual: Any = None) -> Any:
+        """The routed experts' sum [T, H]; with `residual`: residual += it, in place (one
+        token: the down kernel adds into the residual stream as it writes)."""
+        x = self.plain(x)
         t, hid = x.shape
         top_k = ids.shape[1]
         inter = gate_up.shape[1] // 2
         _need(gate_up.dtype == bfloat16 and down.dtype == bfloat16, "moe_experts: expert weights must be bf16")
-        out = self.empty((t, hid))
         if t == 0:
-            return out
+            return self.empty((t, hid)) if residual is None else residual
         if SIM or t >= K_moeg.GROUPED_MIN_T:     # prefill: grouped by expert (the simulator: always)
+            out = self.empty((t, hid))
             self._moe_experts_grouped(x, ids, weights, gate_up, down, out)
-            return out
+            return out if residual is None else self.add_into(residual, out)
         h = self.empty((t * top_k, inter))                               # [T*k, I]
         vec = np.int32(hid % 8 == 0 and inter % 8 == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down, h)))
         w8 = K_moe.MOE_WARPS
@@ -818,11 +916,18 @@ class CudaOps:
             gate_up_kernel = (K_moe.moe_gate_up_wide_kernel if hid % (256 * K_moe.MOE_WIDE_GU) == 0
                               else K_moe.moe_gate_up_unrolled_kernel)
             self._go(gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h)
-            self._go(K_moe.moe_down_wide_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out)
-            return out
+            return self._moe_down_wide(h, ids, weights, down, t, hid, residual)
+        out = self.empty((t, hid))
         self._go(K_moe.moe_gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h, vec)
         self._go(K_moe.moe_down_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out, vec)
-        return out
+        return out if residual is None else self.add_into(residual, out)
+
+    def _moe_down_wide(self, h: Any, ids: Any, weights: Any, down: Any, t: int, hid: int, residual: Any) -> Any:
+        out = self.empty((t, hid)) if residual is None else _rows(residual, hid)
+        w8 = K_moe.MOE_WARPS
+        self._go(K_moe.moe_down_wide_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out,
+                 np.int32(residual is not None))
+        return out if residual is None else residual
 
     def _moe_experts_grouped(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, out: Any) -> None:
         """Prefill MoE grouped by expert (kernels/moe_grouped.py): device-side sort of the

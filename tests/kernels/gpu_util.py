@@ -33,6 +33,7 @@ class GpuEnv:
         self.stream.synchronize()
         self.scratch.reset()
         self.arena.offset = self.mark
+        self.ops._router_counter = None         # it lived in the persistent arena just reset
         check(driver().cuMemsetD32Async(self.scratch.base, 0x7FC00000, self.scratch.capacity // 4, self.stream.cu))
         return self.ops
 

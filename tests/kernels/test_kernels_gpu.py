@@ -496,19 +496,22 @@ def test_gated_delta_rule_raw_gates(env, rng, t, hk, hv, dk, dv):
 
 
 @pytest.mark.parametrize("e,k,h,shared,renorm", [(256, 8, 2048, True, True), (128, 8, 2048, False, False),
-                                                (60, 4, 104, True, False)])
+                                                (60, 4, 104, True, False), (6, 2, 64, False, True)])
 def test_moe_router_fused(env, rng, e, k, h, shared, renorm):
-    """ops.moe_router's one-launch decode router (GEMV + top-k in the last block) against the
-    GEMV + moe_route pair and NumPy: same ids, same weights; repeated launches (the arrival
-    counter must come back to 0, also inside a graph); prints both times at the 35B shape."""
+    """ops.moe_router's one-launch decode router on a Normed row (RMSNorm, GEMV and the top-k
+    in the last block) against norm + GEMV + moe_route and NumPy: same ids, same weights;
+    repeated launches (the arrival counter must come back to 0, also inside a graph); the
+    normed row it writes for the experts; prints both times at the 35B shape. E = 6: fewer
+    rows than one block's warps."""
     ops = env.fresh()
     w = rnd_bf16(rng, e + int(shared), h)
-    x = rnd(rng, 1, h)
-    X, W = env.up(x), env.up(w)
-    ir, wr = cpu.moe_router(x, w.astype(np.float32), k, renorm, shared)
+    x, nw = rnd(rng, 1, h), rnd(rng, h)
+    X, W, NW = env.up(x), env.up(w), env.up(nw)
+    xn = cpu.rms_norm(x, nw, 1e-6)
+    ir, wr = cpu.moe_router(xn, w.astype(np.float32), k, renorm, shared)
     times = {}
-    calls = {False: lambda: ops.moe_route(ops.linear(X, W), k, renorm, shared),
-             True: lambda: ops.moe_router(X, W, k, renorm, shared)}
+    calls = {False: lambda: ops.moe_route(ops.linear(ops.rms_norm(X, NW, 1e-6), W), k, renorm, shared),
+             True: lambda: ops.moe_router(ops.normed(X, NW, 1e-6), W, k, renorm, shared)}
     for fused in (False, True):
         for _ in range(3):
             ids, wts = calls[fused]()
@@ -516,9 +519,82 @@ def test_moe_router_fused(env, rng, e, k, h, shared, renorm):
             close(env.host(wts), wr, TOL32 * 10)
         times[fused], (ids, wts) = _best_time(env, calls[fused], reps=5, graph=True)
         np.testing.assert_array_equal(env.host(ids), ir)
+    ids, wts, XN = ops._moe_router_fused(ops.normed(X, NW, 1e-6), W, k, renorm, shared)
+    close(env.host(XN), xn, TOL32 * 10)
+    np.testing.assert_array_equal(env.host(ids), ir)
     if e == 256:
-        print(f"\nMoE router E={e}+{int(shared)} k={k} H={h}: GEMV + route {times[False] * 1e6:.1f} us, "
+        print(f"\nMoE router E={e}+{int(shared)} k={k} H={h}: norm + GEMV + route {times[False] * 1e6:.1f} us, "
               f"fused {times[True] * 1e6:.1f} us")
+
+
+@pytest.mark.parametrize("e,k,i,h", [(256, 8, 512, 2048), (16, 4, 36, 100), (32, 3, 768, 4096),
+                                     (64, 4, 256, 1024)])
+def test_moe_normed_residual(env, rng, e, k, i, h, monkeypatch):
+    """ops.moe on one Normed token with the shared expert as a slot, adding into the residual
+    stream in place (the decoder's MoE block): against cpu.moe; which kernels ran (H % 2048 ==
+    0: the fused router with the norm, the wide pair; H = 1024: the unrolled gate_up; H = 100:
+    no fused norm); prints its time at the 35B shape."""
+    ops = env.fresh()
+    gu, dn = rnd_bf16(rng, e + 1, 2 * i, h), rnd_bf16(rng, e + 1, h, i)
+    router = rnd_bf16(rng, e + 1, h)
+    x, nw = rnd(rng, 1, h), rnd(rng, h)
+    GU, DN, R, NW = env.up(gu), env.up(dn), env.up(router), env.up(nw)
+    ref = cpu.moe(cpu.rms_norm(x, nw, 1e-6), router.astype(np.float32), k, True, True, F32Experts(gu),
+                  F32Experts(dn), x.copy())
+    launched = _launched(ops, monkeypatch)
+    X = env.up(x)
+    out = ops.moe(ops.normed(X, NW, 1e-6), R, k, True, True, GU, DN, residual=X)
+    assert out is X
+    close(env.host(X), ref, TOL32 * 10)
+    if h % 2048 == 0:
+        assert launched == ["moe_router_fused_kernel", "moe_gate_up_wide_kernel", "moe_down_wide_kernel"]
+    elif h % 8 == 0:
+        assert "moe_router_fused_kernel" in launched and "add_kernel" not in launched
+    else:                                                            # no fused norm: the plain path
+        assert "rms_norm_kernel" in launched
+    if e == 256:
+        best, _ = _best_time(env, lambda: ops.moe(ops.normed(X, NW, 1e-6), R, k, True, True, GU, DN, residual=X),
+                             reps=5, graph=True)
+        print(f"\nMoE decode layer (norm, router, experts, residual add) E={e}+1 k={k}: {best * 1e6:.1f} us")
+
+
+@pytest.mark.parametrize("n,k", [(12352, 2048), (16480, 5120), (77, 40 * 8), (5, 2056)])
+def test_linear_normed_and_residual(env, rng, n, k, monkeypatch):
+    """One decode token: linear of a Normed row (the norm inside gemv_bf16_normed_kernel)
+    against rms_norm + linear and NumPy, and linear_add into a residual row in place (the GEMV
+    adds it as its bias); prints the normed GEMV against the norm + GEMV pair at the big shapes."""
+    ops = env.fresh()
+    w = rnd_bf16(rng, n, k)
+    x, nw, r = rnd(rng, 1, k), rnd(rng, k), rnd(rng, 1, n)
+    X, W, NW = env.up(x), env.up(w), env.up(nw)
+    ref = cpu.linear(cpu.rms_norm(x, nw, 1e-6), w.astype(np.float32))
+    launched = _launched(ops, monkeypatch)
+    close(env.host(ops.linear(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
+    assert launched == ["gemv_bf16_normed_kernel"]
+    R = env.up(r)
+    assert ops.linear_add(X, W, R) is R
+    close(env.host(R), r + cpu.linear(x, w.astype(np.float32)), TOL32 * 10)
+    assert "add_kernel" not in launched
+    if n > 10000:
+        pair, _ = _best_time(env, lambda: ops.linear(ops.rms_norm(X, NW, 1e-6), W), reps=5, graph=True)
+        fused, _ = _best_time(env, lambda: ops.linear(ops.normed(X, NW, 1e-6), W), reps=5, graph=True)
+        print(f"\nnormed GEMV {n}x{k}: norm + GEMV {pair * 1e6:.1f} us, fused {fused * 1e6:.1f} us "
+              f"({w.nbytes / fused / 1e9:.0f} GB/s)")
+
+
+@pytest.mark.parametrize("i,k", [(17408, 5120), (96, 264)])
+def test_linear_swiglu_normed(env, rng, i, k):
+    """The SwiGLU-epilogue GEMV on one Normed row against NumPy; the 27B MLP's times (-s)."""
+    ops = env.fresh()
+    w = rnd_bf16(rng, 2 * i, k)
+    x, nw = rnd(rng, 1, k), rnd(rng, k)
+    X, W, NW = env.up(x), env.up(w), env.up(nw)
+    ref = cpu.linear_swiglu(cpu.rms_norm(x, nw, 1e-6), w.astype(np.float32))
+    best, o = _best_time(env, lambda: ops.linear_swiglu(ops.normed(X, NW, 1e-6), W), reps=5, graph=True)
+    close(env.host(o), ref, TOL32 * 10)
+    if i == 17408:
+        pair, _ = _best_time(env, lambda: ops.linear_swiglu(ops.rms_norm(X, NW, 1e-6), W), reps=5, graph=True)
+        print(f"\nnormed GEMV + SwiGLU {2 * i}x{k}: norm + GEMV {pair * 1e6:.1f} us, fused {best * 1e6:.1f} us")
 
 
 @pytest.mark.parametrize("t,e,k", [(5, 256, 8), (1, 128, 8), (3, 60, 4), (2, 700, 8)])
