@@ -65,8 +65,9 @@ def _assert_waits_before_memory(ptx: str, name: str) -> None:
     assert wait < first, f"{name}: memory access before griddepcontrol.wait"
 
 
-@pytest.mark.parametrize("cc", OTHER_CC, ids=[f"sm{a}{b}" for a, b in OTHER_CC])
-def test_compile_other_targets(cc: tuple[int, int]) -> None:
+def check_other_target(cc: tuple[int, int]) -> None:
+    """Compile every sim=False kernel for cc, in a process whose current device has that cc (run
+    by test_compile_other_targets in a fresh interpreter)."""
     for name, spec in sorted(SPECS.items()):
         if spec.sim:
             continue
@@ -76,3 +77,23 @@ def test_compile_other_targets(cc: tuple[int, int]) -> None:
             _assert_waits_before_memory(ptx, name)
         else:                                   # griddepcontrol does not exist before sm_90
             assert "griddepcontrol" not in ptx, name
+
+
+@pytest.mark.parametrize("cc", OTHER_CC, ids=[f"sm{a}{b}" for a, b in OTHER_CC])
+def test_compile_other_targets(cc: tuple[int, int]) -> None:
+    """In a fresh interpreter that pretends its device has compute capability cc: numba
+    compiles device functions once, for the current device's cc (not the kernel's target), so
+    a process with a cc 9.0 device would hand its sm_90 helpers (the self_sync GEMVs'
+    griddepcontrol) to an sm_80 kernel. On a real sm_80 GPU the current device is sm_80,
+    which is what this reproduces."""
+    import subprocess
+    import sys
+
+    code = ("import types\n"
+            "import numba.cuda.dispatcher as disp\n"
+            f"disp.get_current_device = lambda: types.SimpleNamespace(compute_capability={cc!r})\n"
+            "from tests.kernels.test_compile_ptx import check_other_target\n"
+            f"check_other_target({cc!r})\n")
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
