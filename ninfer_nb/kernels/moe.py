@@ -122,9 +122,10 @@ def _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, t):
         weights[t, top_k] = float32(1.0) / (float32(1.0) + math.exp(-gate))
 
 
-@kernel((f32_2, f32_1, f32, u16_2, f32_2, f32_1, i32_1, i32, i32, i32, i32_2, f32_2), sim=False, fastmath=True,
-        launch_bounds=(ROUTE_BLOCK, 2), self_sync=True)
-def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, shared, ids, weights):
+@kernel((f32_2, f32_1, f32, u16_2, f32_2, f32_1, i32_1, i32, i32, i32, i32_2, f32_2, u16_3, f32_2),
+        sim=False, fastmath=True, launch_bounds=(ROUTE_BLOCK, 2), self_sync=True)
+def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, shared, ids, weights,
+                            gate_up, h):
     """Decode router in one launch, its RMSNorm fused in: logits = w [E + shared, H] @
     rms_norm(x[0], nw, eps) (bf16 weights, one token, H % 8 == 0, 16-byte aligned; the norm as
     in linear.gemv_bf16_normed_kernel), then the top-k of `_route_row`, in the block that
@@ -132,9 +133,15 @@ def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, s
     Warp 0 of block 0 also writes the normed row xn [1, H] for the expert kernels that follow
     (which then need no norm of their own: the wide gate_up kernel keeps its registers).
     Each block writes its rows' logits, fences, and bumps `counter` [1] (device memory, 0
-    between launches); the block that sees gridDim - 1 routes over all logits and sets the
+    between launches); the router block that arrives last routes over all logits and sets the
     counter back to 0, so a captured graph replays it. Replaces the norm + router GEMV +
-    moe_route triple; H200, 35B shape, timed in a graph (without the norm): 10.3 vs 10.6 us."""
+    moe_route triple; H200, 35B shape, timed in a graph (without the norm): 10.3 vs 10.6 us.
+
+    Launched with ceil(I / 8) more blocks after the router's ceil((E + 1) / 16) (shared = 1),
+    they compute the shared expert's SwiGLU row h[k] [I] (expert E of gate_up [E + 1, 2I, H], one
+    warp per (gate, up) row pair of the normed x), on SMs the router leaves idle while its
+    chain of fence, arrival and routing runs; the gate_up kernel then covers the k routed
+    slots only (the 35B's 512 blocks fit in two waves of 264 where 576 took a third)."""
     row = cuda.shared.array(ROUTE_MAX_E, float32)
     last = cuda.shared.array(1, int32)
     lane = cuda.threadIdx.x & 31
@@ -142,6 +149,20 @@ def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, s
     tid = cuda.threadIdx.x
     n_rows = w.shape[0]
     k_dim = w.shape[1]
+    rows_per_block = ROUTE_BLOCK // 32 * 2
+    router_blocks = (n_rows + rows_per_block - 1) // rows_per_block
+    if cuda.blockIdx.x >= router_blocks:         # the shared expert's gate_up rows
+        inter = h.shape[1]
+        j = (cuda.blockIdx.x - router_blocks) * (ROUTE_BLOCK // 32) + warp
+        if j < inter:
+            rg = ((n_rows - 1) * 2 * inter + j) * k_dim          # expert E = n_rows - 1
+            g, u, ss = _stream_pair_normed(x, 0, nw, gate_up, rg, rg + inter * k_dim, lane * 8, k_dim)
+            inv = inv_rms(ss, k_dim, eps)
+            g = warp_sum(g) * inv
+            u = warp_sum(u) * inv
+            if lane == 0:
+                h[top_k, j] = g / (float32(1.0) + math.exp(-g)) * u
+        return
     n0 = (cuda.blockIdx.x * (ROUTE_BLOCK // 32) + warp) * 2
     if n0 < n_rows:
         has1 = n0 + 1 < n_rows
@@ -163,7 +184,7 @@ def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, s
     fence_acq_rel_gpu()                          # this block's logits (and xn) before its arrival
     cuda.syncthreads()
     if tid == 0:
-        last[0] = 1 if cuda.atomic.add(counter, 0, 1) == cuda.gridDim.x - 1 else 0
+        last[0] = 1 if cuda.atomic.add(counter, 0, 1) == router_blocks - 1 else 0
     cuda.syncthreads()
     if last[0] == 0:
         return
@@ -353,13 +374,18 @@ def moe_gate_up_wide_kernel(x, ids, gate_up, h):
         h[ts, j] = (ag / (1.0 + math.exp(-ag))) * au
 
 
-@kernel((f32_2, i32_2, f32_2, u16_3, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
+@kernel((f32_2, i32_2, f32_2, u16_3, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2),
+        self_sync=True)
 def moe_down_wide_kernel(h, ids, weights, down, out, accumulate):
     """moe_down_kernel's contract, vectorised path only, I % 256 == 0, MOE_WIDE_DN (slot, chunk)
     items per pass: the 35B decode's 9 slots x 2 chunks of a 512-wide row take two memory round
     trips per warp (five with 4 items per pass). Items past the end repeat the last one and
     count 0; the sum over slots is folded into each lane's partial: one warp reduction.
-    accumulate = 1: out += the result (out is the residual stream; the decoder's residual add)."""
+    accumulate = 1: out += the result (out is the residual stream; the decoder's residual add).
+    self_sync: the first pass's ids, slot weights and expert weights are read before
+    grid_dependency_sync(), only h after it. ids and weights come from the router, two launches
+    back: the gate_up kernel between waits for the router before it lets this kernel start
+    (its entry runs wait, then launch_dependents), so they are complete when this one starts."""
     lane = cuda.threadIdx.x & 31
     warp = cuda.threadIdx.x >> 5
     hid = out.shape[1]
@@ -381,6 +407,7 @@ def moe_down_wide_kernel(h, ids, weights, down, out, accumulate):
             wv[c, 0], wv[c, 1], wv[c, 2], wv[c, 3] = ldg_stream_v4_u32(down, wo)
             hoff[c] = ho
             coef[c] = weights[t, s] if i + c <= last else float32(0.0)
+        grid_dependency_sync()                      # h is the gate_up kernel's output
         for c in range(MOE_WIDE_DN):
             ho = hoff[c]
             total += coef[c] * _dot8((wv[c, 0], wv[c, 1], wv[c, 2], wv[c, 3]), ldg_v4_f32(h, ho), ldg_v4_f32(h, ho + 4))

@@ -849,6 +849,17 @@ class CudaOps:
         experts (with the shared one, when it is a slot). One token of a `Normed` input: the
         fused router also writes the normed row, which the expert kernels read as plain x."""
         if self._router_fusable(x, router, top_k, shared_slot):
+            hid = router.shape[1]
+            inter = gate_up.shape[1] // 2
+            if (shared_slot and MOE_UNROLLED_MAX_T >= 1 and hid % (256 * K_moe.MOE_WIDE_GU) == 0
+                    and inter % 256 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(down) % 16 == 0):
+                # decode, wide experts: the router kernel computes the shared slot's h row too
+                h = self.empty((top_k + 1, inter))                       # [k + 1, I]
+                ids, w, xn = self._moe_router_fused(x, router, top_k, renormalize, shared_slot, gate_up, h)
+                w8 = K_moe.MOE_WARPS
+                self._go(K_moe.moe_gate_up_wide_kernel, ((inter + w8 - 1) // w8, top_k), 32 * w8, xn, ids,
+                         gate_up, h)
+                return self._moe_down_wide(h, ids, w, down, 1, hid, residual)
             ids, w, xn = self._moe_router_fused(x, router, top_k, renormalize, shared_slot)
             return self.moe_experts(xn, ids, w, gate_up, down, residual)
         ids, w = self.moe_router(x, router, top_k, renormalize, shared_slot)
@@ -859,10 +870,11 @@ class CudaOps:
         return (isinstance(x, Normed) and weight.dtype == bfloat16 and k % 8 == 0 and _ptr(weight) % 16 == 0
                 and n - int(shared_slot) <= K_moe.ROUTE_MAX_E and 0 < top_k < K_moe.MAX_TOPK)
 
-    def _moe_router_fused(self, x: Any, weight: Any, top_k: int, renormalize: bool,
-                          shared_slot: bool) -> tuple[Any, Any, Any]:
+    def _moe_router_fused(self, x: Any, weight: Any, top_k: int, renormalize: bool, shared_slot: bool,
+                          gate_up: Any = None, h: Any = None) -> tuple[Any, Any, Any]:
         """(ids, weights, the normed row xn [1, H]) from kernels/moe.py moe_router_fused_kernel:
-        the norm, the router GEMV and the top-k in one launch, with a persistent arrival counter."""
+        the norm, the router GEMV and the top-k in one launch, with a persistent arrival counter.
+        With gate_up and h [k + 1, I]: its extra blocks also write the shared slot's row h[k]."""
         n, k = weight.shape
         if self._router_counter is None:          # 0 between launches; the last block resets it
             self._router_counter = self.zeros((1,), np.int32, persistent=True)
@@ -872,10 +884,18 @@ class CudaOps:
         xn = self.empty((1, k))                                          # [1, H] rms_norm(x) * weight
         logits = self.empty((n,))                                        # [E (+1)] router logits
         rows = K_moe.ROUTE_BLOCK // 32 * 2
-        self._go(K_moe.moe_router_fused_kernel, (n + rows - 1) // rows, K_moe.ROUTE_BLOCK, _rows(x.x, k), x.weight,
+        blocks = (n + rows - 1) // rows
+        if h is not None:
+            blocks += (h.shape[1] + rows // 2 - 1) // (rows // 2)       # a warp per shared (gate, up) pair
+        else:
+            gate_up, h = self._dummy_u16_3(), xn                         # placeholders, never read
+        self._go(K_moe.moe_router_fused_kernel, blocks, K_moe.ROUTE_BLOCK, _rows(x.x, k), x.weight,
                  np.float32(x.eps), weight, xn, logits, self._router_counter, np.int32(top_k),
-                 np.int32(renormalize), np.int32(shared_slot), ids, w)
+                 np.int32(renormalize), np.int32(shared_slot), ids, w, gate_up, h)
         return ids, w, xn
+
+    def _dummy_u16_3(self) -> Any:
+        return self.empty((1, 1, 8), np.uint16)                          # a typed placeholder
 
     def moe_route(self, logits: Any, top_k: int, renormalize: bool = True,
                   shared_slot: bool = False) -> tuple[Any, Any]:

@@ -120,6 +120,44 @@ def test_pdl_decode_graph_logits_equal_plain_graph(name: str, tiny_checkpoints) 
         assert edges[0]["programmatic"] >= 10 and edges[0]["programmatic"] >= 2 * edges[0]["default"]
 
 
+# The 35B's MoE layout at a small depth (H = 2048, the shared expert as wide as the routed ones,
+# so it is a slot): decode takes the fused router with the norm and its extra blocks for the
+# shared slot, the wide gate_up over the routed slots, the down kernel's loads before its wait.
+WIDE_MOE = dict(wrapper=True, vocab_size=4096, pad_token_id=0, eos_token_id=1, hidden_size=2048,
+                num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                shared_expert_intermediate_size=256, linear_key_head_dim=32, linear_value_head_dim=64,
+                head_dim=64)
+
+
+def test_wide_moe_decode_matches_cpu_with_and_without_pdl(tiny_checkpoints) -> None:
+    """Decode steps of a bf16 H = 2048 MoE model against the CPU (same bf16 values, fp32
+    activations on both: one token never leaves the GEMV kernels) and, with and without
+    programmatic dependent launch, bitwise against each other; the decode kernels are the
+    35B's."""
+    path = tiny_checkpoints.get("gpu_bf16_wide_moe", "qwen35_moe", bf16=True, **WIDE_MOE)
+    ids = [int(t) for t in np.random.default_rng(12).integers(0, 4096, 24)]
+    ref = LLM(str(path), device="cpu", max_context=64, prefill_chunk=8).logits(ids)     # [24, V]
+    logits = []
+    for pdl in (True, False):
+        gen = LLM(str(path), device="cuda", max_context=64, prefill_chunk=8, pdl=pdl)._generator
+        gen.prefill(ids[:8])
+        ops, names = gen.backend.ops, []
+        go = ops._go
+        ops._go = lambda spec, *a, **kw: (names.append(spec.name), go(spec, *a, **kw))[1]
+        steps = [gen.decode(ids[8])]                                  # the eager step: recorded
+        ops._go = go
+        steps += [gen.decode(t) for t in ids[9:]]                     # capture, replays
+        logits.append(np.stack(steps))
+        assert {"gemv_bf16_normed_kernel", "moe_router_fused_kernel", "moe_gate_up_wide_kernel",
+                "moe_down_wide_kernel"} <= set(names)
+        assert not {"rms_norm_kernel", "add_rms_norm_kernel", "add_rms_norm_rows_kernel", "add_kernel"} & set(names)
+    assert np.array_equal(logits[0], logits[1])
+    scale = np.abs(ref[8:]).max()
+    err = np.abs(logits[0] - ref[8:]).max() / scale
+    print(f"\nwide MoE decode vs CPU: max error / max logit {err:.2e}")
+    assert err <= 1e-3
+
+
 @pytest.mark.parametrize("kv", ["bf16", "int8"])
 def test_compact_kv_cache_matches_cpu(kv: str, tiny_checkpoints) -> None:
     path = bf16_checkpoint(tiny_checkpoints, "qwen35_moe")

@@ -46,6 +46,9 @@ def test_compile_sm90(name: str, i: int) -> None:
 
 
 WEIGHT_STREAM_LOAD = "ld.global.nc.L1::no_allocate"    # ptx.ldg_stream_v4_u32: weights only
+# self_sync kernels that also read, before the wait, data written two or more launches back
+# (their docstrings say why that is complete): any global load, still no store or shared access
+EARLY_READERS = {"moe_down_wide_kernel"}
 
 
 def _assert_waits_before_memory(ptx: str, name: str) -> None:
@@ -58,6 +61,8 @@ def _assert_waits_before_memory(ptx: str, name: str) -> None:
     if SPECS[name].self_sync:
         assert WEIGHT_STREAM_LOAD in body[:wait], f"{name}: self_sync but no weight load before the wait"
         body = body.replace(WEIGHT_STREAM_LOAD, "weight-stream-load")
+        if name in EARLY_READERS:
+            body = body.replace("ld.global", "early-load")
         wait = body.find("griddepcontrol.wait;")
     first = min((i for i in (body.find(op) for op in ("ld.global", "st.global", "atom.", "red.", "cp.async",
                                                        "ld.shared", "st.shared", "ld.volatile")) if i >= 0),
