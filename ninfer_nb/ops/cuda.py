@@ -6,8 +6,10 @@ per-step `ScratchArena` (reset by the runner at the start of each step, so addre
 and the step is graph-capturable), kernels launch on the engine stream. Index inputs (ids,
 positions) must be int32 device tensors. Functions documented in ops/cpu.py as in-place
 (kv_store, causal_conv1d state, gated_delta_rule state) are in place here too.
-Extras beyond ops/cpu.py: add_rms_norm, argmax, sample, apply_penalties, count_tokens,
-empty/zeros/from_numpy/to_numpy, and `upload_weights`.
+`normed` of one token returns a `Normed` record that the decode kernels normalise as they read
+it (ops/cpu.py computes it at once); `plain` materialises one for a consumer without such a
+kernel. Extras beyond ops/cpu.py: plain, add_rms_norm, argmax, sample, apply_penalties,
+count_tokens, empty/zeros/from_numpy/to_numpy, and `upload_weights`.
 Under NUMBA_ENABLE_CUDASIM=1, pass a `HostArena` and `SimStream`: tensors are NumPy arrays and
 kernels that need warp shuffles / inline PTX are replaced by their simulator-safe siblings.
 """
