@@ -87,6 +87,17 @@ def _chunk(x, xi, k_dim, w0, w1, ok1, ok2, ok3, acc):
     return (a00, a01, a10, a11, a20, a21, a30, a31)
 
 
+@cuda.jit(device=True, inline=True)
+def pass_loads(w, r0, r1, k):
+    """One pass's weight loads, issued together: UNROLL (4) chunks of 256 columns of two rows
+    (flat offsets r0, r1) at this lane's column k, as (row 0 chunk 0, row 1 chunk 0, row 0
+    chunk 1, ...): 8 x 16 bytes in flight per lane."""
+    return (ldg_stream_v4_u32(w, r0 + k), ldg_stream_v4_u32(w, r1 + k),
+            ldg_stream_v4_u32(w, r0 + k + 256), ldg_stream_v4_u32(w, r1 + k + 256),
+            ldg_stream_v4_u32(w, r0 + k + 512), ldg_stream_v4_u32(w, r1 + k + 512),
+            ldg_stream_v4_u32(w, r0 + k + 768), ldg_stream_v4_u32(w, r1 + k + 768))
+
+
 @cuda.jit(device=True)
 def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc):
     """This lane's share of two weight rows (flat offsets r0, r1) times up to 4 tokens of x
@@ -97,14 +108,7 @@ def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc):
     x: a kernel registered with self_sync=True thus streams its first weights while the kernel
     before it (which wrote x) finishes; later calls return at once."""
     while k + (UNROLL - 1) * 256 < k_end:
-        w00 = ldg_stream_v4_u32(w, r0 + k)
-        w10 = ldg_stream_v4_u32(w, r1 + k)
-        w01 = ldg_stream_v4_u32(w, r0 + k + 256)
-        w11 = ldg_stream_v4_u32(w, r1 + k + 256)
-        w02 = ldg_stream_v4_u32(w, r0 + k + 512)
-        w12 = ldg_stream_v4_u32(w, r1 + k + 512)
-        w03 = ldg_stream_v4_u32(w, r0 + k + 768)
-        w13 = ldg_stream_v4_u32(w, r1 + k + 768)
+        w00, w10, w01, w11, w02, w12, w03, w13 = pass_loads(w, r0, r1, k)
         grid_dependency_sync()      # x is the previous kernel's output; the weights were not
         xi = t0 * k_dim + k
         acc = _chunk(x, xi, k_dim, w00, w10, ok1, ok2, ok3, acc)
@@ -146,14 +150,7 @@ def _stream_pair_normed(x, xr, nw, w, r0, r1, k, k_end):
     a1 = float32(0.0)
     ss = float32(0.0)
     while k + (UNROLL - 1) * 256 < k_end:
-        w00 = ldg_stream_v4_u32(w, r0 + k)
-        w10 = ldg_stream_v4_u32(w, r1 + k)
-        w01 = ldg_stream_v4_u32(w, r0 + k + 256)
-        w11 = ldg_stream_v4_u32(w, r1 + k + 256)
-        w02 = ldg_stream_v4_u32(w, r0 + k + 512)
-        w12 = ldg_stream_v4_u32(w, r1 + k + 512)
-        w03 = ldg_stream_v4_u32(w, r0 + k + 768)
-        w13 = ldg_stream_v4_u32(w, r1 + k + 768)
+        w00, w10, w01, w11, w02, w12, w03, w13 = pass_loads(w, r0, r1, k)
         grid_dependency_sync()
         ya, yb, s = _normed8(x, xr + k, nw, k)
         a0 += _dot8(w00, ya, yb)

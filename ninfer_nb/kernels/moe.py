@@ -28,7 +28,7 @@ import math
 from numba import cuda, float32, int32, uint32
 
 from ninfer_nb.kernels.bf16 import widen
-from ninfer_nb.kernels.linear import _dot8, _stream_pair_normed, inv_rms, warp_sum
+from ninfer_nb.kernels.linear import _dot8, _stream_pair_normed, inv_rms, pass_loads, warp_sum
 from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
 from ninfer_nb.kernels.ptx import fence_acq_rel_gpu, grid_dependency_sync, ldg_stream_v4_u32, ldg_v4_f32, st_v4_f32
 from ninfer_nb.kernels.registry import kernel
@@ -298,14 +298,7 @@ def moe_gate_up_unrolled_kernel(x, ids, gate_up, h):
     ag = float32(0.0)
     au = float32(0.0)
     for kk in range(lane * 8, hid, 256 * MOE_UNROLL):
-        g0 = ldg_stream_v4_u32(gate_up, rg + kk)
-        u0 = ldg_stream_v4_u32(gate_up, ru + kk)
-        g1 = ldg_stream_v4_u32(gate_up, rg + kk + 256)
-        u1 = ldg_stream_v4_u32(gate_up, ru + kk + 256)
-        g2 = ldg_stream_v4_u32(gate_up, rg + kk + 512)
-        u2 = ldg_stream_v4_u32(gate_up, ru + kk + 512)
-        g3 = ldg_stream_v4_u32(gate_up, rg + kk + 768)
-        u3 = ldg_stream_v4_u32(gate_up, ru + kk + 768)
+        g0, u0, g1, u1, g2, u2, g3, u3 = pass_loads(gate_up, rg, ru, kk)
         xa = ldg_v4_f32(x, xr + kk)
         xb = ldg_v4_f32(x, xr + kk + 4)
         ag += _dot8(g0, xa, xb)
