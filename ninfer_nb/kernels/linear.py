@@ -187,6 +187,15 @@ def inv_rms(ss_warp, k_dim, eps):
     return float32(1.0) / math.sqrt(warp_sum(ss_warp) / k_dim + eps)
 
 
+@cuda.jit(device=True, inline=True)
+def normed_pair_dots(x, nw, eps, w, r0, r1, lane, k_dim):
+    """(w[r0] . rms_norm(x[0], nw, eps), w[r1] . rms_norm(x[0], nw, eps), 1 / rms) for one
+    token, summed over the warp (every lane gets them): the normed GEMVs' row pair."""
+    a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0, r1, lane * 8, k_dim)
+    inv = inv_rms(ss, k_dim, eps)
+    return warp_sum(a0) * inv, warp_sum(a1) * inv, inv
+
+
 @kernel((f32_2, u16_2, f32_1, f32_2, i32, i32), sim=False, fastmath=True, launch_bounds=(256, 2),
         self_sync=True)
 def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
@@ -326,10 +335,7 @@ def gemv_bf16_normed_kernel(x, nw, eps, w, bias, out, has_bias):
         return
     has1 = n0 + 1 < n_rows
     n1 = n0 + 1 if has1 else n0
-    a0, a1, ss = _stream_pair_normed(x, 0, nw, w, n0 * k_dim, n1 * k_dim, lane * 8, k_dim)
-    inv = inv_rms(ss, k_dim, eps)
-    a0 = warp_sum(a0) * inv
-    a1 = warp_sum(a1) * inv
+    a0, a1, _ = normed_pair_dots(x, nw, eps, w, n0 * k_dim, n1 * k_dim, lane, k_dim)
     if lane == 0:
         out[0, n0] = a0 + (bias[n0] if has_bias != 0 else float32(0.0))
         if has1:
@@ -348,10 +354,7 @@ def gemv_bf16_swiglu_normed_kernel(x, nw, eps, w, h):
     j = cuda.blockIdx.x * GEMV_WARPS + warp
     if j >= inter:
         return
-    g, u, ss = _stream_pair_normed(x, 0, nw, w, j * k_dim, (inter + j) * k_dim, lane * 8, k_dim)
-    inv = inv_rms(ss, k_dim, eps)
-    g = warp_sum(g) * inv
-    u = warp_sum(u) * inv
+    g, u, _ = normed_pair_dots(x, nw, eps, w, j * k_dim, (inter + j) * k_dim, lane, k_dim)
     if lane == 0:
         h[0, j] = g / (float32(1.0) + math.exp(-g)) * u
 

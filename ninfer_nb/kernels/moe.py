@@ -28,7 +28,7 @@ import math
 from numba import cuda, float32, int32, uint32
 
 from ninfer_nb.kernels.bf16 import widen
-from ninfer_nb.kernels.linear import _dot8, _stream_pair_normed, inv_rms, pass_loads, warp_sum
+from ninfer_nb.kernels.linear import _dot8, normed_pair_dots, pass_loads, warp_sum
 from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
 from ninfer_nb.kernels.ptx import fence_acq_rel_gpu, grid_dependency_sync, ldg_stream_v4_u32, ldg_v4_f32, st_v4_f32
 from ninfer_nb.kernels.registry import kernel
@@ -156,10 +156,7 @@ def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, s
         j = (cuda.blockIdx.x - router_blocks) * (ROUTE_BLOCK // 32) + warp
         if j < inter:
             rg = ((n_rows - 1) * 2 * inter + j) * k_dim          # expert E = n_rows - 1
-            g, u, ss = _stream_pair_normed(x, 0, nw, gate_up, rg, rg + inter * k_dim, lane * 8, k_dim)
-            inv = inv_rms(ss, k_dim, eps)
-            g = warp_sum(g) * inv
-            u = warp_sum(u) * inv
+            g, u, _ = normed_pair_dots(x, nw, eps, gate_up, rg, rg + inter * k_dim, lane, k_dim)
             if lane == 0:
                 h[top_k, j] = g / (float32(1.0) + math.exp(-g)) * u
         return
@@ -167,10 +164,7 @@ def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, s
     if n0 < n_rows:
         has1 = n0 + 1 < n_rows
         n1 = n0 + 1 if has1 else n0
-        a0, a1, ss = _stream_pair_normed(x, 0, nw, w, n0 * k_dim, n1 * k_dim, lane * 8, k_dim)
-        inv = inv_rms(ss, k_dim, eps)
-        a0 = warp_sum(a0) * inv
-        a1 = warp_sum(a1) * inv
+        a0, a1, inv = normed_pair_dots(x, nw, eps, w, n0 * k_dim, n1 * k_dim, lane, k_dim)
         if lane == 0:
             logits[n0] = a0
             if has1:
