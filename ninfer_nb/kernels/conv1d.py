@@ -49,7 +49,7 @@ def causal_conv1d_kernel(x, conv_state, weight, out):
                 win[j] = win[j + 1]
         if kw >= 2:
             win[kw - 2] = cur
-        out[t, c] = y / (1.0 + math.exp(-y))
+        out[t, c] = y / (float32(1.0) + math.exp(-y))
     for j in range(MAX_K):
         if j < kw - 1:
             conv_state[j, c] = win[j]

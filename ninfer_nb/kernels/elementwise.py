@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda
+from numba import cuda, float32
 
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32
 from ninfer_nb.kernels.registry import kernel
@@ -46,7 +46,7 @@ def silu_kernel(x, out):
     stride = cuda.gridsize(1)
     while i < out.shape[0]:
         v = x[i]
-        out[i] = v / (1.0 + math.exp(-v))
+        out[i] = v / (float32(1.0) + math.exp(-v))
         i += stride
 
 
@@ -55,7 +55,7 @@ def sigmoid_kernel(x, out):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     while i < out.shape[0]:
-        out[i] = 1.0 / (1.0 + math.exp(-x[i]))
+        out[i] = float32(1.0) / (float32(1.0) + math.exp(-x[i]))
         i += stride
 
 
@@ -65,7 +65,7 @@ def sigmoid_mul_kernel(x, gate, out, group):
     i = cuda.grid(1)
     stride = cuda.gridsize(1)
     while i < out.shape[0]:
-        out[i] = x[i] * (1.0 / (1.0 + math.exp(-gate[i // group])))
+        out[i] = x[i] * (float32(1.0) / (float32(1.0) + math.exp(-gate[i // group])))
         i += stride
 
 
@@ -80,7 +80,7 @@ def swiglu_kernel(gate_up, out):
         t = i // inter
         j = i - t * inter
         g = gate_up[t, j]
-        out[t, j] = (g / (1.0 + math.exp(-g))) * gate_up[t, inter + j]
+        out[t, j] = (g / (float32(1.0) + math.exp(-g))) * gate_up[t, inter + j]
         i += stride
 
 

@@ -33,9 +33,9 @@ def gdn_gates_kernel(a, b, a_log, dt_bias, g_out, beta_out):
         t = i // hv
         h = i - t * hv
         x = a[t, h] + dt_bias[h]
-        sp = x if x > 20.0 else math.log1p(math.exp(min(x, 20.0)))
+        sp = x if x > float32(20.0) else math.log1p(math.exp(min(x, float32(20.0))))
         g_out[t, h] = -math.exp(a_log[h]) * sp
-        beta_out[t, h] = 1.0 / (1.0 + math.exp(-b[t, h]))
+        beta_out[t, h] = float32(1.0) / (float32(1.0) + math.exp(-b[t, h]))
         i += stride
 
 
@@ -43,7 +43,7 @@ def gdn_gates_kernel(a, b, a_log, dt_bias, g_out, beta_out):
 def _gates(a, b, a_log, dt_bias, t, h):
     """(g, beta) of token t, head h from the raw projections a, b [T, Hv] (as gdn_gates_kernel)."""
     x = a[t, h] + dt_bias[h]
-    sp = x if x > 20.0 else math.log1p(math.exp(min(x, 20.0)))
+    sp = x if x > float32(20.0) else math.log1p(math.exp(min(x, float32(20.0))))
     return -math.exp(a_log[h]) * sp, float32(1.0) / (float32(1.0) + math.exp(-b[t, h]))
 
 

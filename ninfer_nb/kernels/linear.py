@@ -184,7 +184,7 @@ def _stream_pair_normed(x, xr, nw, w, r0, r1, k, k_end):
 @cuda.jit(device=True, inline=True)
 def inv_rms(ss_warp, k_dim, eps):
     """1 / rms from a warp's partial sums of squares over a whole k_dim-wide row."""
-    return float32(1.0) / math.sqrt(warp_sum(ss_warp) / k_dim + eps)
+    return float32(1.0) / math.sqrt(warp_sum(ss_warp) / float32(k_dim) + eps)
 
 
 @cuda.jit(device=True, inline=True)

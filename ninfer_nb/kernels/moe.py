@@ -36,6 +36,7 @@ from ninfer_nb.kernels.registry import kernel
 ROUTE_BLOCK = 256     # power of two
 ROUTE_MAX_E = 1024    # experts per router row
 MAX_TOPK = 32
+ROUTE_MAX_CAND = ROUTE_MAX_E // 32 * MAX_TOPK    # top-k candidates: k per 32-expert tile
 MOE_WARPS = 8
 
 
@@ -55,47 +56,68 @@ def moe_route_kernel(logits, top_k, renorm, shared, ids, weights):
 
 @cuda.jit(device=True)
 def _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, t):
-    """Top-k of the logits row [E] staged in shared memory (the staging stores are made visible
-    by the first barrier here), softmax weights, the shared slot from its gate logit; the whole
-    block (a power of two <= ROUTE_BLOCK threads) takes part.
+    """Top-k of the logits row [E] staged in shared memory (row has ROUTE_MAX_E entries; the
+    staging stores are made visible by the first barrier here), softmax weights, the shared
+    slot from its gate logit; the whole block (a power of two <= ROUTE_BLOCK threads) takes
+    part. Ties rank the lower expert id first.
 
-    Top-k by rank, not by k rounds of arg-max: each thread counts, for its experts e, how many
-    logits beat logit e (a larger value, or an equal one with a lower id). Rank r < k puts e in
-    slot r. Ranks are distinct, so every slot is written exactly once. Three barriers (plus
-    one block sum of exp when not renormalising) instead of ~10 per selected expert; every
-    shared read is a broadcast."""
+    Two stages of rank counting (no k rounds of arg-max): (1) each warp ranks the 32 experts
+    of a tile among themselves (32 broadcast shared loads per lane) and the tile's top k go to
+    the candidate list at slot tile * k + rank; (2) every candidate is ranked among the
+    n_tiles * k candidates, and rank r < k puts it in slot r. Every expert beaten by fewer than
+    k others is in its tile's top k, and so is everything that beats it: a candidate's rank
+    among the candidates is its rank among all E. Equal logits keep id order in the slot order
+    (within a tile by rank, across tiles by tile), so stage 2 breaks ties by slot. H200, 35B
+    router (E = 256, k = 8): ranking all E against all E in one stage (256 x 256 compares on
+    one SM) was most of the fused router's 12 us chain. The tile's padding (experts >= E) is
+    -inf with ids after every real one: it ranks after them and fills the slots of a tile
+    with fewer than k experts, so every candidate slot is written."""
     top_p = cuda.shared.array(MAX_TOPK, float32)
     red = cuda.shared.array(ROUTE_BLOCK, float32)
+    cand_v = cuda.shared.array(ROUTE_MAX_CAND, float32)
+    cand_e = cuda.shared.array(ROUTE_MAX_CAND, int32)
     tid = cuda.threadIdx.x
     nthr = cuda.blockDim.x
-    if tid < top_k:                              # NaN logits rank nowhere: keep the ids valid
+    lane = tid & 31
+    n_tiles = (n_exp + 31) >> 5
+    for e in range(n_exp + tid, n_tiles * 32, nthr):
+        row[e] = -math.inf
+    if tid < top_k:                              # NaN logits rank unpredictably: keep ids valid
         ids[t, tid] = 0
         top_p[tid] = float32(0.0)
     cuda.syncthreads()
-    for e in range(tid, n_exp, nthr):
-        v = row[e]
-        # rank = #larger + #equal with a lower id. The main pass counts larger and equal
-        # logits, branch-free, 4 independent shared loads per step (a plain loop waits on every
-        # load in turn: moe_route was 11.5 us per token at E = 256 in the 35B decode profile);
-        # only a tie (another expert with the same logit) takes the second, exact pass.
+    for tile in range(tid >> 5, n_tiles, nthr >> 5):
+        base = tile * 32
+        v = row[base + lane]
         rank = 0
-        same = 0
-        j = 0
-        while j + 4 <= n_exp:
-            u0, u1, u2, u3 = row[j], row[j + 1], row[j + 2], row[j + 3]
-            rank += int32(u0 > v) + int32(u1 > v) + int32(u2 > v) + int32(u3 > v)
-            same += int32(u0 == v) + int32(u1 == v) + int32(u2 == v) + int32(u3 == v)
-            j += 4
-        while j < n_exp:
-            rank += int32(row[j] > v)
-            same += int32(row[j] == v)
-            j += 1
-        if same > 1:                             # ties: the lower ids among them rank first
-            for j2 in range(e):
-                rank += int32(row[j2] == v)
+        for j in range(0, 32, 4):                # lanes j < lane beat v on ties too
+            u0, u1, u2, u3 = row[base + j], row[base + j + 1], row[base + j + 2], row[base + j + 3]
+            rank += (int32(u0 > v) + int32(u1 > v) + int32(u2 > v) + int32(u3 > v)
+                     + int32((u0 == v) & (j < lane)) + int32((u1 == v) & (j + 1 < lane))
+                     + int32((u2 == v) & (j + 2 < lane)) + int32((u3 == v) & (j + 3 < lane)))
         if rank < top_k:
+            cand_v[tile * top_k + rank] = v
+            cand_e[tile * top_k + rank] = base + lane
+    cuda.syncthreads()
+    n_cand = n_tiles * top_k
+    for i in range(tid, n_cand, nthr):
+        v = cand_v[i]
+        rank = 0
+        j = 0
+        while j + 4 <= n_cand:
+            u0, u1, u2, u3 = cand_v[j], cand_v[j + 1], cand_v[j + 2], cand_v[j + 3]
+            rank += (int32(u0 > v) + int32(u1 > v) + int32(u2 > v) + int32(u3 > v)
+                     + int32((u0 == v) & (j < i)) + int32((u1 == v) & (j + 1 < i))
+                     + int32((u2 == v) & (j + 2 < i)) + int32((u3 == v) & (j + 3 < i)))
+            j += 4
+        while j < n_cand:
+            u0 = cand_v[j]
+            rank += int32(u0 > v) + int32((u0 == v) & (j < i))
+            j += 1
+        e = cand_e[i]
+        if rank < top_k and 0 <= e < n_exp:
             ids[t, rank] = e
-            top_p[rank] = v                      # logit for now; the max is slot 0's
+            top_p[rank] = v
     cuda.syncthreads()
     mx = top_p[0]
     total = float32(0.0)
@@ -237,7 +259,7 @@ def moe_gate_up_kernel(x, ids, gate_up, h, vec):
     ag = warp_sum(ag)
     au = warp_sum(au)
     if lane == 0:
-        h[ts, j] = (ag / (1.0 + math.exp(-ag))) * au
+        h[ts, j] = (ag / (float32(1.0) + math.exp(-ag))) * au
 
 
 @kernel((f32_2, i32_2, f32_2, u16_3, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2))
@@ -312,16 +334,7 @@ def moe_gate_up_unrolled_kernel(x, ids, gate_up, h):
     ag = warp_sum(ag)
     au = warp_sum(au)
     if lane == 0:
-        h[ts, j] = (ag / (1.0 + math.exp(-ag))) * au
-
-
-@cuda.jit(device=True)
-def _down_addr(ids, t, item, nch, hid, inter, n, lane):
-    """(weight offset, h offset, slot) of flattened item = slot * nch + chunk for this lane."""
-    top_k = ids.shape[1]
-    s = item // nch
-    kk = (item - s * nch) * 256 + lane * 8
-    return (ids[t, s] * hid + n) * inter + kk, (t * top_k + s) * inter + kk, s
+        h[ts, j] = (ag / (float32(1.0) + math.exp(-ag))) * au
 
 
 MOE_WIDE_GU = 8    # 256-column chunks of both rows per pass in moe_gate_up_wide: 16 loads in flight
@@ -358,7 +371,7 @@ def moe_gate_up_wide_kernel(x, ids, gate_up, h):
     ag = warp_sum(ag)
     au = warp_sum(au)
     if lane == 0:
-        h[ts, j] = (ag / (1.0 + math.exp(-ag))) * au
+        h[ts, j] = (ag / (float32(1.0) + math.exp(-ag))) * au
 
 
 @kernel((f32_2, i32_2, f32_2, u16_3, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2),
@@ -382,18 +395,26 @@ def moe_down_wide_kernel(h, ids, weights, down, out, accumulate):
     if n >= hid:
         return
     nch = inter // 256
-    n_items = ids.shape[1] * nch
-    last = n_items - 1
+    n_slots = ids.shape[1]
+    n_items = n_slots * nch
     wv = cuda.local.array((MOE_WIDE_DN, 4), uint32)     # [item, word] weight words
     hoff = cuda.local.array(MOE_WIDE_DN, int32)         # [item] flat index into h
     coef = cuda.local.array(MOE_WIDE_DN, float32)       # [item] slot weight (0 past the end)
     total = float32(0.0)
+    s = 0                                               # slot and chunk of the next item
+    ch = 0
     for i in range(0, n_items, MOE_WIDE_DN):
         for c in range(MOE_WIDE_DN):
-            wo, ho, s = _down_addr(ids, t, min(i + c, last), nch, hid, inter, n, lane)
-            wv[c, 0], wv[c, 1], wv[c, 2], wv[c, 3] = ldg_stream_v4_u32(down, wo)
-            hoff[c] = ho
-            coef[c] = weights[t, s] if i + c <= last else float32(0.0)
+            live = i + c < n_items                      # past the end: the last item, weight 0
+            sl = s if live else n_slots - 1
+            kk = (ch if live else nch - 1) * 256 + lane * 8
+            wv[c, 0], wv[c, 1], wv[c, 2], wv[c, 3] = ldg_stream_v4_u32(down, (ids[t, sl] * hid + n) * inter + kk)
+            hoff[c] = (t * n_slots + sl) * inter + kk
+            coef[c] = weights[t, sl] if live else float32(0.0)
+            ch += 1
+            if ch == nch:
+                ch = 0
+                s += 1
         grid_dependency_sync()                      # h is the gate_up kernel's output
         for c in range(MOE_WIDE_DN):
             ho = hoff[c]

@@ -101,7 +101,7 @@ def rms_norm_kernel(x, w, out, eps):
         v = x[r, i]
         acc += v * v
     ss = _block_sum(red, acc)
-    inv = float32(1.0) / math.sqrt(ss / d + eps)
+    inv = float32(1.0) / math.sqrt(ss / float32(d) + eps)
     for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
         out[r, i] = (x[r, i] * inv) * w[i]
 
@@ -133,7 +133,7 @@ def add_rms_norm_kernel(x, residual, w, out, new_residual, eps):
         if i < d:
             new_residual[r, i] = hv[e]
     ss = _block_sum(red, acc)
-    inv = float32(1.0) / math.sqrt(ss / d + eps)
+    inv = float32(1.0) / math.sqrt(ss / float32(d) + eps)
     for e in range(PER_THREAD):
         i = tid + e * nthr
         if i < d:
@@ -177,7 +177,7 @@ def add_rms_norm_rows_kernel(x, residual, w, out, new_residual, d, eps):
             acc += v0 * v0 + v1 * v1 + v2 * v2 + v3 * v3
             st_v4_f32(new_residual, base + (tid + e * ROWS_THREADS) * 4, v0, v1, v2, v3)
     ss = _block_sum(red, acc)
-    inv = float32(1.0) / math.sqrt(ss / d + eps)
+    inv = float32(1.0) / math.sqrt(ss / float32(d) + eps)
     for e in range(ROWS_MAX_V4):
         if e < n4:
             j = (tid + e * ROWS_THREADS) * 4
@@ -199,10 +199,10 @@ def gated_rms_norm_kernel(x, z, w, out, eps):
         v = x[r, i]
         acc += v * v
     ss = _block_sum(red, acc)
-    inv = float32(1.0) / math.sqrt(ss / d + eps)
+    inv = float32(1.0) / math.sqrt(ss / float32(d) + eps)
     for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
         zz = z[r, i]
-        out[r, i] = ((x[r, i] * inv) * w[i]) * (zz / (1.0 + math.exp(-zz)))
+        out[r, i] = ((x[r, i] * inv) * w[i]) * (zz / (float32(1.0) + math.exp(-zz)))
 
 
 WARP_ROWS = 8           # gated_rms_norm_warp_kernel: rows (warps) per block
@@ -258,7 +258,7 @@ def gated_rms_norm_warp_kernel(x, z, w, out, eps):
     for e in range(8):
         acc += xv[e] * xv[e]
     ss = _row_sum(red, acc)
-    inv = float32(1.0) / math.sqrt(ss / d + eps)
+    inv = float32(1.0) / math.sqrt(ss / float32(d) + eps)
     if r < n_rows:
         for e in range(8):
             i = lane + 32 * e

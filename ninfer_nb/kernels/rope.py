@@ -64,7 +64,7 @@ def qk_norm_rope_store_kernel(q, k, v, q_norm, k_norm, has_norm, positions, rota
     if has_norm != 0:
         ss = _block_sum(red, x * x)
         if i < d:
-            x = (x * (float32(1.0) / math.sqrt(ss / d + eps))) * (q_norm[i] if is_q else k_norm[i])
+            x = (x * (float32(1.0) / math.sqrt(ss / float32(d) + eps))) * (q_norm[i] if is_q else k_norm[i])
     if i < d:
         row[i] = x
     cuda.syncthreads()

@@ -203,6 +203,15 @@ def test_moe_route(ops):
         ir, wr = cpu.moe_route(wide, 8, renorm)
         np.testing.assert_array_equal(ids, ir)
         close(w, wr)
+    ties = np.zeros((3, 70), np.float32)                   # ties inside and across 32-expert tiles
+    ties[1, [3, 40, 65]] = 1.0
+    ties[2, ::2] = 0.5
+    for renorm in (True, False):
+        ids, w = ops.moe_route(ties, 5, renorm)
+        ir, wr = cpu.moe_route(ties, 5, renorm)
+        np.testing.assert_array_equal(ids, ir)
+        close(w, wr)
+    np.testing.assert_array_equal(ids[1], [3, 40, 65, 0, 1])
     for renorm in (True, False):                           # + the shared expert's gate column
         ids, w = ops.moe_route(logits, 4, renorm, True)
         ir, wr = cpu.moe_route(logits, 4, renorm, True)
