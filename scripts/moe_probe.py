@@ -118,7 +118,17 @@ def main() -> None:
     def gemv(ly: dict, fx: tuple) -> None:
         ops.linear(ops.normed(X, NW, 1e-6), ly["w"])
 
-    cases = [("router (GEMV + shared h + route)", router),
+    one = env.up(rnd(rng, 1))
+
+    def tiny(ly: dict, fx: tuple) -> None:
+        ops.add_into(one, one)
+
+    def gemv257(ly: dict, fx: tuple) -> None:
+        ops.linear(ops.normed(X, NW, 1e-6), ly["r"])
+
+    cases = [("1-element add (launch floor)", tiny),
+             ("normed GEMV 257x2048 (router rows)", gemv257),
+             ("router (GEMV + shared h + route)", router),
              ("router, no shared blocks", router_only),
              ("router + gate_up", router_gate_up),
              ("full MoE block", full),
