@@ -181,6 +181,60 @@ def grid_dependency_sync(typingctx):
     return types.void(), codegen
 
 
+def _sm90(asm: str) -> str:
+    """`asm` when lowering for cc >= 9.0, else nothing (the compile target as in
+    grid_dependency_sync)."""
+    from numba.cuda.core import targetconfig
+
+    cc = targetconfig.ConfigStack().top().compute_capability
+    return asm if cc is not None and tuple(cc[:2]) >= (9, 0) else ""
+
+
+def _make_sm90_noarg(name: str, asm: str) -> Any:
+    def typer(typingctx):
+        def codegen(context, builder, sig, args):
+            code = _sm90(asm)
+            if code:
+                _asm(builder, code, "~{memory}", ir.VoidType(), [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    typer.__name__ = name
+    return intrinsic(typer)
+
+
+# Thread-block clusters (cc >= 9.0; nothing is emitted below, where no kernel is launched as a
+# cluster). Every thread of every block of the cluster makes each call, arrive and wait in turn.
+# cluster_arrive_relaxed at a kernel's start and cluster_wait before the first access to another
+# block's shared memory: every block of the cluster has started (its shared memory exists).
+cluster_arrive_relaxed = _make_sm90_noarg("cluster_arrive_relaxed", "barrier.cluster.arrive.relaxed.aligned;")
+cluster_wait = _make_sm90_noarg("cluster_wait", "barrier.cluster.wait.aligned;")
+# The cluster-wide barrier with release / acquire: stores to any block's shared memory before it
+# are visible to every thread of the cluster after it.
+cluster_sync = _make_sm90_noarg("cluster_sync", "barrier.cluster.arrive.release.aligned; "
+                                                "barrier.cluster.wait.acquire.aligned;")
+
+
+@intrinsic
+def st_cluster_f32(typingctx, saddr, rank, v):
+    """Store the float32 v at shared-window address saddr (smem_u32 arithmetic) of the cluster's
+    block `rank` (mapa.shared::cluster + st.shared::cluster). Nothing below cc 9.0."""
+    if not isinstance(saddr, types.Integer) or not isinstance(rank, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        code = _sm90("{ .reg .u32 ra; mapa.shared::cluster.u32 ra, $0, $1; st.shared::cluster.f32 [ra], $2; }")
+        if code:
+            a = _u32(context, builder, args[0], sig.args[0])
+            r = _u32(context, builder, args[1], sig.args[1])
+            f = context.cast(builder, args[2], sig.args[2], types.float32)
+            _asm(builder, code, "r,r,f,~{memory}", ir.VoidType(), [a, r, f])
+        return context.get_dummy_value()
+
+    return types.void(saddr, rank, types.float32), codegen
+
+
 @intrinsic
 def ldsm_x4(typingctx, saddr):
     """ldmatrix.x4 (non-transposed): four 8x8 b16 matrices, lanes 8i..8i+7 address matrix i's rows."""

@@ -83,6 +83,10 @@ SPLITK2_MIN_K = 4096
 # to this many tokens. H200, 35B profile: 1.04 -> 0.92 ms per decode token; at T = 4 the
 # kernel test timed them slower than the plain pair, so batches keep the plain kernels.
 MOE_UNROLLED_MAX_T = 1
+# The decode router as one thread-block cluster (kernels/moe.py moe_router_cluster_kernel, cc >=
+# 9.0, up to 256 routed experts) instead of the arrival-counter kernel. H200, 35B MoE block:
+# see that kernel's docstring.
+ROUTER_CLUSTER = True
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
 
@@ -230,6 +234,7 @@ class CudaOps:
         self.experimental: frozenset[str] = frozenset()
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
         self._launchers: dict[str, Launcher] = {}                     # kernel name -> direct launcher
+        self._cluster_ok: dict[int, bool] = {}                        # router cluster size -> launchable
         self._cu_stream = None if SIM else stream.cu                  # CUstream for cuLaunchKernel
         # Programmatic dependent launch (cc >= 9.0) inside `programmatic_launches()`: a kernel
         # that directly follows another kernel of ours on the stream is launched with the PDL
@@ -304,20 +309,26 @@ class CudaOps:
         finally:
             self._pdl = before
 
-    def _go(self, spec: Any, grid: Any, block: int, *args: Any, smem: int = 0) -> None:
+    def _launcher(self, spec: Any) -> Launcher:
+        launcher = self._launchers.get(spec.name)
+        if launcher is None:
+            launcher = self._launchers[spec.name] = Launcher(spec.get())
+        return launcher
+
+    def _go(self, spec: Any, grid: Any, block: int, *args: Any, smem: int = 0, cluster: int = 0) -> None:
         """Launch `spec` on the engine stream: straight through cuLaunchKernel
         (runtime/launch.py) when every array argument is a device Tensor, else (the simulator,
-        host arrays) through numba's dispatcher."""
+        host arrays) through numba's dispatcher. `cluster` > 0: as thread-block clusters of
+        that many blocks (device Tensors only)."""
         if not SIM:
-            launcher = self._launchers.get(spec.name)
-            if launcher is None:
-                launcher = self._launchers[spec.name] = Launcher(spec.get())
             try:
-                launcher(grid, block, self._cu_stream, args, smem, self._pdl and self._after_kernel)
+                self._launcher(spec)(grid, block, self._cu_stream, args, smem, self._pdl and self._after_kernel,
+                                     cluster)
                 self._after_kernel = True
                 return
             except NotDeviceArgs:
-                pass
+                if cluster:
+                    raise
         self._after_kernel = True
         if smem:
             spec[grid, block, self.stream.numba, smem](*[_kv(a) for a in args])
@@ -874,27 +885,51 @@ class CudaOps:
 
     def _moe_router_fused(self, x: Any, weight: Any, top_k: int, renormalize: bool, shared_slot: bool,
                           gate_up: Any = None, h: Any = None) -> tuple[Any, Any, Any]:
-        """(ids, weights, the normed row xn [1, H]) from kernels/moe.py moe_router_fused_kernel:
-        the norm, the router GEMV and the top-k in one launch, with a persistent arrival counter.
-        With gate_up and h [k + 1, I]: its extra blocks also write the shared slot's row h[k]."""
+        """(ids, weights, the normed row xn [1, H]) from one launch of the norm, the router GEMV
+        and the top-k: kernels/moe.py moe_router_cluster_kernel (cc >= 9.0, E <= 256; the logits
+        meet in one block's shared memory) or moe_router_fused_kernel (a persistent arrival
+        counter; the last block routes). With gate_up and h [k + 1, I]: its extra blocks also
+        write the shared slot's row h[k]."""
         n, k = weight.shape
-        if self._router_counter is None:          # 0 between launches; the last block resets it
-            self._router_counter = self.zeros((1,), np.int32, persistent=True)
         slots = top_k + int(shared_slot)
         ids = self.empty((1, slots), np.int32)                           # [1, k (+1 shared)]
         w = self.empty((1, slots))
         xn = self.empty((1, k))                                          # [1, H] rms_norm(x) * weight
-        logits = self.empty((n,))                                        # [E (+1)] router logits
-        rows = K_moe.ROUTE_BLOCK // 32 * 2
-        blocks = (n + rows - 1) // rows
-        if h is not None:
-            blocks += (h.shape[1] + rows // 2 - 1) // (rows // 2)       # a warp per shared (gate, up) pair
-        else:
+        n_h = 0 if h is None else h.shape[1]
+        if h is None:
             gate_up, h = self._dummy_u16_3(), xn                         # placeholders, never read
-        self._go(K_moe.moe_router_fused_kernel, blocks, K_moe.ROUTE_BLOCK, _rows(x.x, k), x.weight,
-                 np.float32(x.eps), weight, xn, logits, self._router_counter, np.int32(top_k),
-                 np.int32(renormalize), np.int32(shared_slot), ids, w, gate_up, h)
+        warps = K_moe.ROUTE_BLOCK // 32
+        args = (_rows(x.x, k), x.weight, np.float32(x.eps), weight, xn)
+        cluster = self._router_cluster(n - int(shared_slot), args, gate_up, h)
+        if cluster:
+            extra = (n_h + int(shared_slot) + warps - 1) // warps           # shared h rows (+ its gate)
+            blocks = cluster * (1 + (extra + cluster - 1) // cluster)
+            self._go(K_moe.moe_router_cluster_kernel, blocks, K_moe.ROUTE_BLOCK, *args, np.int32(top_k),
+                     np.int32(renormalize), np.int32(shared_slot), np.int32(n_h), ids, w, gate_up, h,
+                     cluster=cluster)
+            return ids, w, xn
+        if self._router_counter is None:          # 0 between launches; the last block resets it
+            self._router_counter = self.zeros((1,), np.int32, persistent=True)
+        logits = self.empty((n,))                                        # [E (+1)] router logits
+        blocks = (n + 2 * warps - 1) // (2 * warps) + (n_h + warps - 1) // warps
+        self._go(K_moe.moe_router_fused_kernel, blocks, K_moe.ROUTE_BLOCK, *args, logits, self._router_counter,
+                 np.int32(top_k), np.int32(renormalize), np.int32(shared_slot), ids, w, gate_up, h)
         return ids, w, xn
+
+    def _router_cluster(self, n_exp: int, args: tuple[Any, ...], gate_up: Any, h: Any) -> int:
+        """The cluster size for moe_router_cluster_kernel (one block per 16 routed experts), or 0:
+        the arrival-counter kernel (cc < 9.0, more than ROUTE_CLUSTER_MAX blocks, ROUTER_CLUSTER
+        off, or a GPU that cannot hold such a cluster)."""
+        c = (n_exp + K_moe.ROUTE_BLOCK // 16 - 1) // (K_moe.ROUTE_BLOCK // 16)
+        if not ROUTER_CLUSTER or SIM or self.arch is None or self.arch < (9, 0) or c > K_moe.ROUTE_CLUSTER_MAX:
+            return 0
+        ok = self._cluster_ok.get(c)
+        if ok is None:
+            probe = args + (np.int32(1), np.int32(1), np.int32(0), np.int32(0), self.empty((1, 1), np.int32),
+                            self.empty((1, 1)), gate_up, h)
+            launcher = self._launcher(K_moe.moe_router_cluster_kernel)
+            ok = self._cluster_ok[c] = launcher.max_active_clusters(probe, c, K_moe.ROUTE_BLOCK, c) > 0
+        return c if ok else 0
 
     def _dummy_u16_3(self) -> Any:
         return self.empty((1, 1, 8), np.uint16)                          # a typed placeholder

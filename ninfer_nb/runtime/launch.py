@@ -21,7 +21,8 @@ threads may launch the same kernel. `pdl=True` launches through `cuLaunchKernelE
 programmatic-stream-serialization attribute (programmatic dependent launch, cc >= 9.0): the
 kernel's blocks may start while the previous kernel in the stream is still running, and they
 wait in `griddepcontrol.wait`, which every registered kernel runs first (kernels/registry.py).
-Captured into a CUDA graph it becomes a programmatic edge. The calling thread must have the
+Captured into a CUDA graph it becomes a programmatic edge. `cluster=n` launches the grid as
+thread-block clusters of n blocks (cc >= 9.0), through the same call. The calling thread must have the
 context current (CudaBackend binds it). Knows nothing about what the kernels compute. GPU only: the simulator
 keeps numba's path.
 """
@@ -77,21 +78,36 @@ class _Overload:
         self.lock = threading.Lock()
         handle = kernel._codelibrary.get_cufunc().handle              # a CUkernel (cuLibrary loading)
         self.function = check(driver().cuKernelGetFunction(handle))
-        self.pdl_config: Any = None                                   # CUlaunchConfig, made on first use
+        self.configs: dict[tuple[bool, int], Any] = {}                # (pdl, cluster) -> CUlaunchConfig
+        self.non_portable = False                                     # cluster sizes > 8 allowed
 
-    def programmatic_config(self) -> Any:
-        """The CUlaunchConfig of a programmatic dependent launch (grid, block, shared memory
-        and stream are set per launch, under `lock`)."""
-        if self.pdl_config is None:
+    def launch_config(self, pdl: bool, cluster: int) -> Any:
+        """The CUlaunchConfig of a launch with programmatic dependent launch (`pdl`) and / or
+        thread-block clusters of `cluster` blocks along x (grid, block, shared memory and
+        stream are set per launch, under `lock`)."""
+        cfg = self.configs.get((pdl, cluster))
+        if cfg is None:
             drv = driver()
-            attr = drv.CUlaunchAttribute()
-            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs = []
+            if pdl:
+                attr = drv.CUlaunchAttribute()
+                attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+                attr.value.programmaticStreamSerializationAllowed = 1
+                attrs.append(attr)
+            if cluster:
+                if cluster > 8 and not self.non_portable:
+                    check(drv.cuFuncSetAttribute(
+                        self.function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
+                    self.non_portable = True
+                attr = drv.CUlaunchAttribute()
+                attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+                attrs.append(attr)
             cfg = drv.CUlaunchConfig()
-            cfg.attrs = [attr]
-            cfg.numAttrs = 1
-            self.pdl_config = cfg
-        return self.pdl_config
+            cfg.attrs = attrs
+            cfg.numAttrs = len(attrs)
+            self.configs[(pdl, cluster)] = cfg
+        return cfg
 
     def pack(self, args: tuple[Any, ...]) -> list[Any] | None:
         """The parameter values for `args`, or None if they do not fit this signature."""
@@ -128,21 +144,25 @@ class Launcher:
         self._launch_ex = drv.cuLaunchKernelEx
         self._ok = drv.CUresult.CUDA_SUCCESS
 
-    def __call__(self, grid: Any, block: Any, stream: Any, args: tuple[Any, ...], smem: int = 0,
-                 pdl: bool = False) -> None:
+    def _overload(self, args: tuple[Any, ...]) -> tuple[_Overload, list[Any]]:
         for ov in self.overloads:
             vals = ov.pack(args)
             if vals is not None:
-                break
-        else:
-            got = [(str(storage_dtype(a.dtype)), a.ndim) if isinstance(a, Tensor) else type(a).__name__ for a in args]
-            raise TypeError(f"{self.name}: no compiled signature takes {got}")
+                return ov, vals
+        got = [(str(storage_dtype(a.dtype)), a.ndim) if isinstance(a, Tensor) else type(a).__name__ for a in args]
+        raise TypeError(f"{self.name}: no compiled signature takes {got}")
+
+    def __call__(self, grid: Any, block: Any, stream: Any, args: tuple[Any, ...], smem: int = 0,
+                 pdl: bool = False, cluster: int = 0) -> None:
+        """Launch on `stream`; `cluster` > 0: as clusters of that many blocks along x (cc >= 9.0;
+        the grid's x must be a multiple of it)."""
+        ov, vals = self._overload(args)
         gx, gy, gz = (tuple(grid) + (1, 1))[:3] if isinstance(grid, (tuple, list)) else (int(grid), 1, 1)
         bx, by, bz = (tuple(block) + (1, 1))[:3] if isinstance(block, (tuple, list)) else (int(block), 1, 1)
         with ov.lock:
             ov.struct.pack_into(ov.buf, 0, *vals)
-            if pdl:
-                cfg = ov.programmatic_config()
+            if pdl or cluster:
+                cfg = ov.launch_config(pdl, cluster)
                 cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
                 cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
                 cfg.sharedMemBytes = smem
@@ -152,3 +172,15 @@ class Launcher:
                 err = self._launch(ov.function, gx, gy, gz, bx, by, bz, smem, stream, ov.params, 0)
         if err[0] != self._ok:
             check(err)
+
+    def max_active_clusters(self, args: tuple[Any, ...], grid: int, block: int, cluster: int, smem: int = 0) -> int:
+        """How many clusters of `cluster` blocks of `block` threads the GPU can hold at once
+        (cuOccupancyMaxActiveClusters) for the overload that takes `args`; 0: such a launch fails."""
+        ov, _ = self._overload(args)
+        with ov.lock:
+            cfg = ov.launch_config(False, cluster)
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
+            cfg.sharedMemBytes = smem
+            cfg.hStream = 0
+            return int(check(driver().cuOccupancyMaxActiveClusters(ov.function, cfg)))

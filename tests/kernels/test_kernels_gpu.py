@@ -497,13 +497,16 @@ def test_gated_delta_rule_raw_gates(env, rng, t, hk, hv, dk, dv):
 
 @pytest.mark.parametrize("e,k,h,shared,renorm", [(256, 8, 2048, True, True), (128, 8, 2048, False, False),
                                                 (60, 4, 104, True, False), (6, 2, 64, False, True)])
-def test_moe_router_fused(env, rng, e, k, h, shared, renorm):
-    """ops.moe_router's one-launch decode router on a Normed row (RMSNorm, GEMV and the top-k
-    in the last block) against norm + GEMV + moe_route and NumPy: same ids, same weights;
-    repeated launches (the arrival counter must come back to 0, also inside a graph); the
-    normed row it writes for the experts; prints both times at the 35B shape. E = 6: fewer
-    rows than one block's warps."""
+@pytest.mark.parametrize("cluster", [True, False])
+def test_moe_router_fused(env, rng, e, k, h, shared, renorm, cluster, monkeypatch):
+    """ops.moe_router's one-launch decode router on a Normed row (RMSNorm, GEMV and the top-k)
+    against norm + GEMV + moe_route and NumPy: same ids, same weights; repeated launches (the
+    arrival counter must come back to 0, also inside a graph); the normed row it writes for the
+    experts. cluster: the thread-block-cluster kernel (E = 256: 16 blocks, a non-portable
+    cluster; E = 60: 4; E = 6: 1), else the arrival-counter kernel. Prints the times at the 35B
+    shape. E = 6: fewer rows than one block's warps."""
     ops = env.fresh()
+    monkeypatch.setattr(cuda_ops, "ROUTER_CLUSTER", cluster)
     w = rnd_bf16(rng, e + int(shared), h)
     x, nw = rnd(rng, 1, h), rnd(rng, h)
     X, W, NW = env.up(x), env.up(w), env.up(nw)
@@ -512,6 +515,7 @@ def test_moe_router_fused(env, rng, e, k, h, shared, renorm):
     times = {}
     calls = {False: lambda: ops.moe_route(ops.linear(ops.rms_norm(X, NW, 1e-6), W), k, renorm, shared),
              True: lambda: ops.moe_router(ops.normed(X, NW, 1e-6), W, k, renorm, shared)}
+    launched = _launched(ops, monkeypatch)
     for fused in (False, True):
         for _ in range(3):
             ids, wts = calls[fused]()
@@ -519,12 +523,14 @@ def test_moe_router_fused(env, rng, e, k, h, shared, renorm):
             close(env.host(wts), wr, TOL32 * 10)
         times[fused], (ids, wts) = _best_time(env, calls[fused], reps=5, graph=True)
         np.testing.assert_array_equal(env.host(ids), ir)
+        close(env.host(wts), wr, TOL32 * 10)
+    assert launched[-1] == ("moe_router_cluster_kernel" if cluster else "moe_router_fused_kernel")
     ids, wts, XN = ops._moe_router_fused(ops.normed(X, NW, 1e-6), W, k, renorm, shared)
     close(env.host(XN), xn, TOL32 * 10)
     np.testing.assert_array_equal(env.host(ids), ir)
     if e == 256:
         print(f"\nMoE router E={e}+{int(shared)} k={k} H={h}: norm + GEMV + route {times[False] * 1e6:.1f} us, "
-              f"fused {times[True] * 1e6:.1f} us")
+              f"{'cluster' if cluster else 'fused'} {times[True] * 1e6:.1f} us")
 
 
 @pytest.mark.parametrize("e,k,i,h", [(256, 8, 512, 2048), (16, 4, 36, 100), (32, 3, 768, 4096),
@@ -547,9 +553,9 @@ def test_moe_normed_residual(env, rng, e, k, i, h, monkeypatch):
     assert out is X
     close(env.host(X), ref, TOL32 * 10)
     if h % 2048 == 0:
-        assert launched == ["moe_router_fused_kernel", "moe_gate_up_wide_kernel", "moe_down_wide_kernel"]
+        assert launched == ["moe_router_cluster_kernel", "moe_gate_up_wide_kernel", "moe_down_wide_kernel"]
     elif h % 8 == 0:
-        assert "moe_router_fused_kernel" in launched and "add_kernel" not in launched
+        assert "moe_router_cluster_kernel" in launched and "add_kernel" not in launched
     else:                                                            # no fused norm: the plain path
         assert "rms_norm_kernel" in launched
     if e == 256:

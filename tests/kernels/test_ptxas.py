@@ -21,6 +21,7 @@ NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_ke
             "attn_split_kernel", "attn_combine_kernel", "moe_gate_up_unrolled_kernel",
             "moe_gate_up_wide_kernel", "moe_down_wide_kernel",
             "moe_grouped_gate_up_kernel", "moe_grouped_down_kernel", "moe_mma_grouped_kernel", "moe_router_fused_kernel",
+            "moe_router_cluster_kernel",
             "moe_wgmma_gate_up_kernel", "moe_wgmma_down_kernel", "gemm_wgmma_swiglu_kernel",
             "conv1d_tokens_k4_kernel", "add_rms_norm_rows_kernel", "flash_attn_kernel",
             "add_rms_norm_kernel", "gdc_prepare_mma_kernel",

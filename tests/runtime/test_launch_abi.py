@@ -18,6 +18,7 @@ _FMT_SIZES = {"q": 8, "Q": 8, "d": 8, "i": 4, "I": 4, "f": 4, "h": 2, "H": 2, "b
 CASES = [(name, i) for name, spec in sorted(SPECS.items()) for i in range(len(spec.sigs))]
 # a spread of kernels is enough to pin the ABI; the rest follow the same two rules
 PICKED = {"rms_norm_kernel", "kv_store_kernel", "gdc_state_mma_kernel", "moe_router_fused_kernel",
+          "moe_router_cluster_kernel",
           "attn_split_kernel", "gemv_bf16_kernel", "moe_route_kernel", "gdr_recurrent_kernel",
           "embedding_bf16_kernel"}
 assert PICKED <= SPECS.keys()
