@@ -122,6 +122,7 @@ def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc):
         grid_dependency_sync()
         acc = _chunk(x, t0 * k_dim + k, k_dim, w00, w10, ok1, ok2, ok3, acc)
         k += 256
+    grid_dependency_sync()          # a lane with no columns has waited too (returns at once)
     return acc
 
 
@@ -178,6 +179,7 @@ def _stream_pair_normed(x, xr, nw, w, r0, r1, k, k_end):
         a1 += _dot8(w10, ya, yb)
         ss += s
         k += 256
+    grid_dependency_sync()          # a lane with no columns has waited too (returns at once)
     return a0, a1, ss
 
 
@@ -406,6 +408,7 @@ def _make_splitk(ways: int, name: str):
             if live:
                 acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, k_beg + lane * 8, k_end, t0, k_dim, ok1, ok2, ok3,
                                    acc)
+            grid_dependency_sync()                   # dead pairs too, before the shared sums and stores
             a00, a01, a10, a11, a20, a21, a30, a31 = acc
             a00 = warp_sum(a00)
             a01 = warp_sum(a01)

@@ -48,26 +48,73 @@ def test_compile_sm90(name: str, i: int) -> None:
 WEIGHT_STREAM_LOAD = "ld.global.nc.L1::no_allocate"    # ptx.ldg_stream_v4_u32: weights only
 # self_sync kernels that also read, before the wait, data written two or more launches back
 # (their docstrings say why that is complete): any global load, still no store or shared access
-EARLY_READERS = {"moe_down_wide_kernel"}
+EARLY_READERS = {"moe_down_wide_kernel", "moe_down_split_kernel"}
+
+
+# global memory only: a block's shared memory is its own, no earlier kernel can touch it
+_MEMORY_OPS = ("ld.global", "st.global", "atom.global", "red.global", "cp.async", "ld.volatile.global")
+
+
+def _basic_blocks(body: str) -> tuple[list[list[str]], list[list[int]]]:
+    """A kernel body's PTX as basic blocks (instruction lines) and each block's successors: a
+    new block at every label; a branch ends one (`@%p bra L`: L and the next block; `bra L`:
+    L); `ret` / `exit` end the path."""
+    blocks: list[list[str]] = [[]]
+    labels: dict[str, int] = {}
+    for raw in body.splitlines():
+        line = raw.strip()
+        if line.startswith("$") and line.endswith(":"):
+            if blocks[-1]:
+                blocks.append([])
+            labels[line[:-1]] = len(blocks) - 1
+        elif line and not line.startswith("//"):
+            blocks[-1].append(line)
+            if line.split()[-2:-1] == ["bra"] or " bra" in line or line.startswith(("bra", "ret", "exit")):
+                blocks.append([])
+    succ: list[list[int]] = []
+    for i, blk in enumerate(blocks):
+        last = blk[-1].rstrip(";") if blk else ""
+        nxt = [i + 1] if i + 1 < len(blocks) else []
+        words = last.split()
+        if any(w.startswith("bra") for w in words):
+            succ.append([labels[words[-1]]] + (nxt if last.startswith("@") else []))
+        elif last.startswith(("ret", "exit")):
+            succ.append([])
+        else:
+            succ.append(nxt)
+    return blocks, succ
 
 
 def _assert_waits_before_memory(ptx: str, name: str) -> None:
     """Programmatic dependent launch is safe only if the kernel waits (griddepcontrol.wait)
-    before its first global or shared memory access: the previous kernel may still run. A
-    self_sync kernel may stream weights (and only weights) before it waits."""
+    before its first global memory access on every path from the entry: the previous kernel
+    may still run. A self_sync kernel may stream weights (and only weights) before it waits.
+    Paths, not text order: LLVM may place a later block before the wait in the text (it puts
+    moe_down_split_kernel's epilogue there for sm_120)."""
     body = ptx[ptx.index(".entry"):]
-    wait = body.find("griddepcontrol.wait;")
-    assert wait >= 0, name
-    if SPECS[name].self_sync:
-        assert WEIGHT_STREAM_LOAD in body[:wait], f"{name}: self_sync but no weight load before the wait"
+    assert "griddepcontrol.wait;" in body, name
+    self_sync = SPECS[name].self_sync
+    if self_sync:
         body = body.replace(WEIGHT_STREAM_LOAD, "weight-stream-load")
         if name in EARLY_READERS:
             body = body.replace("ld.global", "early-load")
-        wait = body.find("griddepcontrol.wait;")
-    first = min((i for i in (body.find(op) for op in ("ld.global", "st.global", "atom.", "red.", "cp.async",
-                                                       "ld.shared", "st.shared", "ld.volatile")) if i >= 0),
-                default=len(body))
-    assert wait < first, f"{name}: memory access before griddepcontrol.wait"
+    blocks, succ = _basic_blocks(body[body.index("{") + 1:])     # past the parameter list
+    seen: set[int] = set()
+    todo = [0]
+    streams_early = False
+    while todo:                                                    # the blocks reached before a wait
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        for line in blocks[i]:
+            if "griddepcontrol.wait;" in line:
+                break
+            assert not any(op in line for op in _MEMORY_OPS), f"{name}: global access before the wait: {line}"
+            streams_early |= "weight-stream-load" in line
+        else:
+            todo += succ[i]
+    assert streams_early or not self_sync, f"{name}: self_sync but no weight load before the wait"
 
 
 def check_other_target(cc: tuple[int, int]) -> None:
