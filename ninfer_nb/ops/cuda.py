@@ -90,7 +90,7 @@ ROUTER_CLUSTER = True
 # The decode MoE down projection as a warp per (row, 256-column chunk), every slot's weight load
 # before the PDL wait (kernels/moe.py moe_down_split_kernel), where slots <= 9 and I / 256 divides
 # 8; else moe_down_wide_kernel.
-MOE_DOWN_SPLIT = True
+MOE_DOWN_SPLIT = False
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
 
