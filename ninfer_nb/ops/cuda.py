@@ -87,10 +87,6 @@ MOE_UNROLLED_MAX_T = 1
 # 9.0, up to 256 routed experts) instead of the arrival-counter kernel. H200, 35B MoE block:
 # see that kernel's docstring.
 ROUTER_CLUSTER = True
-# The decode MoE down projection as a warp per (row, 256-column chunk), every slot's weight load
-# before the PDL wait (kernels/moe.py moe_down_split_kernel), where slots <= 9 and I / 256 divides
-# 8; else moe_down_wide_kernel.
-MOE_DOWN_SPLIT = False
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
 
@@ -984,18 +980,10 @@ class CudaOps:
         return out if residual is None else self.add_into(residual, out)
 
     def _moe_down_wide(self, h: Any, ids: Any, weights: Any, down: Any, t: int, hid: int, residual: Any) -> Any:
-        """out [T, H] (or residual += it) from the decode down kernels: moe_down_split_kernel (a warp
-        per row and 256-wide chunk, every slot's load before its wait) where its shape rules hold
-        (MOE_DOWN_SPLIT), else moe_down_wide_kernel (a warp per row)."""
         out = self.empty((t, hid)) if residual is None else _rows(residual, hid)
-        acc = np.int32(residual is not None)
-        nch = h.shape[1] // 256
-        ws = K_moe.MOE_SPLIT_WARPS
-        if MOE_DOWN_SPLIT and ids.shape[1] <= K_moe.MOE_WIDE_DN and ws % nch == 0 and (hid * nch) % ws == 0:
-            self._go(K_moe.moe_down_split_kernel, (hid * nch // ws, t), 32 * ws, h, ids, weights, down, out, acc)
-        else:
-            w8 = K_moe.MOE_WARPS
-            self._go(K_moe.moe_down_wide_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out, acc)
+        w8 = K_moe.MOE_WARPS
+        self._go(K_moe.moe_down_wide_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out,
+                 np.int32(residual is not None))
         return out if residual is None else residual
 
     def _moe_experts_grouped(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, out: Any) -> None:

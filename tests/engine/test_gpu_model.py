@@ -149,7 +149,7 @@ def test_wide_moe_decode_matches_cpu_with_and_without_pdl(tiny_checkpoints) -> N
         steps += [gen.decode(t) for t in ids[9:]]                     # capture, replays
         logits.append(np.stack(steps))
         assert {"gemv_bf16_normed_kernel", "moe_router_cluster_kernel", "moe_gate_up_wide_kernel",
-                "moe_down_split_kernel"} <= set(names)
+                "moe_down_wide_kernel"} <= set(names)
         assert not {"rms_norm_kernel", "add_rms_norm_kernel", "add_rms_norm_rows_kernel", "add_kernel"} & set(names)
     assert np.array_equal(logits[0], logits[1])
     scale = np.abs(ref[8:]).max()
