@@ -84,8 +84,9 @@ SPLITK2_MIN_K = 4096
 # kernel test timed them slower than the plain pair, so batches keep the plain kernels.
 MOE_UNROLLED_MAX_T = 1
 # The decode router as one thread-block cluster (kernels/moe.py moe_router_cluster_kernel, cc >=
-# 9.0, up to 256 routed experts) instead of the arrival-counter kernel. H200, 35B MoE block:
-# see that kernel's docstring.
+# 9.0, up to 256 routed experts) instead of the arrival-counter kernel. H200, 35B shape
+# (scripts/moe_probe.py, 8 layers of distinct weights in a graph): router 9.2 -> 7.9 us, MoE
+# block 28.0 -> 27.0 us.
 ROUTER_CLUSTER = True
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
