@@ -7,18 +7,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ninfer_nb.kernels import moe as K_moe                      # noqa: E402
+from ninfer_nb.kernels import moe as K_moe  # noqa: E402
 from ninfer_nb.kernels.random_fill import fill_uniform_bf16_kernel  # noqa: E402
-from ninfer_nb.runtime.events import Timer                      # noqa: E402
-from ninfer_nb.runtime.graph import CudaGraph                    # noqa: E402
-from ninfer_nb.runtime.tensor import bfloat16                    # noqa: E402
-from tests.kernels.gpu_util import GpuEnv, rnd                   # noqa: E402
+from ninfer_nb.runtime.events import Timer  # noqa: E402
+from ninfer_nb.runtime.graph import CudaGraph  # noqa: E402
+from ninfer_nb.runtime.tensor import bfloat16  # noqa: E402
+from tests.kernels.gpu_util import GpuEnv, rnd  # noqa: E402
 
 E, K, I, H = 256, 8, 512, 2048
 
@@ -60,8 +61,8 @@ def main() -> None:
                                                               np.float32(0.05), np.float32(0.0))
         return t
 
-    layers = [dict(gu=weight(E + 1, 2 * I, H), dn=weight(E + 1, H, I), r=weight(E + 1, H),
-                   w=weight(14080, H)) for _ in range(args.layers)]
+    layers = [{"gu": weight(E + 1, 2 * I, H), "dn": weight(E + 1, H, I), "r": weight(E + 1, H),
+               "w": weight(14080, H)} for _ in range(args.layers)]
     X = env.up(rnd(rng, 1, H))
     NW = env.up(rnd(rng, H))
     env.stream.synchronize()
@@ -97,18 +98,18 @@ def main() -> None:
         ops._moe_router_fused(ops.normed(X, NW, 1e-6), ly["r"], K, True, True)
 
     def router_gate_up(ly: dict, fx: tuple) -> None:
-        h, ids, w, xn = router(ly, fx)
+        h, ids, _, xn = router(ly, fx)
         ops._go(K_moe.moe_gate_up_wide_kernel, (I // w8, K), 32 * w8, xn, ids, ly["gu"], h)
 
     def full(ly: dict, fx: tuple) -> None:
         ops.moe(ops.normed(X, NW, 1e-6), ly["r"], K, True, True, ly["gu"], ly["dn"], residual=X)
 
     def gate_up(ly: dict, fx: tuple) -> None:
-        ids, w, xn, h = fx
+        ids, _, xn, h = fx
         ops._go(K_moe.moe_gate_up_wide_kernel, (I // w8, K), 32 * w8, xn, ids, ly["gu"], h)
 
     def down(ly: dict, fx: tuple) -> None:
-        ids, w, xn, h = fx
+        ids, w, _, h = fx
         ops._moe_down_wide(h, ids, w, ly["dn"], 1, H, X)
 
     def experts(ly: dict, fx: tuple) -> None:

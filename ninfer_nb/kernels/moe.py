@@ -32,9 +32,18 @@ from numba import cuda, float32, int32, uint32
 from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.linear import _dot8, normed_pair_dots, pass_loads, warp_sum
 from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
-from ninfer_nb.kernels.ptx import (cluster_arrive_relaxed, cluster_sync, cluster_wait, fence_acq_rel_gpu,
-                                   grid_dependency_sync, ldg_stream_v4_u32, ldg_v4_f32, smem_u32, st_cluster_f32,
-                                   st_v4_f32)
+from ninfer_nb.kernels.ptx import (
+    cluster_arrive_relaxed,
+    cluster_sync,
+    cluster_wait,
+    fence_acq_rel_gpu,
+    grid_dependency_sync,
+    ldg_stream_v4_u32,
+    ldg_v4_f32,
+    smem_u32,
+    st_cluster_f32,
+    st_v4_f32,
+)
 from ninfer_nb.kernels.registry import kernel
 
 ROUTE_BLOCK = 256     # power of two

@@ -926,10 +926,16 @@ class CudaOps:
             return 0
         ok = self._cluster_ok.get(c)
         if ok is None:
+            from ninfer_nb.runtime._drv import CudaDriverError
+
             probe = args + (np.int32(1), np.int32(1), np.int32(0), np.int32(0), self.empty((1, 1), np.int32),
                             self.empty((1, 1)), gate_up, h)
             launcher = self._launcher(K_moe.moe_router_cluster_kernel)
-            ok = self._cluster_ok[c] = launcher.max_active_clusters(probe, c, K_moe.ROUTE_BLOCK, c) > 0
+            try:                        # a GPU without non-portable cluster sizes refuses the attribute
+                ok = launcher.max_active_clusters(probe, c, K_moe.ROUTE_BLOCK, c) > 0
+            except CudaDriverError:
+                ok = False
+            self._cluster_ok[c] = ok
         return c if ok else 0
 
     def _dummy_u16_3(self) -> Any:
