@@ -48,12 +48,13 @@ class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
                  kv_cache: str = "fp32", show_progress: bool = False, prefill_gemm: str = "auto",
-                 prefill_attention: str = "flash", pdl: bool = True, config: EngineConfig | None = None) -> None:
+                 prefill_attention: str = "flash", pdl: bool = True, device_argmax: bool = False,
+                 config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
                                      cuda_graphs=cuda_graphs, kv_cache=kv_cache,
                                      show_progress=show_progress, prefill_gemm=prefill_gemm,
-                                     prefill_attention=prefill_attention, pdl=pdl)
+                                     prefill_attention=prefill_attention, pdl=pdl, device_argmax=device_argmax)
         if cfg.kv_cache not in ("fp32", "bf16", "int8"):
             raise InvalidRequestError(f"kv_cache must be fp32, bf16 or int8, got {cfg.kv_cache!r}")
         if cfg.max_context < 2:
@@ -92,6 +93,8 @@ class LLM:
         # Ids the sampler may produce: the tokenizer's, never the LM head's padding rows.
         tok_vocab = self.tokenizer.vocab_size if self.tokenizer else self.model_config.vocab_size
         self._valid_vocab = min(self.model_config.vocab_size, tok_vocab)
+        if cfg.device_argmax and hasattr(self.backend, "argmax_vocab"):
+            self.backend.argmax_vocab = self._valid_vocab                # before the first decode step
         tok_eos = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
         stop_ids = tok_eos | set(self.model_config.eos_token_ids)
         self._eos_ids = frozenset(i for i in stop_ids if i is not None)
@@ -171,9 +174,12 @@ class LLM:
         timings.prefill_s = t_first - t0
         finish = "length"
         n = 0
+        # greedy without penalties: the next token straight from the device (Generator.decode_argmax)
+        argmax_only = self.engine_config.device_argmax and sampler.argmax_only()
+        nxt: int | None = None
         try:
             while True:
-                token = sampler.sample(logits)
+                token = sampler.sample(logits) if nxt is None else nxt
                 n += 1
                 if n == 1:
                     timings.ttft_s = time.perf_counter() - t0
@@ -192,7 +198,10 @@ class LLM:
                 if cancel is not None and cancel.is_set():
                     finish = "cancelled"
                     break
-                logits = gen.decode(token)
+                if argmax_only:
+                    nxt = gen.decode_argmax(token, self._valid_vocab)
+                else:
+                    logits = gen.decode(token)
         except GeneratorExit:
             raise
         except BaseException:

@@ -233,6 +233,9 @@ def main(argv: Sequence[str]) -> int:
                         "flash kernel (mma)")
     p.add_argument("--no-pdl", action="store_true",
                    help="decode graph without programmatic dependent launch (cc >= 9.0 uses it by default)")
+    p.add_argument("--device-argmax", action="store_true",
+                   help="greedy decode takes the next token from an argmax kernel in the decode graph "
+                        "(4 bytes back per token instead of the logits row)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on opt-in CUDA kernels not yet validated on a GPU, by name (ops/cuda.py "
                         "EXPERIMENTAL; none at present)")
@@ -263,7 +266,7 @@ def main(argv: Sequence[str]) -> int:
     llm = LLM(model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
               prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph,
               kv_cache=args.kv_cache, prefill_gemm=args.gemm, prefill_attention=args.attention,
-              pdl=not args.no_pdl)
+              pdl=not args.no_pdl, device_argmax=args.device_argmax)
     load_s = time.perf_counter() - t_load
     if experimental:
         if llm.backend.name != "cuda":
@@ -308,6 +311,7 @@ def main(argv: Sequence[str]) -> int:
               "load_s": load_s,
               "start_to_first_token_s": start_to_first_token, "device": llm.device_name,
               "decode_graph_pdl": bool(getattr(llm.backend, "pdl", False)) and not args.no_cuda_graph,
+              "device_argmax": bool(getattr(llm.backend, "argmax_vocab", 0)),
               "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
@@ -317,12 +321,14 @@ def main(argv: Sequence[str]) -> int:
         gap = step_gap["decode_step_us"] - step_gap["decode_ops_us"]
         print(f"The timed decode step took {step_gap['decode_step_us']:.0f} us: {gap:.0f} us "
               f"({gap / step_gap['decode_step_us']:.1%}) more than its {step_gap['decode_ops']} ops timed "
-              f"alone (launch gaps between kernels; fewer, fused kernels close it)")
+              f"alone (launch gaps between kernels, and the host's share of a step: the logits row's copy "
+              f"and the sampler, or the device argmax's 4 bytes)")
         _print_profile(f"One {chunk}-token prefill chunk ending at context {max(lens) + args.gen} by op",
                        prefill_profile, bw / 1e9)
     print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
           f"command to first token {start_to_first_token:.1f} s; decode graph "
-          f"{'with' if report['decode_graph_pdl'] else 'without'} programmatic dependent launch")
+          f"{'with' if report['decode_graph_pdl'] else 'without'} programmatic dependent launch"
+          f"{', greedy tokens by device argmax' if report['device_argmax'] else ''}")
     print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
           f"{'limit t/s':>10}{'of limit':>9}{'vs peer':>8}")
     for r in rows:

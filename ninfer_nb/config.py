@@ -169,6 +169,10 @@ class EngineConfig:
     prefill_gemm: str = "auto"               # auto | mma | wgmma: tensor-core GEMM for prefill chunks
     prefill_attention: str = "flash"         # flash | gemm | simt | mma: prefill attention kernel
     pdl: bool = True                         # programmatic dependent launch in the decode graph (cc >= 9.0)
+    # greedy requests without penalties take the next token from an argmax kernel captured in the
+    # decode graph: 4 bytes come back per token instead of the logits row (~1 MB at a 248K vocab)
+    # and no host argmax. Off until timed on a GPU (bench --device-argmax).
+    device_argmax: bool = False
     enable_thinking: bool = True
     show_progress: bool = True
     seed: int | None = None

@@ -71,7 +71,10 @@ class CudaBackend:
         self.pdl = pdl                  # decode graph with programmatic dependent launch (cc >= 9.0)
         self._inputs: tuple[Any, Any] | None = None
         self._graph: Any = None
-        self._graph_logits: Any = None
+        self._graph_out: tuple[Any, Any] = (None, None)   # the captured step's (logits, argmax)
+        # > 0: the decode graph ends with an argmax over the first argmax_vocab logits
+        # (decode_step_argmax); set before the first decode step (EngineConfig.device_argmax)
+        self.argmax_vocab = 0
         self._warmed = False            # the first decode step runs eagerly (compiles kernels)
 
     def _bind_calling_thread(self) -> None:
@@ -94,12 +97,28 @@ class CudaBackend:
 
     @_on_calling_thread
     def decode_step(self, forward: Callable[[Any, Any], Any], token: int, position: int) -> np.ndarray:
-        """One decode step by CUDA-graph replay. The first step runs eagerly on the persistent
-        input buffers (compiling every kernel); the second captures `forward` once (capture
-        records, it does not execute) and every step from then on is one replay. Token and
-        position are written into device buffers the graph reads. With `pdl` (cc >= 9.0) the
-        graph's kernels are captured as programmatic dependent launches: each kernel's blocks
-        are scheduled while the one before it drains, instead of after it has completed."""
+        """One decode step by CUDA-graph replay; returns the logits row [V]. The first step runs
+        eagerly on the persistent input buffers (compiling every kernel); the second captures
+        `forward` once (capture records, it does not execute) and every step from then on is
+        one replay. Token and position are written into device buffers the graph reads. With
+        `pdl` (cc >= 9.0) the graph's kernels are captured as programmatic dependent launches:
+        each kernel's blocks are scheduled while the one before it drains, instead of after it
+        has completed."""
+        logits, _ = self._step(forward, token, position)
+        return self.to_host(logits)[-1]
+
+    @_on_calling_thread
+    def decode_step_argmax(self, forward: Callable[[Any, Any], Any], token: int, position: int) -> int:
+        """`decode_step`, returning the argmax over the first `argmax_vocab` logits (computed in
+        the graph by ops.argmax; 4 bytes come back instead of the row). argmax_vocab must be
+        set before the first decode step."""
+        _, top = self._step(forward, token, position)
+        if top is None:
+            raise RuntimeError("decode_step_argmax: argmax_vocab was not set before the first decode step")
+        return int(self.to_host(top)[0])
+
+    def _step(self, forward: Callable[[Any, Any], Any], token: int, position: int) -> tuple[Any, Any]:
+        """(logits [1, V], argmax [1] int32 or None) of one decode step on the device."""
         from ..runtime.graph import CudaGraph
 
         if self._inputs is None:
@@ -109,16 +128,30 @@ class CudaBackend:
         ids.copy_from_numpy(np.array([token], np.int32), self.stream)
         pos.copy_from_numpy(np.array([position], np.int32), self.stream)
         self.scratch.reset()
+        step = self._forward_argmax(forward, ids, pos)
         if not self._warmed:
             self._warmed = True
-            return self.to_host(forward(ids, pos))[-1]
+            return step()
         if self._graph is None:
             graph = CudaGraph(self.stream)
             with self.ops.programmatic_launches(self.pdl):
-                self._graph_logits = graph.capture(lambda: forward(ids, pos))
+                self._graph_out = graph.capture(step)
             self._graph = graph
         self._graph.replay()
-        return self.to_host(self._graph_logits)[-1]
+        return self._graph_out
+
+    def _forward_argmax(self, forward: Callable[[Any, Any], Any], ids: Any, pos: Any) -> Callable[[], tuple[Any, Any]]:
+        """forward, then (argmax_vocab > 0) the argmax of the last row's first argmax_vocab logits."""
+        vocab = self.argmax_vocab
+
+        def step() -> tuple[Any, Any]:
+            logits = forward(ids, pos)
+            if not vocab:
+                return logits, None
+            row = logits[logits.shape[0] - 1:].reshape(-1)[:vocab].reshape(1, vocab)   # [1, argmax_vocab]
+            return logits, self.ops.argmax(row)
+
+        return step
 
     @_on_calling_thread
     def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:

@@ -123,6 +123,21 @@ class Generator:
             self._take_snapshot(1, last)
         return last, start
 
+    def decode_argmax(self, token: int, valid_vocab: int) -> int:
+        """Feed one sampled token; returns the next token by greedy argmax over ids <
+        valid_vocab (lowest id on ties, as np.argmax). From the decode graph's own argmax kernel
+        when the backend captured one for this vocabulary (`argmax_vocab`): 4 bytes come back,
+        not the logits row; else np.argmax over `decode`'s logits."""
+        if self.use_graphs and getattr(self.backend, "argmax_vocab", 0) == valid_vocab:
+            if len(self.tokens) >= self.max_context:
+                raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
+            ops = self.backend.ops
+            nxt = self.backend.decode_step_argmax(  # type: ignore[attr-defined]
+                lambda ids, pos: self.decoder.forward(ops, ids, pos, self.state), token, len(self.tokens))
+            self.tokens.append(token)
+            return nxt
+        return int(np.argmax(self.decode(token)[:valid_vocab]))
+
     def decode(self, token: int) -> np.ndarray:
         """Feed one sampled token; returns the next logits [V]."""
         if len(self.tokens) >= self.max_context:

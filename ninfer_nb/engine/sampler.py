@@ -19,6 +19,12 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed if params.seed is not None else seed)
         self.counts: dict[int, int] = {}
 
+    def argmax_only(self) -> bool:
+        """Whether `sample` is the argmax over the valid ids (greedy, no penalties): the
+        engine may then take the next token from the device instead of the logits row."""
+        p = self.params
+        return p.greedy and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+
     def observe(self, token: int) -> None:
         self.counts[token] = self.counts.get(token, 0) + 1
 

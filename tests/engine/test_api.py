@@ -59,6 +59,24 @@ def test_logits_equal_incremental_decode(llm: LLM) -> None:
     assert res.token_ids[0] == int(np.argmax(full[-1][: llm.tokenizer.vocab_size]))
 
 
+def test_device_argmax_option_keeps_greedy_tokens(llm: LLM, tiny_qwen35_dir: Path) -> None:
+    """EngineConfig.device_argmax: greedy requests without penalties feed
+    Generator.decode_argmax (on the CPU backend its np.argmax fallback; the CUDA graph's
+    argmax kernel is tested in test_gpu_model.py), which must give the sampler's tokens;
+    sampled and penalised requests keep the logits path."""
+    fast = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32, device_argmax=True)
+    calls = []
+    decode_argmax = fast._generator.decode_argmax
+    fast._generator.decode_argmax = lambda *a: (calls.append(a[0]), decode_argmax(*a))[1]  # type: ignore[method-assign]
+    assert fast.generate("Hello world", GREEDY).token_ids == llm.generate("Hello world", GREEDY).token_ids
+    assert len(calls) == GREEDY.max_tokens - 1                          # every token after the first
+    calls.clear()
+    for p in (SamplingParams(max_tokens=6, temperature=0.8, seed=3, ignore_eos=True),
+              GREEDY.replace(presence_penalty=0.5)):
+        assert fast.generate("Hello world", p).token_ids == llm.generate("Hello world", p).token_ids
+    assert not calls
+
+
 def test_stop_string_cuts_text(llm: LLM) -> None:
     base = llm.generate("Once upon", GREEDY)
     assert len(base.text) > 6

@@ -120,6 +120,30 @@ def test_pdl_decode_graph_logits_equal_plain_graph(name: str, tiny_checkpoints) 
         assert edges[0]["programmatic"] >= 10 and edges[0]["programmatic"] >= 2 * edges[0]["default"]
 
 
+@pytest.mark.parametrize("name", ["qwen35_moe", "llama"])
+def test_device_argmax_decode_equals_host_argmax(name: str, tiny_checkpoints) -> None:
+    """EngineConfig.device_argmax: the decode graph ends with ops.argmax over the valid ids and
+    4 bytes come back per token. Greedy generation gives the same tokens as the logits-row
+    path, and each step's device argmax is np.argmax of that step's logits."""
+    path = gpu_checkpoint(tiny_checkpoints, name)
+    rng = np.random.default_rng(13)
+    prompt = [int(t) for t in rng.integers(0, 248000, 11)]
+    p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    plain = LLM(str(path), device="cuda", max_context=128)
+    fast = LLM(str(path), device="cuda", max_context=128, device_argmax=True)
+    assert fast.backend.argmax_vocab == fast._valid_vocab > 0
+    assert fast.generate(prompt, p).token_ids == plain.generate(prompt, p).token_ids
+    gen = fast._generator
+    gen.forget()
+    gen.prefill(prompt)
+    feed = [int(t) for t in rng.integers(0, fast._valid_vocab, 6)]
+    for t in feed:                                  # eager step, capture, replays
+        top = gen.decode_argmax(t, fast._valid_vocab)
+        logits = fast.backend.to_host(fast.backend._graph_out[0])[-1] if fast.backend._graph else None
+        if logits is not None:
+            assert top == int(np.argmax(logits[: fast._valid_vocab]))
+
+
 # The 35B's MoE layout at a small depth (H = 2048, the shared expert as wide as the routed ones,
 # so it is a slot): decode takes the fused router with the norm and its extra blocks for the
 # shared slot, the wide gate_up over the routed slots, the down kernel's loads before its wait.
