@@ -118,6 +118,30 @@ def _assert_waits_before_memory(ptx: str, name: str) -> None:
     assert streams_early or not self_sync, f"{name}: self_sync but no weight load before the wait"
 
 
+_HEAD = ".visible .entry k(\n.param .u64 p\n)\n{\n"
+
+
+def test_wait_check_follows_paths_not_text() -> None:
+    """The PDL check on hand-written PTX: a store after the wait passes; a branch around the
+    wait to a store fails; an epilogue laid out before the wait in the text but reached only
+    through it passes; a loop whose body waits, entered or skipped, fails (the skip path)."""
+    name = "rms_norm_kernel"                        # a plain (not self_sync) kernel
+    ok = _HEAD + "griddepcontrol.wait;\nst.global.f32 [%rd1], %f1;\nret;\n}"
+    _assert_waits_before_memory(ok, name)
+    skip = _HEAD + ("@%p1 bra $L__BB0_2;\ngriddepcontrol.wait;\n$L__BB0_2:\n"
+                    "st.global.f32 [%rd1], %f1;\nret;\n}")
+    with pytest.raises(AssertionError, match="before the wait"):
+        _assert_waits_before_memory(skip, name)
+    epilogue_first = _HEAD + ("bra.uni $L__BB0_3;\n$L__BB0_2:\nst.global.f32 [%rd1], %f1;\nret;\n"
+                              "$L__BB0_3:\ngriddepcontrol.wait;\nbra.uni $L__BB0_2;\n}")
+    _assert_waits_before_memory(epilogue_first, name)
+    loop = _HEAD + ("setp.ge.s32 %p1, %r1, %r2;\n@%p1 bra $L__BB0_3;\n$L__BB0_2:\ngriddepcontrol.wait;\n"
+                    "ld.global.f32 %f1, [%rd2];\n@%p2 bra $L__BB0_2;\n$L__BB0_3:\nst.global.f32 [%rd1], %f1;\n"
+                    "ret;\n}")
+    with pytest.raises(AssertionError, match="before the wait"):
+        _assert_waits_before_memory(loop, name)
+
+
 def check_other_target(cc: tuple[int, int]) -> None:
     """Compile every sim=False kernel for cc, in a process whose current device has that cc (run
     by test_compile_other_targets in a fresh interpreter)."""
