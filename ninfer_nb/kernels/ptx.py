@@ -140,10 +140,14 @@ def cp_async16(typingctx, saddr, gaddr):
     return types.void(saddr, gaddr), codegen
 
 
-def _make_noarg(name, asm):
+def _make_noarg(name: str, asm: str, sm90: bool = False) -> Any:
+    """An intrinsic of no arguments that emits `asm`; sm90: only when lowering for cc >= 9.0
+    (nothing below, see `_sm90`)."""
     def typer(typingctx):
         def codegen(context, builder, sig, args):
-            _asm(builder, asm, "~{memory}", ir.VoidType(), [])
+            code = _sm90(asm) if sm90 else asm
+            if code:
+                _asm(builder, code, "~{memory}", ir.VoidType(), [])
             return context.get_dummy_value()
 
         return types.void(), codegen
@@ -190,30 +194,16 @@ def _sm90(asm: str) -> str:
     return asm if cc is not None and tuple(cc[:2]) >= (9, 0) else ""
 
 
-def _make_sm90_noarg(name: str, asm: str) -> Any:
-    def typer(typingctx):
-        def codegen(context, builder, sig, args):
-            code = _sm90(asm)
-            if code:
-                _asm(builder, code, "~{memory}", ir.VoidType(), [])
-            return context.get_dummy_value()
-
-        return types.void(), codegen
-
-    typer.__name__ = name
-    return intrinsic(typer)
-
-
 # Thread-block clusters (cc >= 9.0; nothing is emitted below, where no kernel is launched as a
 # cluster). Every thread of every block of the cluster makes each call, arrive and wait in turn.
 # cluster_arrive_relaxed at a kernel's start and cluster_wait before the first access to another
 # block's shared memory: every block of the cluster has started (its shared memory exists).
-cluster_arrive_relaxed = _make_sm90_noarg("cluster_arrive_relaxed", "barrier.cluster.arrive.relaxed.aligned;")
-cluster_wait = _make_sm90_noarg("cluster_wait", "barrier.cluster.wait.aligned;")
+cluster_arrive_relaxed = _make_noarg("cluster_arrive_relaxed", "barrier.cluster.arrive.relaxed.aligned;", sm90=True)
+cluster_wait = _make_noarg("cluster_wait", "barrier.cluster.wait.aligned;", sm90=True)
 # The cluster-wide barrier with release / acquire: stores to any block's shared memory before it
 # are visible to every thread of the cluster after it.
-cluster_sync = _make_sm90_noarg("cluster_sync", "barrier.cluster.arrive.release.aligned; "
-                                                "barrier.cluster.wait.acquire.aligned;")
+cluster_sync = _make_noarg("cluster_sync", "barrier.cluster.arrive.release.aligned; "
+                                           "barrier.cluster.wait.acquire.aligned;", sm90=True)
 
 
 @intrinsic

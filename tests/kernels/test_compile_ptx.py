@@ -152,8 +152,8 @@ def check_other_target(cc: tuple[int, int]) -> None:
         assert f".target sm_{cc[0]}{cc[1]}" in ptx, name
         if cc >= (9, 0):
             _assert_waits_before_memory(ptx, name)
-        else:                                   # griddepcontrol does not exist before sm_90
-            assert "griddepcontrol" not in ptx, name
+        else:                                   # griddepcontrol and clusters do not exist before sm_90
+            assert "griddepcontrol" not in ptx and "barrier.cluster" not in ptx and "mapa" not in ptx, name
 
 
 @pytest.mark.parametrize("cc", OTHER_CC, ids=[f"sm{a}{b}" for a, b in OTHER_CC])
