@@ -128,14 +128,13 @@ class CudaBackend:
         ids.copy_from_numpy(np.array([token], np.int32), self.stream)
         pos.copy_from_numpy(np.array([position], np.int32), self.stream)
         self.scratch.reset()
-        step = self._forward_argmax(forward, ids, pos)
         if not self._warmed:
             self._warmed = True
-            return step()
+            return self._forward_argmax(forward, ids, pos)()
         if self._graph is None:
             graph = CudaGraph(self.stream)
             with self.ops.programmatic_launches(self.pdl):
-                self._graph_out = graph.capture(step)
+                self._graph_out = graph.capture(self._forward_argmax(forward, ids, pos))
             self._graph = graph
         self._graph.replay()
         return self._graph_out
