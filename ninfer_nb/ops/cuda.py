@@ -921,7 +921,8 @@ class CudaOps:
         """The cluster size for moe_router_cluster_kernel (one block per 16 routed experts), or 0:
         the arrival-counter kernel (cc < 9.0, more than ROUTE_CLUSTER_MAX blocks, ROUTER_CLUSTER
         off, or a GPU that cannot hold such a cluster)."""
-        c = (n_exp + K_moe.ROUTE_BLOCK // 16 - 1) // (K_moe.ROUTE_BLOCK // 16)
+        rows = K_moe.ROUTE_BLOCK // 32 * 2                               # 2 logits per warp
+        c = (n_exp + rows - 1) // rows
         if not ROUTER_CLUSTER or SIM or self.arch is None or self.arch < (9, 0) or c > K_moe.ROUTE_CLUSTER_MAX:
             return 0
         ok = self._cluster_ok.get(c)
