@@ -158,6 +158,16 @@ def _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, t):
         weights[t, top_k] = float32(1.0) / (float32(1.0) + math.exp(-gate))
 
 
+@cuda.jit(device=True, inline=True)
+def _store_normed_row(x, nw, inv, xn, lane, k_dim):
+    """One warp: xn[0] = x[0] * inv * nw (the normed row the expert kernels read), 16 bytes per
+    lane per step."""
+    for i in range(lane * 4, k_dim, 128):
+        xa = ldg_v4_f32(x, i)
+        na = ldg_v4_f32(nw, i)
+        st_v4_f32(xn, i, xa[0] * inv * na[0], xa[1] * inv * na[1], xa[2] * inv * na[2], xa[3] * inv * na[3])
+
+
 @kernel((f32_2, f32_1, f32, u16_2, f32_2, f32_1, i32_1, i32, i32, i32, i32_2, f32_2, u16_3, f32_2),
         sim=False, fastmath=True, launch_bounds=(ROUTE_BLOCK, 2), self_sync=True)
 def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, shared, ids, weights,
@@ -206,10 +216,7 @@ def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, s
             if has1:
                 logits[n1] = a1
         if cuda.blockIdx.x == 0 and warp == 0:
-            for i in range(lane * 4, k_dim, 128):
-                xa = ldg_v4_f32(x, i)
-                na = ldg_v4_f32(nw, i)
-                st_v4_f32(xn, i, xa[0] * inv * na[0], xa[1] * inv * na[1], xa[2] * inv * na[2], xa[3] * inv * na[3])
+            _store_normed_row(x, nw, inv, xn, lane, k_dim)
     grid_dependency_sync()                       # (the GEMV's warps have: self_sync) all threads
     fence_acq_rel_gpu()                          # this block's logits (and xn) before its arrival
     cuda.syncthreads()
@@ -285,10 +292,7 @@ def moe_router_cluster_kernel(x, nw, eps, w, xn, top_k, renorm, shared, n_h, ids
         if n0 + 1 < n_exp:
             st_cluster_f32(base + 4 * (n0 + 1), 0, a1)
     if b == 0 and warp == 0:
-        for i in range(lane * 4, k_dim, 128):
-            xa = ldg_v4_f32(x, i)
-            na = ldg_v4_f32(nw, i)
-            st_v4_f32(xn, i, xa[0] * inv * na[0], xa[1] * inv * na[1], xa[2] * inv * na[2], xa[3] * inv * na[3])
+        _store_normed_row(x, nw, inv, xn, lane, k_dim)
     cluster_sync()                               # every logit is in block 0's row
     if b != 0:
         return
