@@ -48,7 +48,7 @@ class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
                  kv_cache: str = "fp32", show_progress: bool = False, prefill_gemm: str = "auto",
-                 prefill_attention: str = "flash", pdl: bool = True, device_argmax: bool = False,
+                 prefill_attention: str = "flash", pdl: bool = True, device_argmax: bool = True,
                  config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,

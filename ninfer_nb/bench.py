@@ -233,9 +233,9 @@ def main(argv: Sequence[str]) -> int:
                         "flash kernel (mma)")
     p.add_argument("--no-pdl", action="store_true",
                    help="decode graph without programmatic dependent launch (cc >= 9.0 uses it by default)")
-    p.add_argument("--device-argmax", action="store_true",
-                   help="greedy decode takes the next token from an argmax kernel in the decode graph "
-                        "(4 bytes back per token instead of the logits row)")
+    p.add_argument("--host-argmax", action="store_true",
+                   help="greedy decode copies the logits row back and takes np.argmax, instead of "
+                        "the decode graph's argmax kernel (4 bytes back per token; the default)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on opt-in CUDA kernels not yet validated on a GPU, by name (ops/cuda.py "
                         "EXPERIMENTAL; none at present)")
@@ -266,7 +266,7 @@ def main(argv: Sequence[str]) -> int:
     llm = LLM(model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
               prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph,
               kv_cache=args.kv_cache, prefill_gemm=args.gemm, prefill_attention=args.attention,
-              pdl=not args.no_pdl, device_argmax=args.device_argmax)
+              pdl=not args.no_pdl, device_argmax=not args.host_argmax)
     load_s = time.perf_counter() - t_load
     if experimental:
         if llm.backend.name != "cuda":

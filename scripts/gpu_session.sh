@@ -4,7 +4,7 @@
 #   bash scripts/gpu_session.sh check     GPU tests: kernels, runtime, whole tiny models
 #   bash scripts/gpu_session.sh bench27   bench --random qwen3.6-27b, prompts 512 and 8192, profile
 #   bash scripts/gpu_session.sh bench35   the same for qwen3.6-35b-a3b
-#   bash scripts/gpu_session.sh argmax    device_argmax: its GPU test and a one-machine 35B A/B
+#   bash scripts/gpu_session.sh argmax    device argmax (the default) vs --host-argmax: GPU test, 35B A/B
 # Logs and JSON land in $OUT. Try kernel choices with BENCH_ARGS="--gemm mma" or "--attention mma".
 # The benches run the transformers peer first (same preset shapes, random weights); PEER=0 skips it
 # if the call gets close to its 10-minute limit.
@@ -43,9 +43,9 @@ case "${1:-check}" in
     echo "pytest exit code: $rc" ;;
   argmax)                 # EngineConfig.device_argmax: its GPU test, then alternating 35B decode runs
     python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_gpu_model.py -k device_argmax 2>&1 | tail -3
-    for i in 1 2 3; do for flag in "" --device-argmax; do
+    for i in 1 2 3; do for flag in --host-argmax ""; do
       python3 -m ninfer_nb bench --random qwen3.6-35b-a3b --prompt-len 512 --gen 64 $flag 2>&1 \
-        | grep -E "^ninfer_nb +512" | sed "s/^/${flag:-logits-row} /"
+        | grep -E "^ninfer_nb +512" | sed "s/^/${flag:-device-argmax} /"
     done; done ;;
   bench27) bench qwen3.6-27b bench27 ;;
   bench35) bench qwen3.6-35b-a3b bench35 ;;

@@ -64,16 +64,20 @@ def test_device_argmax_option_keeps_greedy_tokens(llm: LLM, tiny_qwen35_dir: Pat
     Generator.decode_argmax (on the CPU backend its np.argmax fallback; the CUDA graph's
     argmax kernel is tested in test_gpu_model.py), which must give the sampler's tokens;
     sampled and penalised requests keep the logits path."""
-    fast = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32, device_argmax=True)
+    fast = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32)  # the default
+    plain = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32, device_argmax=False)
+    plain_calls = []
+    plain._generator.decode_argmax = lambda *a: plain_calls.append(a)  # type: ignore[method-assign]
     calls = []
     decode_argmax = fast._generator.decode_argmax
     fast._generator.decode_argmax = lambda *a: (calls.append(a[0]), decode_argmax(*a))[1]  # type: ignore[method-assign]
-    assert fast.generate("Hello world", GREEDY).token_ids == llm.generate("Hello world", GREEDY).token_ids
+    assert fast.generate("Hello world", GREEDY).token_ids == plain.generate("Hello world", GREEDY).token_ids
+    assert not plain_calls                                              # off: the logits row
     assert len(calls) == GREEDY.max_tokens - 1                          # every token after the first
     calls.clear()
     for p in (SamplingParams(max_tokens=6, temperature=0.8, seed=3, ignore_eos=True),
               GREEDY.replace(presence_penalty=0.5)):
-        assert fast.generate("Hello world", p).token_ids == llm.generate("Hello world", p).token_ids
+        assert fast.generate("Hello world", p).token_ids == plain.generate("Hello world", p).token_ids
     assert not calls
 
 

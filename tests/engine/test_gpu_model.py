@@ -122,15 +122,15 @@ def test_pdl_decode_graph_logits_equal_plain_graph(name: str, tiny_checkpoints) 
 
 @pytest.mark.parametrize("name", ["qwen35_moe", "llama"])
 def test_device_argmax_decode_equals_host_argmax(name: str, tiny_checkpoints) -> None:
-    """EngineConfig.device_argmax: the decode graph ends with ops.argmax over the valid ids and
+    """EngineConfig.device_argmax (the default): the decode graph ends with ops.argmax over the valid ids and
     4 bytes come back per token. Greedy generation gives the same tokens as the logits-row
     path, and each step's device argmax is np.argmax of that step's logits."""
     path = gpu_checkpoint(tiny_checkpoints, name)
     rng = np.random.default_rng(13)
     prompt = [int(t) for t in rng.integers(0, 248000, 11)]
     p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    plain = LLM(str(path), device="cuda", max_context=128)
-    fast = LLM(str(path), device="cuda", max_context=128, device_argmax=True)
+    plain = LLM(str(path), device="cuda", max_context=128, device_argmax=False)
+    fast = LLM(str(path), device="cuda", max_context=128)                  # device_argmax by default
     assert fast.backend.argmax_vocab == fast._valid_vocab > 0
     assert fast.generate(prompt, p).token_ids == plain.generate(prompt, p).token_ids
     gen = fast._generator
