@@ -37,7 +37,7 @@ case "${1:-check}" in
       tests/kernels tests/runtime tests/engine/test_gpu_model.py tests/engine/test_gpu_server.py > "$OUT/pytest_gpu.log" 2>&1
     rc=$?
     # the timing lines the tests print (-s): kernel vs kernel, TFLOP/s, GB/s
-    grep -E "prefill attention|decode attention|GEMV |MoE decode|MoE router|gated delta rule|gated rms norm|row elementwise|grouped mma|TFLOP|max error|TTFT|host time per launch" "$OUT/pytest_gpu.log" \
+    grep -E "prefill attention|decode attention|GEMV |MoE decode|MoE router|gated delta rule|GDN decode middle|gated rms norm|row elementwise|grouped mma|TFLOP|max error|TTFT|host time per launch" "$OUT/pytest_gpu.log" \
       | tee "$OUT/timings.txt"
     grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.log" | tail -30
     echo "pytest exit code: $rc" ;;

@@ -14,7 +14,8 @@ from ninfer_nb.models.state import new_state
 from ninfer_nb.ops import cpu
 from ninfer_nb.runtime.tensor import Tensor
 
-INPLACE = {"kv_store": (0, 1), "causal_conv1d": (1,), "gated_delta_rule": (5,), "gated_delta_rule_chunked": (5,)}
+INPLACE = {"kv_store": (0, 1), "causal_conv1d": (1,), "gated_delta_rule": (5,), "gated_delta_rule_chunked": (5,),
+           "gated_delta_rule_raw_gates": (7,), "gdn_decode": (4, 8)}
 
 
 class CheckedOps:

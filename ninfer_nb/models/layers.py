@@ -52,14 +52,15 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNSta
     hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
     mixed, z, a, b = ops.linear_split(x, w.in_proj, None,   # the fused [T, q | k | v | z | a | b]
                                       (cfg.conv_dim, hv * dv, hv, hv))
+    if not chunked:                          # decode: conv, rule and norm in one op (one kernel)
+        o = ops.gdn_decode(mixed, z, a, b, state.conv, w.conv, w.a_log, w.dt_bias, state.recurrent,
+                           w.norm, cfg.rms_norm_eps, hk)                        # [T, Hv * Dv]
+        return ops.linear_add(o, w.out, residual)
     q, k, v = ops.causal_conv1d_split(mixed, state.conv, w.conv,   # conv over [T, q | k | v]
                                       (hk * dk, hk * dk, hv * dv))
     q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
-    if chunked:
-        g, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
-        o = ops.gated_delta_rule_chunked(q, k, v, g, beta, state.recurrent)   # [T, Hv, Dv]
-    else:                                                   # decode: the gates inside the rule's kernel
-        o = ops.gated_delta_rule_raw_gates(q, k, v, a, b, w.a_log, w.dt_bias, state.recurrent)
+    g, beta = ops.gdn_gates(a, b, w.a_log, w.dt_bias)
+    o = ops.gated_delta_rule_chunked(q, k, v, g, beta, state.recurrent)     # [T, Hv, Dv]
     o = ops.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), w.norm, cfg.rms_norm_eps)
     return ops.linear_add(o.reshape(t, hv * dv), w.out, residual)
 

@@ -292,6 +292,22 @@ def gated_delta_rule_raw_gates(q: Array, k: Array, v: Array, a: Array, b: Array,
     return gated_delta_rule(q, k, v, g, beta, state)
 
 
+def gdn_decode(mixed: Array, z: Array, a: Array, b: Array, conv_state: Array, conv_w: Array,
+               a_log: Array, dt_bias: Array, state: Array, norm_w: Array, eps: float,
+               n_k_heads: int) -> Array:
+    """The GDN mixer between its projections, recurrent form (decode-sized T): causal conv +
+    SiLU over mixed [T, q | k | v], the gated delta rule with its gates from the raw a, b [T, Hv],
+    the gated RMS norm by z [T, Hv * Dv] -> [T, Hv * Dv]. conv_state and state [Hv, Dv, Dk] are
+    updated in place (one kernel on the GPU: kernels/gdn_decode.py)."""
+    t = mixed.shape[0]
+    hv, dv, dk = state.shape
+    qk = n_k_heads * dk
+    q, k, v = causal_conv1d_split(mixed, conv_state, conv_w, (qk, qk, hv * dv))
+    o = gated_delta_rule_raw_gates(q.reshape(t, n_k_heads, dk), k.reshape(t, n_k_heads, dk),
+                                   v.reshape(t, hv, dv), a, b, a_log, dt_bias, state)
+    return gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), norm_w, eps).reshape(t, hv * dv)
+
+
 def gated_delta_rule_chunked(
     q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, chunk: int = 64
 ) -> Array:

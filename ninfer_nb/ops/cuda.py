@@ -30,6 +30,7 @@ from ninfer_nb.kernels import elementwise as K_ew
 from ninfer_nb.kernels import embedding as K_emb
 from ninfer_nb.kernels import gdn as K_gdn
 from ninfer_nb.kernels import gdn_chunked as K_gdc
+from ninfer_nb.kernels import gdn_decode as K_gdd
 from ninfer_nb.kernels import gdn_chunked_mma as K_gdm
 from ninfer_nb.kernels import gdn_prepare_mma as K_gdp
 from ninfer_nb.kernels import gemm_mma as K_mma
@@ -88,6 +89,10 @@ MOE_UNROLLED_MAX_T = 1
 # (scripts/moe_probe.py, 8 layers of distinct weights in a graph): router 9.2 -> 7.9 us, MoE
 # block 28.0 -> 27.0 us.
 ROUTER_CLUSTER = True
+# The GDN mixer's decode middle (conv + gated delta rule + gated norm) as one kernel
+# (kernels/gdn_decode.py, cc >= 9.0: clusters of the value heads that share a key head) instead of
+# three launches.
+GDN_DECODE_FUSED = True
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
 
@@ -810,6 +815,28 @@ class CudaOps:
             self._go(K_gdn.gdr_recurrent_kernel, grid, 32 * K_gdn.GDR_WARPS, q, k, v, g, beta, a_log, dt_bias,
                      np.int32(raw), state, out)
         return out
+
+    def gdn_decode(self, mixed: Any, z: Any, a: Any, b: Any, conv_state: Any, conv_w: Any, a_log: Any,
+                   dt_bias: Any, state: Any, norm_w: Any, eps: float, n_k_heads: int) -> Any:
+        """ops.cpu.gdn_decode: conv, gated delta rule and gated norm of decode-sized T. One kernel
+        on cc >= 9.0 for the heads it takes (kernels/gdn_decode.py), else the three ops."""
+        t = mixed.shape[0]
+        hv, dv, dk = state.shape
+        ratio = hv // n_k_heads if n_k_heads else 0
+        if (GDN_DECODE_FUSED and not SIM and self.arch is not None and self.arch >= (9, 0)
+                and hv == ratio * n_k_heads and K_gdd.supported(dk, dv, conv_w.shape[1], ratio)
+                and conv_w.dtype == F32 and _ptr(conv_w) % 16 == 0):
+            out = self.empty((t, hv * dv))                                # [T, Hv * Dv]
+            if t:
+                self._go(K_gdd.gdn_decode_kernel, hv, K_gdd.THREADS, _rows(mixed, mixed.shape[-1]),
+                         _rows(z, hv * dv), _rows(a, hv), _rows(b, hv), conv_state, conv_w, a_log, dt_bias,
+                         state, norm_w, out, np.int32(n_k_heads), np.float32(eps), cluster=ratio)
+            return out
+        qk = n_k_heads * dk
+        q, k, v = self.causal_conv1d_split(mixed, conv_state, conv_w, (qk, qk, hv * dv))
+        o = self.gated_delta_rule_raw_gates(q.reshape(t, n_k_heads, dk), k.reshape(t, n_k_heads, dk),
+                                            v.reshape(t, hv, dv), a, b, a_log, dt_bias, state)
+        return self.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), norm_w, eps).reshape(t, hv * dv)
 
     def gated_delta_rule_chunked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any,
                                  chunk: int = 64) -> Any:

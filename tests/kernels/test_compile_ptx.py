@@ -48,7 +48,7 @@ def test_compile_sm90(name: str, i: int) -> None:
 WEIGHT_STREAM_LOAD = "ld.global.nc.L1::no_allocate"    # ptx.ldg_stream_v4_u32: weights only
 # self_sync kernels that also read, before the wait, data written two or more launches back
 # (their docstrings say why that is complete): any global load, still no store or shared access
-EARLY_READERS = {"moe_down_wide_kernel"}
+EARLY_READERS = {"moe_down_wide_kernel", "gdn_decode_kernel"}
 
 
 # global memory only: a block's shared memory is its own, no earlier kernel can touch it

@@ -495,6 +495,47 @@ def test_gated_delta_rule_raw_gates(env, rng, t, hk, hv, dk, dv):
         print(f"\ngated delta rule decode Hv={hv} Dk={dk} Dv={dv}: {best * 1e6:.1f} us")
 
 
+@pytest.mark.parametrize("t,hk,hv,dk,dv", [(1, 16, 32, 128, 128), (1, 16, 48, 128, 128), (3, 16, 32, 128, 128),
+                                           (2, 2, 6, 64, 96), (1, 1, 2, 32, 40), (5, 4, 4, 96, 128)])
+def test_gdn_decode(env, rng, t, hk, hv, dk, dv, monkeypatch):
+    """ops.gdn_decode (conv + SiLU, gated delta rule with raw gates, gated norm; the decode GDN
+    middle) against ops.cpu.gdn_decode: the output, the recurrent state and the conv state. The
+    inputs are views into one projection row, as the decoder passes them. Hv / Hk = 1, 2, 3:
+    clusters of 1-3 blocks share a key head's conv state. Prints the fused kernel against the
+    three-launch path at the 35B / 27B shapes (-s)."""
+    ops = env.fresh()
+    qk, vd = hk * dk, hv * dv
+    c = 2 * qk + vd
+    proj = rnd(rng, t, c + vd + 2 * hv)                           # [T, q | k | v | z | a | b]
+    proj[0, c + vd] = 25.0                                        # a > 20: softplus is the identity
+    conv_w, conv_st = rnd(rng, c, 4, scale=0.5), rnd(rng, 3, c)
+    al, dtb, nw = rnd(rng, hv, scale=0.5), rnd(rng, hv), rnd(rng, dv)
+    st = rnd(rng, hv, dv, dk, scale=0.1)
+    mixed, z, a, b = (proj[:, :c], proj[:, c:c + vd], proj[:, c + vd:c + vd + hv], proj[:, c + vd + hv:])
+    st_ref, conv_ref = st.copy(), conv_st.copy()
+    ref = cpu.gdn_decode(mixed.copy(), z.copy(), a.copy(), b.copy(), conv_ref, conv_w, al, dtb, st_ref, nw,
+                         1e-6, hk)
+    launched = _launched(ops, monkeypatch)
+    ST, CS, NW = env.up(st), env.up(conv_st), env.up(nw)
+    consts = (env.up(conv_w), env.up(al), env.up(dtb))
+    parts = ops.split(env.up(proj), (c, vd, hv, hv))
+
+    def call():
+        return ops.gdn_decode(*parts, CS, *consts, ST, NW, 1e-6, hk)
+
+    o = call()
+    assert launched == ["split_rows_kernel"] * (t > 1) + ["gdn_decode_kernel"]
+    close(env.host(o), ref, TOL32 * 10)
+    close(env.host(ST), st_ref, TOL32 * 10)
+    close(env.host(CS), conv_ref, TOL32)
+    if t == 1 and dk == 128:                       # the states are updated in place by every timed call
+        fused, _ = _best_time(env, call, reps=5, graph=True)
+        monkeypatch.setattr(cuda_ops, "GDN_DECODE_FUSED", False)
+        three, _ = _best_time(env, call, reps=5, graph=True)
+        print(f"\nGDN decode middle Hv={hv} Dk={dk} Dv={dv}: conv + rule + norm {three * 1e6:.1f} us, "
+              f"fused {fused * 1e6:.1f} us")
+
+
 @pytest.mark.parametrize("e,k,h,shared,renorm", [(256, 8, 2048, True, True), (128, 8, 2048, False, False),
                                                 (60, 4, 104, True, False), (6, 2, 64, False, True)])
 @pytest.mark.parametrize("cluster", [True, False])
