@@ -200,9 +200,6 @@ def _sm90(asm: str) -> str:
 # block's shared memory: every block of the cluster has started (its shared memory exists).
 cluster_arrive_relaxed = _make_noarg("cluster_arrive_relaxed", "barrier.cluster.arrive.relaxed.aligned;", sm90=True)
 cluster_wait = _make_noarg("cluster_wait", "barrier.cluster.wait.aligned;", sm90=True)
-# Split cluster barrier with memory order: every global or shared access a thread made before
-# cluster_arrive happens before any access another block's thread makes after its cluster_wait.
-cluster_arrive = _make_noarg("cluster_arrive", "barrier.cluster.arrive.release.aligned;", sm90=True)
 # The cluster-wide barrier with release / acquire: stores to any block's shared memory before it
 # are visible to every thread of the cluster after it.
 cluster_sync = _make_noarg("cluster_sync", "barrier.cluster.arrive.release.aligned; "

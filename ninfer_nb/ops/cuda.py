@@ -240,7 +240,7 @@ class CudaOps:
         self.experimental: frozenset[str] = frozenset()
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
         self._launchers: dict[str, Launcher] = {}                     # kernel name -> direct launcher
-        self._cluster_ok: dict[int, bool] = {}                        # router cluster size -> launchable
+        self._cluster_ok: dict[tuple[str, int], bool] = {}           # (kernel, cluster size) -> launchable
         self._cu_stream = None if SIM else stream.cu                  # CUstream for cuLaunchKernel
         # Programmatic dependent launch (cc >= 9.0) inside `programmatic_launches()`: a kernel
         # that directly follows another kernel of ours on the stream is launched with the PDL
@@ -822,21 +822,35 @@ class CudaOps:
         on cc >= 9.0 for the heads it takes (kernels/gdn_decode.py), else the three ops."""
         t = mixed.shape[0]
         hv, dv, dk = state.shape
-        ratio = hv // n_k_heads if n_k_heads else 0
-        if (GDN_DECODE_FUSED and not SIM and self.arch is not None and self.arch >= (9, 0)
-                and hv == ratio * n_k_heads and K_gdd.supported(dk, dv, conv_w.shape[1], ratio)
+        if (GDN_DECODE_FUSED and t and not SIM and self.arch is not None and self.arch >= (9, 0)
+                and K_gdd.supported(hv, n_k_heads, dk, dv, conv_w.shape[1])
                 and conv_w.dtype == F32 and _ptr(conv_w) % 16 == 0):
             out = self.empty((t, hv * dv))                                # [T, Hv * Dv]
-            if t:
-                self._go(K_gdd.gdn_decode_kernel, hv, K_gdd.THREADS, _rows(mixed, mixed.shape[-1]),
-                         _rows(z, hv * dv), _rows(a, hv), _rows(b, hv), conv_state, conv_w, a_log, dt_bias,
-                         state, norm_w, out, np.int32(n_k_heads), np.float32(eps), cluster=ratio)
-            return out
+            args = (_rows(mixed, mixed.shape[-1]), _rows(z, hv * dv), _rows(a, hv), _rows(b, hv), conv_state,
+                    conv_w, a_log, dt_bias, state, norm_w, out, np.int32(n_k_heads), np.float32(eps))
+            grid, c = hv * K_gdd.slices(dv), K_gdd.cluster_size(hv, n_k_heads, dv)
+            if self._cluster_fits(K_gdd.gdn_decode_kernel, args, grid, K_gdd.THREADS, c):
+                self._go(K_gdd.gdn_decode_kernel, grid, K_gdd.THREADS, *args, cluster=c)
+                return out
         qk = n_k_heads * dk
         q, k, v = self.causal_conv1d_split(mixed, conv_state, conv_w, (qk, qk, hv * dv))
         o = self.gated_delta_rule_raw_gates(q.reshape(t, n_k_heads, dk), k.reshape(t, n_k_heads, dk),
                                             v.reshape(t, hv, dv), a, b, a_log, dt_bias, state)
         return self.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), norm_w, eps).reshape(t, hv * dv)
+
+    def _cluster_fits(self, spec: Any, args: tuple[Any, ...], grid: int, block: int, c: int) -> bool:
+        """Whether the GPU can launch `spec` as clusters of c blocks (cuOccupancyMaxActiveClusters;
+        a GPU without non-portable cluster sizes refuses c > 8 outright). Cached per kernel and c."""
+        ok = self._cluster_ok.get((spec.name, c))
+        if ok is None:
+            from ninfer_nb.runtime._drv import CudaDriverError
+
+            try:
+                ok = self._launcher(spec).max_active_clusters(args, grid, block, c) > 0
+            except CudaDriverError:
+                ok = False
+            self._cluster_ok[(spec.name, c)] = ok
+        return ok
 
     def gated_delta_rule_chunked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any,
                                  chunk: int = 64) -> Any:
@@ -952,18 +966,11 @@ class CudaOps:
         c = (n_exp + rows - 1) // rows
         if not ROUTER_CLUSTER or SIM or self.arch is None or self.arch < (9, 0) or c > K_moe.ROUTE_CLUSTER_MAX:
             return 0
-        ok = self._cluster_ok.get(c)
+        ok = self._cluster_ok.get((K_moe.moe_router_cluster_kernel.name, c))
         if ok is None:
-            from ninfer_nb.runtime._drv import CudaDriverError
-
             probe = args + (np.int32(1), np.int32(1), np.int32(0), np.int32(0), self.empty((1, 1), np.int32),
                             self.empty((1, 1)), gate_up, h)
-            launcher = self._launcher(K_moe.moe_router_cluster_kernel)
-            try:                        # a GPU without non-portable cluster sizes refuses the attribute
-                ok = launcher.max_active_clusters(probe, c, K_moe.ROUTE_BLOCK, c) > 0
-            except CudaDriverError:
-                ok = False
-            self._cluster_ok[c] = ok
+            ok = self._cluster_fits(K_moe.moe_router_cluster_kernel, probe, c, K_moe.ROUTE_BLOCK, c)
         return c if ok else 0
 
     def _dummy_u16_3(self) -> Any:

@@ -11,6 +11,7 @@ import contextlib
 import numpy as np
 import pytest
 
+from ninfer_nb.kernels import gdn_decode as K_gdd
 from ninfer_nb.kernels import sampling as S
 from ninfer_nb.ops import cpu
 from ninfer_nb.ops import cuda as cuda_ops
@@ -496,13 +497,15 @@ def test_gated_delta_rule_raw_gates(env, rng, t, hk, hv, dk, dv):
 
 
 @pytest.mark.parametrize("t,hk,hv,dk,dv", [(1, 16, 32, 128, 128), (1, 16, 48, 128, 128), (3, 16, 32, 128, 128),
-                                           (2, 2, 6, 64, 96), (1, 1, 2, 32, 40), (5, 4, 4, 96, 128)])
+                                           (2, 2, 6, 64, 96), (1, 1, 2, 32, 40), (5, 4, 4, 96, 128),
+                                           (1, 1, 8, 32, 128)])
 def test_gdn_decode(env, rng, t, hk, hv, dk, dv, monkeypatch):
     """ops.gdn_decode (conv + SiLU, gated delta rule with raw gates, gated norm; the decode GDN
     middle) against ops.cpu.gdn_decode: the output, the recurrent state and the conv state. The
-    inputs are views into one projection row, as the decoder passes them. Hv / Hk = 1, 2, 3:
-    clusters of 1-3 blocks share a key head's conv state. Prints the fused kernel against the
-    three-launch path at the 35B / 27B shapes (-s)."""
+    inputs are views into one projection row, as the decoder passes them. Clusters of 4 to 12
+    blocks (Hv / Hk = 1-3 heads of 1-4 row slices) share a key head's conv state and each head's
+    norm; Hv / Hk = 8 with 4 slices (32 blocks) is past the cluster limit: the three-launch path.
+    Prints the fused kernel against the three launches at the 35B / 27B shapes (-s)."""
     ops = env.fresh()
     qk, vd = hk * dk, hv * dv
     c = 2 * qk + vd
@@ -524,16 +527,18 @@ def test_gdn_decode(env, rng, t, hk, hv, dk, dv, monkeypatch):
         return ops.gdn_decode(*parts, CS, *consts, ST, NW, 1e-6, hk)
 
     o = call()
-    assert launched == ["split_rows_kernel"] * (t > 1) + ["gdn_decode_kernel"]
+    fused = K_gdd.supported(hv, hk, dk, dv, 4)
+    assert launched[(t > 1):] == (["gdn_decode_kernel"] if fused else
+                                  ["causal_conv1d_kernel", "gdr_recurrent_kernel", "gated_rms_norm_warp_kernel"])
     close(env.host(o), ref, TOL32 * 10)
     close(env.host(ST), st_ref, TOL32 * 10)
     close(env.host(CS), conv_ref, TOL32)
     if t == 1 and dk == 128:                       # the states are updated in place by every timed call
-        fused, _ = _best_time(env, call, reps=5, graph=True)
+        one, _ = _best_time(env, call, reps=5, graph=True)
         monkeypatch.setattr(cuda_ops, "GDN_DECODE_FUSED", False)
         three, _ = _best_time(env, call, reps=5, graph=True)
         print(f"\nGDN decode middle Hv={hv} Dk={dk} Dv={dv}: conv + rule + norm {three * 1e6:.1f} us, "
-              f"fused {fused * 1e6:.1f} us")
+              f"fused {one * 1e6:.1f} us")
 
 
 @pytest.mark.parametrize("e,k,h,shared,renorm", [(256, 8, 2048, True, True), (128, 8, 2048, False, False),
