@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32
 
 from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, u16_2
@@ -446,92 +446,6 @@ def _make_splitk(ways: int, name: str):
 
 gemv_bf16_splitk_kernel = _make_splitk(4, "gemv_bf16_splitk_kernel")     # 4 K slices per row pair
 gemv_bf16_splitk2_kernel = _make_splitk(2, "gemv_bf16_splitk2_kernel")   # 2 K slices per row pair
-
-
-BAL_UNROLL = 8          # (row, 256-column chunk) units per pass of gemv_bf16_balanced: 8 loads in flight
-
-
-@kernel((f32_2, u16_2, f32_1, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2), self_sync=True)
-def gemv_bf16_balanced_kernel(x, w, bias, out, has_bias):
-    """One token, K % 256 == 0, 16-byte aligned: out[0, n] = w[n] . x[0] (+ bias[n]; bias may
-    alias out, the residual add). grid G (a whole number of resident waves: 2 blocks per SM),
-    block 256.
-
-    Work split evenly instead of by whole rows: block b takes rows [N b / G, N (b + 1) / G) and
-    its 8 warps split the block's (row, 256-column chunk) units into equal contiguous ranges, so
-    every warp streams the same number of 512-byte pieces (+-1) whatever N and K are. The
-    row-per-warp kernels leave a partial last wave (5120 x 6144: 640 blocks of 8 rows for 264
-    resident ran at 81 % of the copy bandwidth). A row wholly inside one warp's range is
-    written by that warp; a row cut by range ends is summed by the warp where it starts, from
-    its own partial and the later warps' partials in warp order (shared memory, one barrier):
-    deterministic, no atomics."""
-    p_first = cuda.shared.array(GEMV_WARPS, float32)   # each warp's partial of a row it joins midway
-    first_row = cuda.shared.array(GEMV_WARPS, int32)   # that row (-1: the warp starts at a row start)
-    wv = cuda.local.array((BAL_UNROLL, 4), uint32)
-    lane = cuda.threadIdx.x & 31
-    warp = cuda.threadIdx.x >> 5
-    n_rows = w.shape[0]
-    k_dim = w.shape[1]
-    nch = k_dim // 256
-    g = cuda.gridDim.x
-    b = cuda.blockIdx.x
-    r_beg = (n_rows * b) // g
-    r_end = (n_rows * (b + 1)) // g
-    n_units = (r_end - r_beg) * nch
-    u0 = (n_units * warp) // GEMV_WARPS
-    u1 = (n_units * (warp + 1)) // GEMV_WARPS
-    row = r_beg + u0 // nch                            # the first unit's row and chunk
-    ch = u0 - (row - r_beg) * nch
-    starts_mid = ch != 0
-    if lane == 0:
-        first_row[warp] = row if (starts_mid and u0 < u1) else -1
-    own = float32(0.0)                                 # this warp's partial of a row it starts and others end
-    own_row = -1
-    acc = float32(0.0)
-    joined = starts_mid                                # the current row began in an earlier warp
-    for u in range(u0, u1, BAL_UNROLL):
-        r1 = row
-        c1 = ch
-        for c in range(BAL_UNROLL):                    # the pass's loads first (weights: before the wait)
-            if u + c < u1:
-                wv[c, 0], wv[c, 1], wv[c, 2], wv[c, 3] = ldg_stream_v4_u32(w, r1 * k_dim + c1 * 256 + lane * 8)
-            c1 += 1
-            if c1 == nch:
-                c1 = 0
-                r1 += 1
-        grid_dependency_sync()                         # x (and a residual in out) come from earlier kernels
-        for c in range(BAL_UNROLL):
-            if u + c < u1:
-                xi = ch * 256 + lane * 8
-                acc += _dot8((wv[c, 0], wv[c, 1], wv[c, 2], wv[c, 3]), ldg_v4_f32(x, xi), ldg_v4_f32(x, xi + 4))
-                ch += 1
-                if ch == nch or u + c + 1 == u1:       # the row ends here, or this warp's range does
-                    tot = warp_sum(acc)
-                    if joined:
-                        if lane == 0:
-                            p_first[warp] = tot
-                    elif ch == nch:                    # a whole row of this warp
-                        if lane == 0:
-                            out[0, row] = tot + (bias[row] if has_bias != 0 else float32(0.0))
-                    else:                              # starts here, ends in a later warp
-                        own = tot
-                        own_row = row
-                    acc = float32(0.0)
-                    joined = False
-                    if ch == nch:
-                        ch = 0
-                        row += 1
-    grid_dependency_sync()                             # a warp with no units waits too (returns at once)
-    cuda.syncthreads()
-    if own_row >= 0 and lane == 0:                     # the rows cut by warp ranges, in warp order
-        tot = own
-        for w2 in range(warp + 1, GEMV_WARPS):
-            fr = first_row[w2]
-            if fr == own_row:
-                tot += p_first[w2]
-            elif fr > own_row:
-                break
-        out[0, own_row] = tot + (bias[own_row] if has_bias != 0 else float32(0.0))
 
 
 BM = 64

@@ -80,12 +80,6 @@ SPLITK_MIN_K = 12288
 # graph-timed: 5120x6144 20.4 -> 19.9 us (whole rows -> 2 slices; 4 slices 23.2), 2048x4096
 # 7.2 -> 6.6 us (4 slices 7.7).
 SPLITK2_MIN_K = 4096
-# One-token GEMVs with at most this many rows (the split-K class above) on the evenly split kernel
-# (linear.gemv_bf16_balanced_kernel: every warp the same number of 512-byte pieces, G = 2 blocks
-# per SM), when each warp gets at least BALANCED_MIN_UNITS of them.
-GEMV_BALANCED = True
-GEMV_BALANCED_MAX_N = 8192
-BALANCED_MIN_UNITS = 8
 # MoE decode expert kernels with more loads in flight per lane (kernels/moe.py), for up
 # to this many tokens. H200, 35B profile: 1.04 -> 0.92 ms per decode token; at T = 4 the
 # kernel test timed them slower than the plain pair, so batches keep the plain kernels.
@@ -575,11 +569,7 @@ class CudaOps:
         elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
             ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
-            grid = 2 * self.sm_count
-            if (GEMV_BALANCED and t == 1 and vec and k % 256 == 0 and n <= GEMV_BALANCED_MAX_N
-                    and n * (k // 256) >= BALANCED_MIN_UNITS * K_lin.GEMV_WARPS * grid):
-                self._go(K_lin.gemv_bf16_balanced_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
-            elif vec and n <= SPLITK_MAX_N and ways:
+            if vec and n <= SPLITK_MAX_N and ways:
                 spec = K_lin.gemv_bf16_splitk_kernel if ways == 4 else K_lin.gemv_bf16_splitk2_kernel
                 rows_per_block = K_lin.splitk_rows_per_block(ways)
                 grid = (n + rows_per_block - 1) // rows_per_block

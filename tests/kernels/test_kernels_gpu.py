@@ -79,34 +79,6 @@ def test_norms(env, rng, shape):
               f"1024-thread block {block * 1e6:.1f} us ({gbs / block:.0f} GB/s)")
 
 
-@pytest.mark.parametrize("n,k", [(2048, 4096), (5120, 6144), (5120, 17408), (8192, 2048), (1000, 2304),
-                                 (67, 8192), (528, 512)])
-def test_linear_balanced_gemv(env, rng, n, k, monkeypatch):
-    """The evenly split one-token GEMV (each warp the same number of (row, 256-column) pieces,
-    rows cut by warp ranges summed in shared memory): the 27B / 35B few-row shapes, ranges that
-    cut rows many times (N = 67: a block's rows shared by all 8 warps) or hold many whole rows
-    (K = 512), with a bias and adding into a residual row in place; against NumPy and the
-    row-per-warp kernels; prints both times (-s)."""
-    ops = env.fresh()
-    monkeypatch.setattr(cuda_ops, "BALANCED_MIN_UNITS", 0)             # the small shapes too
-    w = rnd_bf16(rng, n, k)
-    x, b, r = rnd(rng, 1, k), rnd(rng, n), rnd(rng, 1, n)
-    W, X, B, R = env.up(w), env.up(x), env.up(b), env.up(r)
-    ref = cpu.linear(x, w.astype(np.float32), b)
-    launched = _launched(ops, monkeypatch)
-    close(env.host(ops.linear(X, W, B)), ref, TOL32 * 10)
-    assert launched == ["gemv_bf16_balanced_kernel"]
-    out = ops.linear_add(X, W, R)
-    assert out is R
-    close(env.host(R), r + ref - b, TOL32 * 10)
-    one, o1 = _best_time(env, lambda: ops.linear(X, W, B), reps=5, graph=True)
-    monkeypatch.setattr(cuda_ops, "GEMV_BALANCED", False)
-    rows, o2 = _best_time(env, lambda: ops.linear(X, W, B), reps=5, graph=True)
-    np.testing.assert_allclose(env.host(o1), env.host(o2), rtol=1e-5, atol=1e-5)
-    print(f"\nGEMV {n}x{k} T=1: {launched[-1]} {rows * 1e6:.1f} us ({w.nbytes / rows / 1e9:.0f} GB/s), "
-          f"balanced {one * 1e6:.1f} us ({w.nbytes / one / 1e9:.0f} GB/s)")
-
-
 @pytest.mark.parametrize("n,k", [(17408, 5120), (5120, 17408), (2048, 4096), (1000, 100), (77, 40),
                                  (333, 1288), (5, 2056)])   # unrolled GEMV loop + its tail
 @pytest.mark.parametrize("t", [1, 4, 7, 16, 17, 100])
@@ -133,7 +105,6 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
     whole-row kernel; prints both kernels' times at T = 1 (-s)."""
 
     ops = env.fresh()
-    monkeypatch.setattr(cuda_ops, "GEMV_BALANCED", False)
     w = rnd_bf16(rng, n, k)
     x, b = rnd(rng, t, k), rnd(rng, n)
     W, X, B = env.up(w), env.up(x), env.up(b)
