@@ -228,9 +228,11 @@ COMBINE_THREADS = 256
 COMBINE_UNROLL = 8
 
 
-@kernel((f32_4, f32_4, i32_1, f32_3), launch_bounds=(COMBINE_THREADS, 1))
-def attn_combine_kernel(part_o, part_ml, positions, out):
-    """grid (Hq, T), block COMBINE_THREADS: out[t, h, :] = merge of the splits that hold keys.
+@kernel((f32_4, f32_4, i32_1, f32_2, i32, f32_3), launch_bounds=(COMBINE_THREADS, 1))
+def attn_combine_kernel(part_o, part_ml, positions, gate, has_gate, out):
+    """grid (Hq, T), block COMBINE_THREADS: out[t, h, :] = merge of the splits that hold keys,
+    times sigmoid(gate[t, h * D + d]) when has_gate (the gated attention's output gate: one
+    launch less per attention layer and decode step; else gate is an unused dummy).
     The split weights exp(m_s - max) are computed in parallel (one split per thread) into
     shared memory; each output dim then sums its splits COMBINE_UNROLL loads at a time (a plain
     loop waited one memory round trip per split: ~40 us per layer at 132 splits)."""
@@ -288,6 +290,9 @@ def attn_combine_kernel(part_o, part_ml, positions, out):
         while s_ < n_split:
             o += part_o[t, h, s_, d] * wts[s_]
             s_ += 1
+        if has_gate != 0:
+            g = gate[t, h * out.shape[2] + d]
+            o = o / (float32(1.0) + math.exp(-g))
         out[t, h, d] = o * inv
 
 

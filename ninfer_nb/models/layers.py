@@ -33,14 +33,13 @@ def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
     # q / k head norms, RoPE, and K / V into the cache (one kernel on the GPU)
     q = ops.qk_norm_rope_store(q, k, v, w.q_norm, w.k_norm, positions, cfg.rotary_dim, cfg.rope_theta,
                                cfg.rms_norm_eps, cache.k, cache.v, cache.k_scale, cache.v_scale)
-    if cache.k_scale is not None:                                           # int8 KV cache
+    if gate is not None:                                   # the output gate applied as attention writes
+        out = ops.attention_gated(q, cache.k, cache.v, positions, d ** -0.5, gate, cache.k_scale, cache.v_scale)
+    elif cache.k_scale is not None:                                         # int8 KV cache
         out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5, cache.k_scale, cache.v_scale)
     else:
         out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5)
-    out = out.reshape(t, qd)
-    if gate is not None:
-        out = ops.sigmoid_mul(out, gate)
-    return ops.linear_add(out, w.o, residual)
+    return ops.linear_add(out.reshape(t, qd), w.o, residual)
 
 
 def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNState,

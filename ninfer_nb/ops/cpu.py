@@ -210,6 +210,15 @@ def attention(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale:
     return out.transpose(2, 0, 1, 3).reshape(t, hq, d).astype(np.float32, copy=False)
 
 
+def attention_gated(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float, gate: Array,
+                    k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
+    """The gated attention's output: attention(..) [T, Hq, D] * sigmoid(gate [T, Hq * D]) as
+    [T, Hq * D] (on the GPU the gate is applied as the decode kernels write the output)."""
+    t, hq, d = q.shape
+    out = attention(q, k_cache, v_cache, positions, scale, k_scale, v_scale)
+    return sigmoid_mul(out.reshape(t, hq * d), gate)
+
+
 # --- Gated DeltaNet ------------------------------------------------------------------------
 
 def split(x: Array, sizes: tuple[int, ...]) -> tuple[Array, ...]:

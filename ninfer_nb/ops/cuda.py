@@ -656,8 +656,20 @@ class CudaOps:
         else:
             self._go(K_attn.kv_store_kernel, (hkv, t), 128, k_cache, v_cache, k, v, positions)
 
+    def attention_gated(self, q: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float, gate: Any,
+                        k_scale: Any = None, v_scale: Any = None) -> Any:
+        """ops.cpu.attention_gated: attention(..) * sigmoid(gate) as [T, Hq * D]. Decode-sized T:
+        the gate is applied in the split kernels' combine kernel (no sigmoid_mul launch)."""
+        t, hq, d = q.shape
+        _need(gate.shape[-1] == hq * d and gate.size == t * hq * d, f"attention_gated: gate {gate.shape} vs q {q.shape}")
+        out = self.attention(q, k_cache, v_cache, positions, scale, k_scale, v_scale, _gate=_rows(gate, hq * d))
+        return out.reshape(t, hq * d) if self._gated_in_combine(t) else self.sigmoid_mul(out.reshape(t, hq * d), gate)
+
+    def _gated_in_combine(self, t: int) -> bool:
+        return 0 < t <= DECODE_MAX_T and not SIM
+
     def attention(self, q: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float,
-                  k_scale: Any = None, v_scale: Any = None) -> Any:
+                  k_scale: Any = None, v_scale: Any = None, _gate: Any = None) -> Any:
         _need(positions.dtype == I32, "attention: positions must be int32")
         t, hq, d = q.shape
         _need(d <= K_attn.MAX_D, f"attention: head_dim {d} > {K_attn.MAX_D}")
@@ -673,7 +685,9 @@ class CudaOps:
             part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
             self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
                      ks, vs, positions, np.float32(scale), part_o, part_ml)
-            self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, out)
+            gate = _gate if _gate is not None else part_ml.reshape(-1, 2)        # unused dummy without a gate
+            self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, gate,
+                     np.int32(_gate is not None), out)
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
             grid = ((t * (hq // hkv) + K_attn.PRE_BM - 1) // K_attn.PRE_BM, hkv)  # rows of 1 kv head

@@ -352,6 +352,27 @@ def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatc
               + ", ".join(f"{w} waves {v * 1e6:.1f} us" for w, v in times.items()))
 
 
+@pytest.mark.parametrize("t,start", [(1, 511), (3, 700), (1, 0), (20, 100)])
+def test_attention_gated(env, rng, t, start, monkeypatch):
+    """ops.attention_gated (the Qwen3.5 attention's sigmoid output gate): decode-sized T applies
+    it in the split kernels' combine kernel (no sigmoid_mul launch), longer T after the prefill
+    kernel (the fp32 one here); against NumPy. The gate is a view into one projection row, as
+    the decoder passes it."""
+    ops = env.fresh()
+    hq, hkv, d, s = 16, 2, 256, 1024
+    pos = np.arange(start, start + t, dtype=np.int32)
+    q, kc, vc = rnd(rng, t, hq, d), rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
+    proj = rnd(rng, t, 2 * hq * d)                                   # [T, q | gate]
+    ref = cpu.attention_gated(q, kc, vc, pos, d ** -0.5, proj[:, hq * d:])
+    launched = _launched(ops, monkeypatch)
+    _, gate = ops.split(env.up(proj), (hq * d, hq * d))
+    with _prefill_kind(ops, "simt"):
+        o = ops.attention_gated(env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5, gate)
+    close(env.host(o), ref, TOL32 * 10)
+    assert o.shape == (t, hq * d)
+    assert ("sigmoid_mul_kernel" in launched) == (t > 4)
+
+
 @pytest.mark.parametrize("hq,hkv", [(24, 4), (16, 2)])
 def test_attention_decode_64k(env, rng, hq, hkv, monkeypatch):
     """Decode attention at 64K context over a bf16 cache (the issue's long-context case): vs
