@@ -89,9 +89,6 @@ MOE_UNROLLED_MAX_T = 1
 # (scripts/moe_probe.py, 8 layers of distinct weights in a graph): router 9.2 -> 7.9 us, MoE
 # block 28.0 -> 27.0 us.
 ROUTER_CLUSTER = True
-# Decode attention with a block per (split, kv head) serving the group's q heads from one read
-# of each K / V row (kernels/attention.py attn_split_gqa_kernel), instead of a block per q head.
-ATTN_GQA = True
 # The GDN mixer's decode middle (conv + gated delta rule + gated norm) as one kernel
 # (kernels/gdn_decode.py, cc >= 9.0: clusters of the value heads that share a key head) instead of
 # three launches.
@@ -683,15 +680,10 @@ class CudaOps:
         ks = k_scale if k_scale is not None else q                       # unused dummies when
         vs = v_scale if v_scale is not None else q                       # the cache is not int8
         if t <= DECODE_MAX_T and not SIM:
-            hkv = k_cache.shape[1]
-            if ATTN_GQA and hq // hkv <= K_attn.GQA_MAX_G:                # a block per (split, kv head)
-                spec, heads, per_sm = K_attn.attn_split_gqa_kernel, hkv, K_attn.GQA_BLOCKS_PER_SM
-            else:                                                        # a block per (split, q head)
-                spec, heads, per_sm = K_attn.attn_split_kernel, hq, K_attn.SPLIT_BLOCKS_PER_SM
-            n_split = K_attn.decode_splits(k_cache.shape[0], heads * t, per_sm * self.sm_count)
+            n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
             part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
             part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
-            self._go(spec, (n_split, heads, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
+            self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
                      ks, vs, positions, np.float32(scale), part_o, part_ml)
             gate = _gate if _gate is not None else part_ml.reshape(-1, 2)        # unused dummy without a gate
             self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, gate,

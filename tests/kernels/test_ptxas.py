@@ -18,14 +18,14 @@ from ninfer_nb.kernels.registry import all_specs
 
 SPECS = all_specs()
 NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_kernel", "gemm_mma_kernel", "gemm_wgmma_kernel", "attn_prefill_mma_kernel",
-            "attn_split_kernel", "attn_split_gqa_kernel", "attn_combine_kernel", "moe_gate_up_unrolled_kernel",
+            "attn_split_kernel", "attn_combine_kernel", "moe_gate_up_unrolled_kernel",
             "moe_gate_up_wide_kernel", "moe_down_wide_kernel",
             "moe_grouped_gate_up_kernel", "moe_grouped_down_kernel", "moe_mma_grouped_kernel", "moe_router_fused_kernel",
             "moe_router_cluster_kernel",
             "moe_wgmma_gate_up_kernel", "moe_wgmma_down_kernel", "gemm_wgmma_swiglu_kernel",
             "conv1d_tokens_k4_kernel", "add_rms_norm_rows_kernel", "flash_attn_kernel",
             "add_rms_norm_kernel", "gdc_prepare_mma_kernel",
-            "gemv_bf16_normed_kernel", "gemv_bf16_swiglu_normed_kernel", "gdn_decode_kernel"}
+            "gemv_bf16_normed_kernel", "gemv_bf16_swiglu_normed_kernel"}
 # simulator-safe kernels whose PTX intrinsics are emulated there (ptx_sim.py), assembled here too
 SIM_EMULATED_PTX = {"gdc_state_mma_kernel", "gdc_prepare_mma_kernel"}
 # the inline-PTX / shuffle ones, and the simulator-safe mma kernels (emulated there)
