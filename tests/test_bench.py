@@ -25,7 +25,7 @@ def test_bench_reports_every_figure_and_profiles(tmp_path: Path, capsys) -> None
     assert report["decode_step_us"] > 0 and report["decode_ops_us"] > 0
     assert report["decode_ops"] == sum(r["calls"] for r in decode)
     names = {r["op"] for r in decode}
-    assert {"gated_delta_rule_raw_gates", "attention"} <= names and "attention" in {r["op"] for r in prefill}
+    assert {"gdn_decode", "attention_gated"} <= names and "attention_gated" in {r["op"] for r in prefill}
     # linear layers per weight shape (tiny-qwen3.5: hidden 256, MLP 512, vocab 248320; the MLP's
     # gate_up GEMV is reported with its SwiGLU)
     assert {"linear_swiglu 1024x256", "linear 256x512", "linear 248320x256"} <= names, names
