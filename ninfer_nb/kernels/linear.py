@@ -369,7 +369,6 @@ def _make_splitk(ways: int, name: str):
     """gemv_bf16_splitk with `ways` K slices (warps) per row pair (compile-time constant)."""
     WAYS = ways
     PAIRS = GEMV_WARPS // ways
-    IDLE_WARPS = GEMV_WARPS % ways != 0
 
     def gemv_bf16_splitk(x, w, bias, out, has_bias):
         """grid ceil(N / splitk_rows_per_block(ways)), block 256; the vectorised path only (K % 8
@@ -394,8 +393,6 @@ def _make_splitk(ways: int, name: str):
         n_tok = x.shape[0]
         n0 = (cuda.blockIdx.x * PAIRS + pair) * GEMV_ROWS
         live = n0 < n_rows                           # dead pairs still reach the barriers
-        if IDLE_WARPS:                               # warps past the last pair (WAYS does not divide 8)
-            live = live and pair < PAIRS
         n0 = n0 if live else 0
         has1 = n0 + 1 < n_rows
         n1 = n0 + 1 if has1 else n0
@@ -449,7 +446,6 @@ def _make_splitk(ways: int, name: str):
 
 gemv_bf16_splitk_kernel = _make_splitk(4, "gemv_bf16_splitk_kernel")     # 4 K slices per row pair
 gemv_bf16_splitk2_kernel = _make_splitk(2, "gemv_bf16_splitk2_kernel")   # 2 K slices per row pair
-gemv_bf16_splitk3_kernel = _make_splitk(3, "gemv_bf16_splitk3_kernel")   # 3 (warps 6, 7 idle)
 
 
 BM = 64

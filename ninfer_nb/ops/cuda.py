@@ -80,9 +80,6 @@ SPLITK_MIN_K = 12288
 # graph-timed: 5120x6144 20.4 -> 19.9 us (whole rows -> 2 slices; 4 slices 23.2), 2048x4096
 # 7.2 -> 6.6 us (4 slices 7.7).
 SPLITK2_MIN_K = 4096
-# The 3-slice variant (2 row pairs per block, 2 of its 8 warps idle) for K from SPLITK3_MIN_K up to
-# SPLITK_MIN_K: 5120x6144 is 3.6 waves of 3-slice warps instead of 2.4 waves of 2-slice ones.
-SPLITK3_MIN_K = 6144
 # MoE decode expert kernels with more loads in flight per lane (kernels/moe.py), for up
 # to this many tokens. H200, 35B profile: 1.04 -> 0.92 ms per decode token; at T = 4 the
 # kernel test timed them slower than the plain pair, so batches keep the plain kernels.
@@ -572,10 +569,9 @@ class CudaOps:
             self._go(K_lin.gemv_f32_kernel, grid, 32 * K_lin.GEMV_F32_WARPS, x2, weight, b, out2, has_bias)
         elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
-            ways = 4 if k >= SPLITK_MIN_K else 3 if k >= SPLITK3_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
+            ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
             if vec and n <= SPLITK_MAX_N and ways:
-                spec = {4: K_lin.gemv_bf16_splitk_kernel, 3: K_lin.gemv_bf16_splitk3_kernel,
-                        2: K_lin.gemv_bf16_splitk2_kernel}[ways]
+                spec = K_lin.gemv_bf16_splitk_kernel if ways == 4 else K_lin.gemv_bf16_splitk2_kernel
                 rows_per_block = K_lin.splitk_rows_per_block(ways)
                 grid = (n + rows_per_block - 1) // rows_per_block
                 self._go(spec, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
