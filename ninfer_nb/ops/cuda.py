@@ -23,6 +23,7 @@ import numpy as np
 from numba import config
 
 from ninfer_nb.kernels import attention as K_attn
+from ninfer_nb.kernels import attention_decode as K_ad
 from ninfer_nb.kernels import attention_flash as K_fa
 from ninfer_nb.kernels import attention_gemm as K_ag
 from ninfer_nb.kernels import conv1d as K_conv
@@ -51,14 +52,17 @@ DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many que
 ATTENTION_KINDS = ("flash", "gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
 # Opt-in kernels (name: what), off until a GPU run shows they win (bench --experimental NAME;
-# list a new entry in bench's --experimental help too). None at present. Promoted after the
+# list a new entry in bench's --experimental help too). Promoted after the
 # H200 run of 2026-11-29 (fifth session): the one-launch decode router
 # (moe_router_fused_kernel, 10.6 -> 10.3 us and one launch less per 35B layer) and the
 # SwiGLU-epilogue GEMV (gemv_bf16_swiglu_kernel, 89.2 -> 86.3 us per 27B MLP). Promoted after
 # a later H200 run that day: the GDN output norm one warp per row (norm.gated_rms_norm_warp_kernel,
 # 98304x128: 200.9 -> 52.6 us) and split on a 2-D grid (elementwise.split_rows_kernel,
 # T = 2048: 162.3 -> 139.3 us); swiglu on a 2-D grid (279.9 -> 283.3 us) was dropped.
-EXPERIMENTAL: dict[str, str] = {}
+EXPERIMENTAL: dict[str, str] = {
+    "attn_tiled": "decode attention with a block per (split, kv head) over cp.async-staged K / V tiles "
+                  "(kernels/attention_decode.py; fp32 / bf16 caches)",
+}
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
 # the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
@@ -236,8 +240,8 @@ class CudaOps:
         self.stream = stream
         self.persistent = persistent
         self.use_wgmma = hopper and prefill_gemm != "mma"
-        # Names from EXPERIMENTAL turned on (kernels not yet validated on a GPU; none at
-        # present); bench --experimental.
+        # Names from EXPERIMENTAL turned on (kernels not yet validated on a GPU); bench
+        # --experimental.
         self.experimental: frozenset[str] = frozenset()
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
         self._launchers: dict[str, Launcher] = {}                     # kernel name -> direct launcher
@@ -681,14 +685,7 @@ class CudaOps:
         ks = k_scale if k_scale is not None else q                       # unused dummies when
         vs = v_scale if v_scale is not None else q                       # the cache is not int8
         if t <= DECODE_MAX_T and not SIM:
-            n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
-            part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
-            part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
-            self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
-                     ks, vs, positions, np.float32(scale), part_o, part_ml)
-            gate = _gate if _gate is not None else part_ml.reshape(-1, 2)        # unused dummy without a gate
-            self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, gate,
-                     np.int32(_gate is not None), out)
+            self._attention_decode(q, k_cache, v_cache, ks, vs, k_scale is not None, positions, scale, _gate, out)
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
             grid = ((t * (hq // hkv) + K_attn.PRE_BM - 1) // K_attn.PRE_BM, hkv)  # rows of 1 kv head
@@ -706,6 +703,32 @@ class CudaOps:
             self._go(kern, grid, threads, _rows(q, d), k_cache, v_cache,
                      ks, vs, positions, np.float32(scale), _rows(out, d))
         return out
+
+    def _attention_decode(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, int8: bool, positions: Any,
+                          scale: float, gate: Any, out: Any) -> None:
+        """Split-K decode attention into out [T, Hq, D]: per-split partials, then the combine
+        kernel (which applies the output gate when given). A block per (split, q head)
+        (attn_split_kernel), or with EXPERIMENTAL "attn_tiled" a block per (split, kv head)
+        over cp.async-staged K / V tiles (kernels/attention_decode.py; fp32 / bf16 caches)."""
+        t, hq, d = q.shape
+        hkv = k_cache.shape[1]
+        if "attn_tiled" in self.experimental and not int8 and K_ad.supported(hq, hkv, d):
+            n_split = K_attn.decode_splits(k_cache.shape[0], hkv * t, K_ad.BLOCKS_PER_SM * self.sm_count)
+            part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
+            part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
+            esize = np.int32(4 if k_cache.dtype == F32 else 2)
+            self._go(K_ad.attn_split_tiled_kernel, (n_split, hkv, t), K_ad.THREADS, q, k_cache, v_cache, positions,
+                     np.float32(scale), esize, part_o, part_ml, smem=K_ad.SMEM_BYTES)
+        else:
+            n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
+            part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
+            part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
+            self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
+                     ks, vs, positions, np.float32(scale), part_o, part_ml)
+        part_ml_dummy = part_ml.reshape(-1, 2)
+        g = gate if gate is not None else part_ml_dummy                  # unused dummy without a gate
+        self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, g,
+                 np.int32(gate is not None), out)
 
     def _attention_gathers(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any,
                            positions: Any) -> tuple[Any, Any, Any]:

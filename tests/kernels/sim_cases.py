@@ -160,6 +160,42 @@ def test_kv_store_and_prefill_attention(ops, cdtype):
     close(ops.attention(q, kc, vc, pos, d ** -0.5), cpu.attention(q, kc_ref, vc_ref, pos, d ** -0.5))
 
 
+@pytest.mark.parametrize("cdtype,sm_count", [(np.float32, 1), (BF16, 132)])
+def test_decode_attention_tiled(ops, cdtype, sm_count):
+    """kernels/attention_decode.py (EXPERIMENTAL attn_tiled) + the combine kernel with the
+    output gate, vs ops.cpu: G = 3 q heads on one kv head (warps 3..7 only copy), head dim 48
+    (lanes 6..31 past it: stale shared memory must not reach the scores). sm_count 1: one
+    split of 43 keys = 3 tiles, the third reusing stage 0 of the copy pipeline; 132: splits
+    of 16 keys, the last one past the keys (written as (max, sum) = (NEG, 0)). Cache rows past
+    the position hold NaN."""
+    from ninfer_nb.kernels import attention_decode as K_ad
+
+    rng = np.random.default_rng(17)
+    s, hkv, hq, d, t = 60, 1, 3, 48, 1
+    pos = np.array([42], dtype=np.int32)
+    kc = rnd(rng, s, hkv, d).astype(cdtype)
+    vc = rnd(rng, s, hkv, d).astype(cdtype)
+    kc[43:] = np.nan
+    vc[43:] = np.nan
+    q, gate = rnd(rng, t, hq, d), rnd(rng, t, hq * d)
+    ops.experimental = frozenset({"attn_tiled"})
+    ops.sm_count = sm_count
+    names = []
+    go = ops._go
+
+    def rec(spec, *a, **kw):
+        names.append(spec.name)
+        go(spec, *a, **kw)
+
+    ops._go = rec
+    out = ops.empty((t, hq, d))
+    ops._attention_decode(q, kc, vc, q, q, False, pos, d ** -0.5, gate, out)
+    assert names == ["attn_split_tiled_kernel", "attn_combine_kernel"]
+    assert K_ad.supported(hq, hkv, d)
+    ref = cpu.attention_gated(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5, gate)
+    close(out.reshape(t, hq * d), ref, 1e-5)
+
+
 def test_conv1d_and_gates(ops):
     rng = np.random.default_rng(7)
     t, c, kw = 5, 70, 4
