@@ -370,10 +370,9 @@ def test_attention_decode_tiled(env, rng, cdtype, hq, hkv, start, t, monkeypatch
     launched = _launched(ops, monkeypatch)
     times = {}
     for tiled in (True, False):
-        ops.experimental = frozenset({"attn_tiled"} if tiled else ())
+        monkeypatch.setattr(ops, "experimental", frozenset({"attn_tiled"} if tiled else ()))
         times[tiled], o = _best_time(env, lambda: ops.attention(*args), reps=5, graph=True)
         close(env.host(o), ref, TOL32 * 10)
-    ops.experimental = frozenset()
     assert {"attn_split_tiled_kernel", "attn_split_kernel"} <= set(launched)
     if start + t in (8191, 512) and t == 1:
         print(f"\ndecode attention Hq={hq} Hkv={hkv} at {start + t} ({np.dtype(cdtype).name} cache): "
