@@ -12,7 +12,7 @@ blocks per SM, 2 keys in flight per warp): no faster at 8K, slower at 512, laten
 memory STAGES x (K tile + V tile) of TK keys x D (64 KB for an fp32 cache at D = 256, 32 KB for
 bf16). Every thread issues 16-byte cp.async copies of the next tiles while the warps compute
 on the current one (two stages: one tile in flight while one is used). Warp g < G owns q head
-hk * G + g for the whole split: lane l holds dims 8 l .. 8 l + 7 of q and of its accumulator;
+hk * G + g for the whole split: lane l holds 8 dims of q and of its accumulator (`_dim`);
 per tile it reads each key's K row from shared memory (16-byte loads), one warp reduction per
 key, one online-softmax update per tile, then the V rows. Warps past G only copy. No merge
 across warps: a warp's (acc, max, sum) is the split's partial for its head.
@@ -73,19 +73,29 @@ def _copy_tile(sbase, s_off, kbase, vbase, key0, k1, row_bytes, key_stride, tile
 
 
 @cuda.jit(device=True, inline=True)
-def _row8(smem, word, esize, live, x):
-    """8 values of a staged row into x: fp32 (two 16-byte loads) or bf16 (one; unpacked);
-    zeros for a lane past the head dim (what lies there may be NaN bits)."""
-    if not live:
-        for i in range(8):
-            x[i] = float32(0.0)
-    elif esize == 4:
-        a = lds_v4_f32(smem, word)
-        b = lds_v4_f32(smem, word + 4)
+def _dim(lane, e, esize):
+    """Head dim of this lane's value e (0..7). fp32: dims 4 lane .. + 3 and 128 + 4 lane .. + 3,
+    so each 16-byte shared load of a warp covers 512 contiguous bytes (no bank conflicts; 8
+    contiguous fp32 per lane would be 2-way); bf16: dims 8 lane .. + 7 (one 16-byte load)."""
+    if esize == 4:
+        return 4 * lane + e if e < 4 else 128 + 4 * lane + (e - 4)
+    return 8 * lane + e
+
+
+@cuda.jit(device=True, inline=True)
+def _row8(smem, row_word, lane, esize, d_head, live, x):
+    """This lane's 8 values (see _dim) of a staged row starting at 32-bit word row_word; zeros
+    for dims past the head dim (what lies there may be NaN bits) and in warps without a head."""
+    a = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+    b = a
+    if live and (4 * lane if esize == 4 else 8 * lane) < d_head:   # the first 16 bytes' dims
+        a = lds_v4_f32(smem, row_word + 4 * lane)
+    if esize == 4:
+        if live and 128 + 4 * lane < d_head:
+            b = lds_v4_f32(smem, row_word + 128 + 4 * lane)
         x[0], x[1], x[2], x[3] = a
         x[4], x[5], x[6], x[7] = b
     else:
-        a = lds_v4_f32(smem, word)
         for i in range(4):
             u = int64(f32_bits(a[i]))                   # the bf16 pair's bits, int64
             x[2 * i] = as_f32(u << 16)
@@ -128,10 +138,10 @@ def attn_split_tiled_kernel(q, k_cache, v_cache, positions, scale, esize, part_o
     cp_async_commit()                                   # group: tile 1 (maybe empty)
 
     h = hk * n_g + warp
-    dl = lane * 8                                       # this lane's dims
-    live = warp < n_g and dl < d_head
+    live = warp < n_g                                   # warps past the group only copy
     for e in range(8):
-        qv[e] = q[t, h, dl + e] * scale if live else float32(0.0)
+        d = _dim(lane, e, esize)
+        qv[e] = q[t, h, d] * scale if (live and d < d_head) else float32(0.0)
         acc[e] = float32(0.0)
     m = float32(NEG)
     l = float32(0.0)
@@ -140,11 +150,11 @@ def attn_split_tiled_kernel(q, k_cache, v_cache, positions, scale, esize, part_o
         cuda.syncthreads()                              # (everyone's)
         s_off = (it & 1) * 2 * tile_bytes
         key0 = k0 + it * TK
-        if warp < n_g:
-            k_word = (s_off + dl * esize) // 4
+        if live:
+            k_word = s_off // 4
             m_new = m
             for j in range(TK):                         # scores: one warp reduction per key
-                _row8(smem, k_word + j * (row_bytes // 4), esize, live, row)
+                _row8(smem, k_word + j * (row_bytes // 4), lane, esize, d_head, live, row)
                 s_ = float32(0.0)
                 for e in range(8):
                     s_ += qv[e] * row[e]
@@ -160,7 +170,7 @@ def attn_split_tiled_kernel(q, k_cache, v_cache, positions, scale, esize, part_o
             for j in range(TK):
                 p = math.exp(sc[j] - m_new) if key0 + j < k1 else float32(0.0)
                 l += p
-                _row8(smem, v_word + j * (row_bytes // 4), esize, live, row)
+                _row8(smem, v_word + j * (row_bytes // 4), lane, esize, d_head, live, row)
                 for e in range(8):
                     acc[e] += p * row[e]
             m = m_new
@@ -170,7 +180,9 @@ def attn_split_tiled_kernel(q, k_cache, v_cache, positions, scale, esize, part_o
         cp_async_commit()                               # group: tile it + 2 (maybe empty)
     if live:
         for e in range(8):
-            part_o[t, h, sp, dl + e] = acc[e]
-    if warp < n_g and lane == 0:
+            d = _dim(lane, e, esize)
+            if d < d_head:
+                part_o[t, h, sp, d] = acc[e]
+    if live and lane == 0:
         part_ml[t, h, sp, 0] = m
         part_ml[t, h, sp, 1] = l

@@ -160,18 +160,19 @@ def test_kv_store_and_prefill_attention(ops, cdtype):
     close(ops.attention(q, kc, vc, pos, d ** -0.5), cpu.attention(q, kc_ref, vc_ref, pos, d ** -0.5))
 
 
-@pytest.mark.parametrize("cdtype,sm_count", [(np.float32, 1), (BF16, 132)])
-def test_decode_attention_tiled(ops, cdtype, sm_count):
+@pytest.mark.parametrize("cdtype,sm_count,d", [(np.float32, 1, 160), (BF16, 132, 48)])
+def test_decode_attention_tiled(ops, cdtype, sm_count, d):
     """kernels/attention_decode.py (EXPERIMENTAL attn_tiled) + the combine kernel with the
-    output gate, vs ops.cpu: G = 3 q heads on one kv head (warps 3..7 only copy), head dim 48
-    (lanes 6..31 past it: stale shared memory must not reach the scores). sm_count 1: one
+    output gate, vs ops.cpu: G = 3 q heads on one kv head (warps 3..7 only copy), head dims
+    160 (fp32: lanes hold dims 4 l.. and 128 + 4 l.., the second group only in lanes 0..7) and
+    48 (bf16: lanes 6..31 past it); stale shared memory must not reach the scores. sm_count 1: one
     split of 43 keys = 3 tiles, the third reusing stage 0 of the copy pipeline; 132: splits
     of 16 keys, the last one past the keys (written as (max, sum) = (NEG, 0)). Cache rows past
     the position hold NaN."""
     from ninfer_nb.kernels import attention_decode as K_ad
 
     rng = np.random.default_rng(17)
-    s, hkv, hq, d, t = 60, 1, 3, 48, 1
+    s, hkv, hq, t = 60, 1, 3, 1
     pos = np.array([42], dtype=np.int32)
     kc = rnd(rng, s, hkv, d).astype(cdtype)
     vc = rnd(rng, s, hkv, d).astype(cdtype)
