@@ -47,6 +47,23 @@ def _gates(a, b, a_log, dt_bias, t, h):
     return -math.exp(a_log[h]) * sp, float32(1.0) / (float32(1.0) + math.exp(-b[t, h]))
 
 
+@cuda.jit(device=True, inline=True)
+def delta_rule_row(s, r, kn, qn, decay, v, beta):
+    """One state row's gated delta rule step for one token, the row spread over a warp (lane:
+    columns lane, lane + 32, .. in s[r, :] and in the normalised kn, qn): s_r *= decay;
+    s_r += (v - s_r . k) beta k; returns s_r . q (every lane gets it)."""
+    kvm = float32(0.0)
+    for e in range(kn.shape[0]):
+        s[r, e] = s[r, e] * decay
+        kvm += s[r, e] * kn[e]
+    delta = (v - _warp_sum(kvm)) * beta
+    o = float32(0.0)
+    for e in range(kn.shape[0]):
+        s[r, e] = s[r, e] + delta * kn[e]
+        o += s[r, e] * qn[e]
+    return _warp_sum(o)
+
+
 @kernel((f32_3, f32_3, f32_3, f32_2, f32_2, f32_1, f32_1, i32, f32_3, f32_3), sim=False, launch_bounds=(128, 4))
 def gdr_recurrent_kernel(q, k, v, g, beta, a_log, dt_bias, raw_gates, state, out):
     """q, k [T, Hk, Dk]; v [T, Hv, Dv]; g, beta [T, Hv]; state [Hv, Dv, Dk]; out [T, Hv, Dv].
@@ -98,18 +115,8 @@ def gdr_recurrent_kernel(q, k, v, g, beta, a_log, dt_bias, raw_gates, state, out
         decay = math.exp(gt)
         for r in range(GDR_ROWS):
             row = r0 + r
-            kvm = float32(0.0)
-            for e in range(MAX_KPL):
-                s[r, e] = s[r, e] * decay
-                kvm += s[r, e] * kn[e]
-            kvm = _warp_sum(kvm)
             vv = v[t, h, row] if row < d_v else float32(0.0)
-            delta = (vv - kvm) * bt
-            o = float32(0.0)
-            for e in range(MAX_KPL):
-                s[r, e] = s[r, e] + delta * kn[e]
-                o += s[r, e] * qn[e]
-            o = _warp_sum(o)
+            o = delta_rule_row(s, r, kn, qn, decay, vv, bt)
             if lane == 0 and row < d_v:
                 out[t, h, row] = o
     for r in range(GDR_ROWS):

@@ -27,6 +27,7 @@ import math
 
 from numba import cuda, float32
 
+from ninfer_nb.kernels.gdn import delta_rule_row
 from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, f32_3, i32
 from ninfer_nb.kernels.ptx import (
     as_f32,
@@ -172,18 +173,8 @@ def gdn_decode_kernel(mixed, z, a, b, conv_state, conv_w, a_log, dt_bias, state,
         beta = float32(1.0) / (float32(1.0) + math.exp(-xb))
         for r in range(ROWS):
             row = r0 + r
-            kvm = float32(0.0)
-            for e in range(KPL):
-                s[r, e] = s[r, e] * decay
-                kvm += s[r, e] * kn[e]
-            kvm = warp_sum(kvm)
             vv = qkv[2 * d_k + (row - row0)] if row < d_v else float32(0.0)
-            delta = (vv - kvm) * beta
-            o = float32(0.0)
-            for e in range(KPL):
-                s[r, e] = s[r, e] + delta * kn[e]
-                o += s[r, e] * qn[e]
-            o = warp_sum(o)
+            o = delta_rule_row(s, r, kn, qn, decay, vv, beta)
             if lane == 0:
                 o_rows[warp * ROWS + r] = o if row < d_v else float32(0.0)
         cuda.syncthreads()
