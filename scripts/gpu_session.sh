@@ -49,8 +49,9 @@ case "${1:-check}" in
         | grep -E "^ninfer_nb +512" | sed "s/^/${flag:-device-argmax} /"
     done; done ;;
   tiled)                  # EXPERIMENTAL attn_tiled: its GPU test (times vs the split kernel), then A/B benches
-    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py -k attention_decode_tiled 2>&1 \
-      | grep -E "decode attention|passed|failed|Error"
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
+      -k "attention_decode_tiled or attention_decode_splits or attention_gated or gdn_decode" 2>&1 \
+      | grep -E "decode attention|GDN decode|passed|failed|Error"
     for m in qwen3.6-35b-a3b qwen3.6-27b; do for flag in "" "--experimental attn_tiled"; do
       python3 -m ninfer_nb bench --random $m --prompt-len 512,8192 --gen 64 $flag 2>&1 \
         | grep -E "^ninfer_nb " | sed "s/^/$m ${flag:-split} /"
