@@ -29,9 +29,9 @@ from numba import cuda, float32, int64
 from ninfer_nb.kernels.attention import NEG, _split_range
 from ninfer_nb.kernels.bf16 import f32_bits
 from ninfer_nb.kernels.nbtypes import f32, f32_3, f32_4, i32, i32_1, u16_3
-from ninfer_nb.kernels.ptx import (as_f32, cp_async16, cp_async_commit, cp_async_wait1, gptr, lds_v4_f32,
-                                   shfl_xor, smem_u32)
+from ninfer_nb.kernels.ptx import as_f32, cp_async16, cp_async_commit, cp_async_wait1, gptr, lds_v4_f32, smem_u32
 from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.warp import warp_sum
 
 WARPS = 8                 # q heads per kv head this kernel takes: G <= WARPS
 THREADS = 32 * WARPS
@@ -45,16 +45,6 @@ HI = 0xFFFF0000
 
 def supported(n_q_heads: int, n_kv_heads: int, d_head: int) -> bool:
     return n_q_heads % n_kv_heads == 0 and n_q_heads // n_kv_heads <= WARPS and d_head % 8 == 0 and d_head <= MAX_D
-
-
-@cuda.jit(device=True, inline=True)
-def _warp_sum(v):
-    v += shfl_xor(v, 16)
-    v += shfl_xor(v, 8)
-    v += shfl_xor(v, 4)
-    v += shfl_xor(v, 2)
-    v += shfl_xor(v, 1)
-    return v
 
 
 @cuda.jit(device=True, inline=True)
@@ -158,7 +148,7 @@ def attn_split_tiled_kernel(q, k_cache, v_cache, positions, scale, esize, part_o
                 s_ = float32(0.0)
                 for e in range(8):
                     s_ += qv[e] * row[e]
-                s_ = _warp_sum(s_)
+                s_ = warp_sum(s_)
                 sc[j] = s_
                 if key0 + j < k1:
                     m_new = max(m_new, s_)

@@ -1,7 +1,10 @@
-"""Warp-level device helpers shared by the kernels (full-mask shuffles)."""
+"""Warp-level device helpers shared by the kernels (full-mask shuffles, through ptx.shfl_xor so
+the CUDA simulator can emulate them)."""
 from __future__ import annotations
 
 from numba import cuda
+
+from ninfer_nb.kernels.ptx import shfl_xor
 
 FULL = 0xFFFFFFFF
 
@@ -9,9 +12,9 @@ FULL = 0xFFFFFFFF
 @cuda.jit(device=True)
 def warp_sum(v):
     """Butterfly sum over the 32 lanes; every lane gets the total."""
-    v += cuda.shfl_xor_sync(FULL, v, 16)
-    v += cuda.shfl_xor_sync(FULL, v, 8)
-    v += cuda.shfl_xor_sync(FULL, v, 4)
-    v += cuda.shfl_xor_sync(FULL, v, 2)
-    v += cuda.shfl_xor_sync(FULL, v, 1)
+    v += shfl_xor(v, 16)
+    v += shfl_xor(v, 8)
+    v += shfl_xor(v, 4)
+    v += shfl_xor(v, 2)
+    v += shfl_xor(v, 1)
     return v

@@ -153,6 +153,12 @@ def _flat_parts(flat: Any, t: int, sizes: tuple[int, ...]) -> tuple[Any, ...]:
     return tuple(parts)
 
 
+def _decode_sized(t: int) -> bool:
+    """Whether T query tokens take the split-K decode attention (which also applies an output
+    gate in its combine kernel) rather than a prefill kernel."""
+    return 0 < t <= DECODE_MAX_T and not SIM
+
+
 def _need(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -668,10 +674,7 @@ class CudaOps:
         t, hq, d = q.shape
         _need(gate.shape[-1] == hq * d and gate.size == t * hq * d, f"attention_gated: gate {gate.shape} vs q {q.shape}")
         out = self.attention(q, k_cache, v_cache, positions, scale, k_scale, v_scale, _gate=_rows(gate, hq * d))
-        return out.reshape(t, hq * d) if self._gated_in_combine(t) else self.sigmoid_mul(out.reshape(t, hq * d), gate)
-
-    def _gated_in_combine(self, t: int) -> bool:
-        return 0 < t <= DECODE_MAX_T and not SIM
+        return out.reshape(t, hq * d) if _decode_sized(t) else self.sigmoid_mul(out.reshape(t, hq * d), gate)
 
     def attention(self, q: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float,
                   k_scale: Any = None, v_scale: Any = None, _gate: Any = None) -> Any:
@@ -684,7 +687,7 @@ class CudaOps:
             return out
         ks = k_scale if k_scale is not None else q                       # unused dummies when
         vs = v_scale if v_scale is not None else q                       # the cache is not int8
-        if t <= DECODE_MAX_T and not SIM:
+        if _decode_sized(t):
             self._attention_decode(q, k_cache, v_cache, ks, vs, k_scale is not None, positions, scale, _gate, out)
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
@@ -725,8 +728,7 @@ class CudaOps:
             part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
             self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
                      ks, vs, positions, np.float32(scale), part_o, part_ml)
-        part_ml_dummy = part_ml.reshape(-1, 2)
-        g = gate if gate is not None else part_ml_dummy                  # unused dummy without a gate
+        g = gate if gate is not None else part_ml.reshape(-1, 2)        # unused dummy without a gate
         self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, g,
                  np.int32(gate is not None), out)
 
