@@ -127,7 +127,17 @@ def main() -> None:
     def gemv257(ly: dict, fx: tuple) -> None:
         ops.linear(ops.normed(X, NW, 1e-6), ly["r"])
 
+    logits = env.up(rnd(rng, 1, E + 1))
+
+    def route_alone(ly: dict, fx: tuple) -> None:
+        ops.moe_route(logits, K, True, True)
+
+    def gemv_route(ly: dict, fx: tuple) -> None:
+        ops.moe_route(ops.linear(ops.normed(X, NW, 1e-6), ly["r"]), K, True, True)
+
     cases = [("1-element add (launch floor)", tiny),
+             ("moe_route alone (257 logits, 1 block)", route_alone),
+             ("normed GEMV 257 + moe_route", gemv_route),
              ("normed GEMV 257x2048 (router rows)", gemv257),
              ("router (GEMV + shared h + route)", router),
              ("router, no shared blocks", router_only),
