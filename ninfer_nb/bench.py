@@ -238,8 +238,7 @@ def main(argv: Sequence[str]) -> int:
                         "the decode graph's argmax kernel (4 bytes back per token; the default)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on opt-in CUDA kernels not yet validated on a GPU, by name (ops/cuda.py "
-                        "EXPERIMENTAL: attn_tiled, decode attention over cp.async-staged K / V tiles "
-                        "with a block per kv head)")
+                        "EXPERIMENTAL; none at present)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")

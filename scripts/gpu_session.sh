@@ -5,7 +5,7 @@
 #   bash scripts/gpu_session.sh bench27   bench --random qwen3.6-27b, prompts 512 and 8192, profile
 #   bash scripts/gpu_session.sh bench35   the same for qwen3.6-35b-a3b
 #   bash scripts/gpu_session.sh argmax    device argmax (the default) vs --host-argmax: GPU test, 35B A/B
-#   bash scripts/gpu_session.sh tiled     EXPERIMENTAL attn_tiled decode attention: GPU test, A/B benches
+#   bash scripts/gpu_session.sh moe       MoE decode: router / expert kernel GPU tests, route + MoE probes, 35B A/B
 # Logs and JSON land in $OUT. Try kernel choices with BENCH_ARGS="--gemm mma" or "--attention mma".
 # The benches run the transformers peer first (same preset shapes, random weights); PEER=0 skips it
 # if the call gets close to its 10-minute limit.
@@ -48,15 +48,15 @@ case "${1:-check}" in
       python3 -m ninfer_nb bench --random qwen3.6-35b-a3b --prompt-len 512 --gen 64 $flag 2>&1 \
         | grep -E "^ninfer_nb +512" | sed "s/^/${flag:-device-argmax} /"
     done; done ;;
-  tiled)                  # EXPERIMENTAL attn_tiled: its GPU test (times vs the split kernel), then A/B benches
-    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
-      -k "attention_decode_tiled or attention_decode_splits or attention_gated or gdn_decode" 2>&1 \
-      | grep -E "decode attention|GDN decode|passed|failed|Error"
-    for m in qwen3.6-35b-a3b qwen3.6-27b; do for flag in "" "--experimental attn_tiled"; do
-      python3 -m ninfer_nb bench --random $m --prompt-len 512,8192 --gen 64 $flag 2>&1 \
-        | grep -E "^ninfer_nb " | sed "s/^/$m ${flag:-split} /"
-    done; done ;;
+  moe)                    # the MoE decode kernels: GPU tests, then where the block's time goes
+    python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
+      -k "moe_router or moe_route or moe_normed or moe_experts" 2>&1 | tail -2
+    python3 scripts/route_probe.py 2>&1 | grep -E "cycles|ids"
+    python3 scripts/moe_probe.py 2>&1
+    for i in 1 2; do
+      python3 -m ninfer_nb bench --random qwen3.6-35b-a3b --prompt-len 512,8192 --gen 64 2>&1 | grep -E "^ninfer_nb "
+    done ;;
   bench27) bench qwen3.6-27b bench27 ;;
   bench35) bench qwen3.6-35b-a3b bench35 ;;
-  *) echo "usage: $0 check|bench27|bench35|argmax|tiled" >&2; exit 2 ;;
+  *) echo "usage: $0 check|bench27|bench35|argmax|moe" >&2; exit 2 ;;
 esac

@@ -1,5 +1,7 @@
-"""Where moe_route's ~3 us go (GPU, not a test): a copy of kernels/moe.py _route_row with
-%clock64 stamps after each stage (thread 0), run on the 35B shape (E = 256, k = 8, shared)."""
+"""Where moe_route's time goes (GPU, not a test), on the 35B shape (E = 256, k = 8, shared):
+a copy of the first kernels/moe.py _route_row (scalar shared loads, int64 counts) with %clock64
+stamps after each stage (thread 0), then the current _route_row, stamped around, three times
+in one launch (the first cold)."""
 from __future__ import annotations
 
 import math
@@ -8,12 +10,18 @@ from pathlib import Path
 
 import numpy as np
 from llvmlite import ir
-from numba import cuda, float32, int32, int64
+from numba import cuda, float32, int32
 from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ninfer_nb.kernels.moe import MAX_TOPK, ROUTE_BLOCK, ROUTE_MAX_CAND, ROUTE_MAX_E, _route_row  # noqa: E402
+from ninfer_nb.kernels.moe import (
+    MAX_TOPK,
+    ROUTE_BLOCK,
+    ROUTE_MAX_CAND,
+    ROUTE_MAX_E,
+    _route_row,
+)
 
 
 @intrinsic
@@ -109,12 +117,13 @@ def route_now(logits, top_k, ids, weights, stamps):
     n_exp = logits.shape[1] - 1
     for e in range(tid, n_exp, cuda.blockDim.x):
         row[e] = logits[0, e]
-    cuda.syncthreads()
-    t0 = clk()
-    _route_row(row, n_exp, logits[0, n_exp], top_k, 1, 1, ids, weights, 0)
-    t1 = clk()
-    if tid == 0:
-        stamps[0] = t1 - t0
+    for rep in range(3):                         # the same code 3 times: cold, then warm caches
+        cuda.syncthreads()
+        t0 = clk()
+        _route_row(row, n_exp, logits[0, n_exp], top_k, 1, 1, ids, weights, 0)
+        t1 = clk()
+        if tid == 0:
+            stamps[rep] = t1 - t0
 
 
 def main() -> None:
@@ -122,7 +131,7 @@ def main() -> None:
     lg = cuda.to_device(rng.standard_normal((1, 257)).astype(np.float32))
     ids = cuda.device_array((1, 9), np.int32)
     w = cuda.device_array((1, 9), np.float32)
-    st = cuda.device_array(6, np.int64)
+    st = cuda.device_array(12, np.int64)
     for i in range(5):
         route_timed[1, ROUTE_BLOCK](lg, np.int32(8), ids, w, st)
         cuda.synchronize()
@@ -133,7 +142,7 @@ def main() -> None:
     for i in range(3):
         route_now[1, ROUTE_BLOCK](lg, np.int32(8), ids, w, st)
         cuda.synchronize()
-        print(f"current _route_row: {st.copy_to_host()[0]} cycles")
+        print(f"current _route_row, 3 times in one launch: {st.copy_to_host()[:3]} cycles")
     ref = np.argsort(-lg.copy_to_host()[0, :256], kind="stable")[:8]
     print("ids", ids.copy_to_host()[0], "ref", ref)
 

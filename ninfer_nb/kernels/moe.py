@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int32, uint32
+from numba import config, cuda, float32, int32, uint32
 
 from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.linear import _dot8, normed_pair_dots, pass_loads, warp_sum
@@ -39,8 +39,9 @@ from ninfer_nb.kernels.ptx import (
     fence_acq_rel_gpu,
     grid_dependency_sync,
     ldg_stream_v4_u32,
-    shfl_idx,
     ldg_v4_f32,
+    lds_v4_f32,
+    shfl_xor,
     smem_u32,
     st_cluster_f32,
     st_v4_f32,
@@ -51,6 +52,8 @@ ROUTE_BLOCK = 256     # power of two
 ROUTE_MAX_E = 1024    # experts per router row
 MAX_TOPK = 32
 ROUTE_MAX_CAND = ROUTE_MAX_E // 32 * MAX_TOPK    # top-k candidates: k per 32-expert tile
+ROUTE_CAND_ROW = ROUTE_MAX_CAND + 4               # + padding to whole 16-byte loads
+ROW_ALIGN = None if config.ENABLE_CUDASIM else 16   # 16-byte loads from the logits rows (the simulator has no alignment)
 ROUTE_CLUSTER_MAX = 16    # blocks in moe_router_cluster_kernel's cluster (Hopper's non-portable limit)
 MOE_WARPS = 8
 
@@ -60,7 +63,7 @@ def moe_route_kernel(logits, top_k, renorm, shared, ids, weights):
     """grid T, block ROUTE_BLOCK. logits [T, E + shared] (E <= ROUTE_MAX_E) -> ids [T, k + shared]
     int32, weights [T, k + shared]. shared = 1: the last logit column is the shared expert's
     gate; slot k gets id E and weight sigmoid(gate). The selection is `_route_row`."""
-    row = cuda.shared.array(ROUTE_MAX_E, float32)
+    row = cuda.shared.array(ROUTE_MAX_E, float32, alignment=ROW_ALIGN)
     t = cuda.blockIdx.x
     n_exp = logits.shape[1] - shared
     for e in range(cuda.threadIdx.x, n_exp, cuda.blockDim.x):
@@ -70,42 +73,37 @@ def moe_route_kernel(logits, top_k, renorm, shared, ids, weights):
 
 
 @cuda.jit(device=True, inline=True)
-def _beaten(v, i, src, j0):
-    """How many of the warp's 32 values `src` (lane j's is the value of index j0 + j) beat the
-    value v of index i: larger, or equal with a lower index. The values come by shuffles, the
-    count is a float32 (exact here): one predicated add per compare, no shared-memory loads and
-    no 64-bit integer chain (what the shared-memory version compiled to: ~3.7 us of routing)."""
-    c = float32(0.0)
-    d = i - j0
-    for j in range(32):
-        u = shfl_idx(src, j)
-        if u > v or (u == v and j < d):
-            c += float32(1.0)
-    return c
+def _beaten4(u, v, d):
+    """How many of the 4 values u (of indices j, j + 1, j + 2, j + 3) beat v of index i, for
+    d = i - j: larger, or equal with a lower index. Branch-free, float32 counts."""
+    return (float32((u[0] > v) | ((u[0] == v) & (0 < d))) + float32((u[1] > v) | ((u[1] == v) & (1 < d)))
+            + float32((u[2] > v) | ((u[2] == v) & (2 < d))) + float32((u[3] > v) | ((u[3] == v) & (3 < d))))
 
 
 @cuda.jit(device=True)
 def _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, t):
-    """Top-k of the logits row [E] staged in shared memory (row has ROUTE_MAX_E entries; the
-    staging stores are made visible by the first barrier here), softmax weights, the shared
-    slot from its gate logit; the whole block (a power of two <= ROUTE_BLOCK threads) takes
-    part. Ties rank the lower expert id first.
+    """Top-k of the logits row [E] staged in shared memory (row has ROUTE_MAX_E entries,
+    16-byte aligned; the staging stores are made visible by the first barrier here), softmax
+    weights, the shared slot from its gate logit; the whole block (a power of two <=
+    ROUTE_BLOCK threads) takes part. Ties rank the lower expert id first.
 
     Two stages of rank counting (no k rounds of arg-max): (1) each warp ranks the 32 experts
-    of a tile among themselves (`_beaten`: 32 shuffles per lane) and the tile's top k go to
-    the candidate list at slot tile * k + rank; (2) every candidate is ranked among the
-    n_tiles * k candidates (32 at a time by shuffles), and rank r < k puts it in slot r. Every
-    expert beaten by fewer than k others is in its tile's top k, and so is everything that
-    beats it: a candidate's rank among the candidates is its rank among all E. Equal logits
-    keep id order in the slot order (within a tile by rank, across tiles by tile), so stage 2
-    breaks ties by slot. The tile's padding (experts >= E) is -inf with ids after every real
-    one: it ranks after them and fills the slots of a tile with fewer than k experts, so
-    every candidate slot is written. H200, E = 256, k = 8 (%clock64 stamps,
-    scripts/route_probe.py): the stages took 2,450 + 2,430 cycles with shared-memory compares
-    counted in int64."""
+    of a tile among themselves and the tile's top k go to the candidate list at slot
+    tile * k + rank; (2) every candidate is ranked among the n_tiles * k candidates (4 lanes
+    per candidate, each a quarter of the list, partial counts summed by shuffles), and rank
+    r < k puts it in slot r. Every expert beaten by fewer than k others is in its tile's top
+    k, and so is everything that beats it: a candidate's rank among the candidates is its
+    rank among all E. Equal logits keep id order in the slot order (within a tile by rank,
+    across tiles by tile), so stage 2 breaks ties by slot. The tile's padding (experts >= E)
+    is -inf with ids after every real one: it ranks after them and fills the slots of a tile
+    with fewer than k experts, so every candidate slot is written.
+    The compares read 4 values per 16-byte broadcast load and count in float32 without
+    branches (`_beaten4`), so a lane's loads are all in flight at once. H200, E = 256, k = 8
+    (%clock64 stamps, scripts/route_probe.py): the first version (scalar loads, compares
+    counted in int64) took ~5,800 cycles, one ranking by 32 shuffles per value ~2,800."""
     top_p = cuda.shared.array(MAX_TOPK, float32)
     red = cuda.shared.array(ROUTE_BLOCK, float32)
-    cand_v = cuda.shared.array(ROUTE_MAX_CAND, float32)
+    cand_v = cuda.shared.array(ROUTE_CAND_ROW, float32, alignment=ROW_ALIGN)
     cand_e = cuda.shared.array(ROUTE_MAX_CAND, int32)
     tid = cuda.threadIdx.x
     nthr = cuda.blockDim.x
@@ -113,41 +111,48 @@ def _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, t):
     n_tiles = (n_exp + 31) >> 5
     e = n_exp + tid
     while e < n_tiles * 32:
-        row[e] = -math.inf
+        row[e] = float32(-math.inf)
         e += nthr
     if tid < top_k:                              # NaN logits rank unpredictably: keep ids valid
         ids[t, tid] = 0
         top_p[tid] = float32(0.0)
     cuda.syncthreads()
-    tile = tid >> 5                              # warp-uniform loops: every lane shuffles
+    tile = tid >> 5
     while tile < n_tiles:
         base = tile * 32
         v = row[base + lane]
-        rank = _beaten(v, lane, v, 0)
-        if rank < top_k:
+        rank = float32(0.0)
+        for q in range(8):
+            rank += _beaten4(lds_v4_f32(row, base + 4 * q), v, lane - 4 * q)
+        if rank < float32(top_k):
             slot = tile * top_k + int32(rank)
             cand_v[slot] = v
             cand_e[slot] = base + lane
         tile += nthr >> 5
-    cuda.syncthreads()
     n_cand = n_tiles * top_k
-    w0 = tid - lane
-    while w0 < n_cand:
-        i = w0 + lane
-        v = cand_v[i] if i < n_cand else -math.inf
+    if tid < 4:                                  # pad to whole 16-byte loads: -inf never beats
+        cand_v[n_cand + tid] = float32(-math.inf)
+    cuda.syncthreads()
+    per = ((n_cand + 3) // 4 + 3) // 4 * 4       # candidates per lane: a multiple of 4
+    q0 = (tid & 3) * per
+    g0 = 0
+    while g0 < n_cand:                           # block-uniform: every lane shuffles below
+        i = g0 + (tid >> 2)
+        v = cand_v[i] if i < n_cand else float32(-math.inf)
         rank = float32(0.0)
-        c0 = 0
-        while c0 < n_cand:                       # candidates past the end: -inf, never beat
-            src = cand_v[c0 + lane] if c0 + lane < n_cand else -math.inf
-            rank += _beaten(v, i, src, c0)
-            c0 += 32
-        if i < n_cand and rank < top_k:
+        j = q0
+        while j < min(q0 + per, n_cand):
+            rank += _beaten4(lds_v4_f32(cand_v, j), v, i - j)
+            j += 4
+        rank += shfl_xor(rank, 1)
+        rank += shfl_xor(rank, 2)
+        if (tid & 3) == 0 and i < n_cand and rank < float32(top_k):
             e = cand_e[i]
             if 0 <= e < n_exp:
                 r = int32(rank)
                 ids[t, r] = e
                 top_p[r] = v
-        w0 += nthr
+        g0 += nthr >> 2
     cuda.syncthreads()
     mx = top_p[0]
     total = float32(0.0)
@@ -203,7 +208,7 @@ def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, s
     warp per (gate, up) row pair of the normed x), on SMs the router leaves idle while its
     chain of fence, arrival and routing runs; the gate_up kernel then covers the k routed
     slots only (the 35B's 512 blocks fit in two waves of 264 where 576 took a third)."""
-    row = cuda.shared.array(ROUTE_MAX_E, float32)
+    row = cuda.shared.array(ROUTE_MAX_E, float32, alignment=ROW_ALIGN)
     last = cuda.shared.array(1, int32)
     lane = cuda.threadIdx.x & 31
     warp = cuda.threadIdx.x >> 5
@@ -267,7 +272,7 @@ def moe_router_cluster_kernel(x, nw, eps, w, xn, top_k, renorm, shared, n_h, ids
     j == n_h (shared = 1): the shared expert's gate logit (router row E), which sets the
     shared slot: ids[0, k] = E, weights[0, k] = sigmoid(logit). n_h = 0: no h rows (gate_up and
     h are placeholders)."""
-    row = cuda.shared.array(ROUTE_MAX_E, float32)
+    row = cuda.shared.array(ROUTE_MAX_E, float32, alignment=ROW_ALIGN)
     lane = cuda.threadIdx.x & 31
     warp = cuda.threadIdx.x >> 5
     n_rows = w.shape[0]

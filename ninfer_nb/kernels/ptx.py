@@ -87,13 +87,6 @@ def shfl_xor(v, lane_mask):
     return cuda.shfl_xor_sync(0xFFFFFFFF, v, lane_mask)
 
 
-@cuda.jit(device=True, inline=True)
-def shfl_idx(v, src_lane):
-    """cuda.shfl_sync over the full warp: every lane gets lane src_lane's v (a name the
-    simulator can emulate)."""
-    return cuda.shfl_sync(0xFFFFFFFF, v, src_lane)
-
-
 # ---------------------------------------------------------------- tensor-core GEMM building blocks
 def _asm(builder, asm, cons, ret, args, side_effect=True):
     fnty = ir.FunctionType(ret, [a.type for a in args])
@@ -211,47 +204,6 @@ cluster_wait = _make_noarg("cluster_wait", "barrier.cluster.wait.aligned;", sm90
 # are visible to every thread of the cluster after it.
 cluster_sync = _make_noarg("cluster_sync", "barrier.cluster.arrive.release.aligned; "
                                            "barrier.cluster.wait.acquire.aligned;", sm90=True)
-
-
-@intrinsic
-def prefetch_l2_bulk(typingctx, addr, nbytes):
-    """Ask the L2 to fetch nbytes (a multiple of 16) of global memory from the 16-byte aligned
-    device address addr (int64, gptr arithmetic): `cp.async.bulk.prefetch.L2.global`, one
-    instruction handed to the SM's copy engine; nothing waits for it and nothing is written to
-    the SM. A hint: nothing is emitted below cc 9.0."""
-    if not isinstance(addr, types.Integer) or not isinstance(nbytes, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        code = _sm90("cp.async.bulk.prefetch.L2.global [$0], $1;")
-        if code:
-            a = context.cast(builder, args[0], sig.args[0], types.int64)
-            n = _u32(context, builder, args[1], sig.args[1])
-            _asm(builder, code, "l,r,~{memory}", ir.VoidType(), [a, n])
-        return context.get_dummy_value()
-
-    return types.void(addr, nbytes), codegen
-
-
-def _make_line_prefetch(name: str, asm: str) -> Any:
-    """One-address L2 prefetch (cc >= 8.0): `asm` with the int64 address as $0."""
-    def typer(typingctx, addr):
-        if not isinstance(addr, types.Integer):
-            return None
-
-        def codegen(context, builder, sig, args):
-            a = context.cast(builder, args[0], sig.args[0], types.int64)
-            _asm(builder, asm, "l,~{memory}", ir.VoidType(), [a])
-            return context.get_dummy_value()
-
-        return types.void(addr), codegen
-
-    typer.__name__ = name
-    return intrinsic(typer)
-
-
-prefetch_l2_line = _make_line_prefetch("prefetch_l2_line", "prefetch.global.L2 [$0];")
-prefetch_l2_line_last = _make_line_prefetch("prefetch_l2_line_last", "prefetch.global.L2::evict_last [$0];")
 
 
 @intrinsic
@@ -522,7 +474,6 @@ if config.ENABLE_CUDASIM:      # warp-level tensor-core ops emulated in the simu
     st_v4_f32 = _sim.store_v4                   # noqa: F811
     ex2 = _sim.ex2                              # noqa: F811
     shfl_xor = _sim.shfl_xor                    # noqa: F811
-    shfl_idx = _sim.shfl_idx                    # noqa: F811
     smem_u32 = _sim.smem_u32                    # noqa: F811
     gptr = _sim.gptr                            # noqa: F811
     cp_async16 = _sim.cp_async16                # noqa: F811

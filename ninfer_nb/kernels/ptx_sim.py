@@ -2,7 +2,7 @@
 on `mma_bf16` run (slowly) in the simulator and their fragment layouts are checked on the CPU.
 
 Under NUMBA_ENABLE_CUDASIM=1, ptx.py binds `mma_bf16`, `mma_tf32`, `tf32`, `pack_bf16x2`,
-`as_f32`, `ex2`, `shfl_xor`, `shfl_idx`, the 16-byte loads, `ldsm_x4` and the cp.async copies to these. Shared and global
+`as_f32`, `ex2`, `shfl_xor`, the 16-byte loads, `ldsm_x4` and the cp.async copies to these. Shared and global
 addresses (`smem_u32`, `gptr`) are the host addresses of the simulator's NumPy buffers, so a
 kernel's byte arithmetic on them is unchanged and `cp_async16` / `ldsm_x4` read and write
 through them (the copy is done at once: commit and wait are no-ops).
@@ -220,11 +220,3 @@ def shfl_xor(v, lane_mask):
     dep.vals[lane] = v
     barrier.wait()
     return dep.vals[lane ^ int(lane_mask)]
-
-
-def shfl_idx(v, src_lane):
-    """shfl.sync.idx with a full mask: every lane gets lane src_lane's v."""
-    dep, barrier, lane = _slot()
-    dep.vals[lane] = v
-    barrier.wait()
-    return dep.vals[int(src_lane) & 31]

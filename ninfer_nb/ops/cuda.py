@@ -23,7 +23,6 @@ import numpy as np
 from numba import config
 
 from ninfer_nb.kernels import attention as K_attn
-from ninfer_nb.kernels import attention_decode as K_ad
 from ninfer_nb.kernels import attention_flash as K_fa
 from ninfer_nb.kernels import attention_gemm as K_ag
 from ninfer_nb.kernels import conv1d as K_conv
@@ -59,10 +58,10 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # a later H200 run that day: the GDN output norm one warp per row (norm.gated_rms_norm_warp_kernel,
 # 98304x128: 200.9 -> 52.6 us) and split on a 2-D grid (elementwise.split_rows_kernel,
 # T = 2048: 162.3 -> 139.3 us); swiglu on a 2-D grid (279.9 -> 283.3 us) was dropped.
-EXPERIMENTAL: dict[str, str] = {
-    "attn_tiled": "decode attention with a block per (split, kv head) over cp.async-staged K / V tiles "
-                  "(kernels/attention_decode.py; fp32 / bf16 caches)",
-}
+# Dropped after its H200 run of 2026-11-30 (twelfth session): attn_tiled, decode attention with a
+# block per (split, kv head) over cp.async-staged K / V tiles (27B 8K fp32 60.3 vs 56.2 us,
+# bf16 49.5 vs 50.7; 512 keys 13.3 vs 11.5; both models' decode no faster).
+EXPERIMENTAL: dict[str, str] = {}
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
 # the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
@@ -688,7 +687,7 @@ class CudaOps:
         ks = k_scale if k_scale is not None else q                       # unused dummies when
         vs = v_scale if v_scale is not None else q                       # the cache is not int8
         if _decode_sized(t):
-            self._attention_decode(q, k_cache, v_cache, ks, vs, k_scale is not None, positions, scale, _gate, out)
+            self._attention_decode(q, k_cache, v_cache, ks, vs, positions, scale, _gate, out)
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
             grid = ((t * (hq // hkv) + K_attn.PRE_BM - 1) // K_attn.PRE_BM, hkv)  # rows of 1 kv head
@@ -707,27 +706,17 @@ class CudaOps:
                      ks, vs, positions, np.float32(scale), _rows(out, d))
         return out
 
-    def _attention_decode(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, int8: bool, positions: Any,
+    def _attention_decode(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, positions: Any,
                           scale: float, gate: Any, out: Any) -> None:
         """Split-K decode attention into out [T, Hq, D]: per-split partials, then the combine
-        kernel (which applies the output gate when given). A block per (split, q head)
-        (attn_split_kernel), or with EXPERIMENTAL "attn_tiled" a block per (split, kv head)
-        over cp.async-staged K / V tiles (kernels/attention_decode.py; fp32 / bf16 caches)."""
+        kernel (which applies the output gate when given): a block per (split, q head)
+        (attn_split_kernel)."""
         t, hq, d = q.shape
-        hkv = k_cache.shape[1]
-        if "attn_tiled" in self.experimental and not int8 and K_ad.supported(hq, hkv, d):
-            n_split = K_attn.decode_splits(k_cache.shape[0], hkv * t, K_ad.BLOCKS_PER_SM * self.sm_count)
-            part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
-            part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
-            esize = np.int32(4 if k_cache.dtype == F32 else 2)
-            self._go(K_ad.attn_split_tiled_kernel, (n_split, hkv, t), K_ad.THREADS, q, k_cache, v_cache, positions,
-                     np.float32(scale), esize, part_o, part_ml, smem=K_ad.SMEM_BYTES)
-        else:
-            n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
-            part_o = self.empty((t, hq, n_split, d))                     # [T, Hq, NS, D]
-            part_ml = self.empty((t, hq, n_split, 2))                    # [T, Hq, NS, (max, sum)]
-            self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
-                     ks, vs, positions, np.float32(scale), part_o, part_ml)
+        n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
+        part_o = self.empty((t, hq, n_split, d))                         # [T, Hq, NS, D]
+        part_ml = self.empty((t, hq, n_split, 2))                        # [T, Hq, NS, (max, sum)]
+        self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
+                 ks, vs, positions, np.float32(scale), part_o, part_ml)
         g = gate if gate is not None else part_ml.reshape(-1, 2)        # unused dummy without a gate
         self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, g,
                  np.int32(gate is not None), out)
