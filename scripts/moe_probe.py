@@ -150,12 +150,6 @@ def main() -> None:
     mb = {"full MoE block": (E + 1) * H * 2 / 1e6 + 9 * 3 * I * H * 2 / 1e6,
           "gate_up alone (fixed ids)": 8 * 2 * I * H * 2 / 1e6, "down alone": 9 * I * H * 2 / 1e6,
           "gate_up + down": (8 * 2 + 9) * I * H * 2 / 1e6, "normed GEMV 14080x2048 (57.7 MB)": 14080 * H * 2 / 1e6}
-    from ninfer_nb.ops import cuda as cuda_ops
-    for staged in (False, True):
-        cuda_ops.MOE_DOWN_STAGED = staged
-        for name, step in (("down alone", down), ("full MoE block", full)):
-            us = timed(env, ops, each(step), n, True)
-            print(f"{name + (', staged down' if staged else ', down in registers'):40s} {us:8.2f}")
     print(f"{'sequence':40s} {'PDL us':>8s} {'plain us':>9s}  GB/s (PDL)")
     for name, step in cases:
         us = {pdl: timed(env, ops, each(step), n, pdl) for pdl in (True, False)}

@@ -29,18 +29,14 @@ import math
 
 from numba import config, cuda, float32, int32, uint32
 
-from ninfer_nb.kernels.bf16 import f32_bits, widen
+from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.linear import _dot8, normed_pair_dots, pass_loads, warp_sum
 from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
 from ninfer_nb.kernels.ptx import (
     cluster_arrive_relaxed,
     cluster_sync,
     cluster_wait,
-    cp_async16,
-    cp_async_commit,
-    cp_async_wait0,
     fence_acq_rel_gpu,
-    gptr,
     grid_dependency_sync,
     ldg_stream_v4_u32,
     ldg_v4_f32,
@@ -529,72 +525,6 @@ def moe_down_wide_kernel(h, ids, weights, down, out, accumulate):
             ho = hoff[c]
             total += coef[c] * _dot8((wv[c, 0], wv[c, 1], wv[c, 2], wv[c, 3]), ldg_v4_f32(h, ho), ldg_v4_f32(h, ho + 4))
     grid_dependency_sync()                          # (no items: still waits before the store)
-    total = warp_sum(total)
-    if lane == 0:
-        out[t, n] = total + (out[t, n] if accumulate != 0 else float32(0.0))
-
-
-DN_STAGE_ITEMS = 18                                   # (slot, chunk) items per warp and pass
-DN_STAGE_BYTES = MOE_WARPS * DN_STAGE_ITEMS * 512     # dynamic shared memory: 73,728 B
-
-
-@kernel((f32_2, i32_2, f32_2, u16_3, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2),
-        self_sync=True, dynamic_smem=DN_STAGE_BYTES)
-def moe_down_staged_kernel(h, ids, weights, down, out, accumulate):
-    """moe_down_wide_kernel's contract with the weights staged in shared memory by cp.async:
-    each lane copies its 16 bytes of up to DN_STAGE_ITEMS (slot, chunk) items (all 18 of the
-    35B's 9 slots x 2 chunks: one memory round trip per warp, where registers held 9) before
-    grid_dependency_sync(), then reads back exactly what it copied (no barrier) against h.
-    Launched with DN_STAGE_BYTES of dynamic shared memory. The ids and slot weights read before
-    the wait come from the router, two launches back (see moe_down_wide_kernel)."""
-    smem = cuda.shared.array(0, float32)
-    lane = cuda.threadIdx.x & 31
-    warp = cuda.threadIdx.x >> 5
-    hid = out.shape[1]
-    inter = h.shape[1]
-    t = cuda.blockIdx.y
-    n = cuda.blockIdx.x * MOE_WARPS + warp
-    if n >= hid:
-        return
-    nch = inter // 256
-    n_slots = ids.shape[1]
-    n_items = n_slots * nch
-    lane_bytes = warp * (DN_STAGE_ITEMS * 512) + lane * 16      # this lane's 16 bytes of item 0
-    s_lane = smem_u32(smem) + lane_bytes
-    gdown = gptr(down)
-    total = float32(0.0)
-    i0 = 0
-    s0 = 0                                              # slot and chunk of item i0
-    c0 = 0
-    while i0 < n_items:
-        m = min(DN_STAGE_ITEMS, n_items - i0)
-        s = s0
-        ch = c0
-        for c in range(m):
-            row = (ids[t, s] * hid + n) * inter + ch * 256 + lane * 8
-            cp_async16(s_lane + c * 512, gdown + 2 * row)
-            ch += 1
-            if ch == nch:
-                ch = 0
-                s += 1
-        cp_async_commit()
-        grid_dependency_sync()                          # h is the gate_up kernel's output
-        cp_async_wait0()                                # this lane's copies (it reads only those)
-        s = s0
-        ch = c0
-        for c in range(m):
-            a = lds_v4_f32(smem, (lane_bytes + c * 512) // 4)
-            w = (uint32(f32_bits(a[0])), uint32(f32_bits(a[1])), uint32(f32_bits(a[2])), uint32(f32_bits(a[3])))
-            ho = (t * n_slots + s) * inter + ch * 256 + lane * 8
-            total += weights[t, s] * _dot8(w, ldg_v4_f32(h, ho), ldg_v4_f32(h, ho + 4))
-            ch += 1
-            if ch == nch:
-                ch = 0
-                s += 1
-        s0 = s
-        c0 = ch
-        i0 += m
-    grid_dependency_sync()                              # (no items: still waits before the store)
     total = warp_sum(total)
     if lane == 0:
         out[t, n] = total + (out[t, n] if accumulate != 0 else float32(0.0))

@@ -87,10 +87,6 @@ SPLITK2_MIN_K = 4096
 # to this many tokens. H200, 35B profile: 1.04 -> 0.92 ms per decode token; at T = 4 the
 # kernel test timed them slower than the plain pair, so batches keep the plain kernels.
 MOE_UNROLLED_MAX_T = 1
-# The decode MoE down projection with its weights staged in shared memory by cp.async
-# (kernels/moe.py moe_down_staged_kernel: all of a row's (slot, chunk) items in flight at once),
-# else moe_down_wide_kernel (9 items per pass in registers).
-MOE_DOWN_STAGED = True
 # The decode router as one thread-block cluster (kernels/moe.py moe_router_cluster_kernel, cc >=
 # 9.0, up to 256 routed experts) instead of the arrival-counter kernel. H200, 35B shape
 # (scripts/moe_probe.py, 8 layers of distinct weights in a graph): router 9.2 -> 7.9 us, MoE
@@ -1057,12 +1053,8 @@ class CudaOps:
     def _moe_down_wide(self, h: Any, ids: Any, weights: Any, down: Any, t: int, hid: int, residual: Any) -> Any:
         out = self.empty((t, hid)) if residual is None else _rows(residual, hid)
         w8 = K_moe.MOE_WARPS
-        args = (h, ids, weights, down, out, np.int32(residual is not None))
-        if MOE_DOWN_STAGED:
-            self._go(K_moe.moe_down_staged_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, *args,
-                     smem=K_moe.DN_STAGE_BYTES)
-        else:
-            self._go(K_moe.moe_down_wide_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, *args)
+        self._go(K_moe.moe_down_wide_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out,
+                 np.int32(residual is not None))
         return out if residual is None else residual
 
     def _moe_experts_grouped(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, out: Any) -> None:

@@ -48,9 +48,7 @@ def test_compile_sm90(name: str, i: int) -> None:
 WEIGHT_STREAM_LOAD = "ld.global.nc.L1::no_allocate"    # ptx.ldg_stream_v4_u32: weights only
 # self_sync kernels that also read, before the wait, data written two or more launches back
 # (their docstrings say why that is complete): any global load, still no store or shared access
-EARLY_READERS = {"moe_down_wide_kernel", "moe_down_staged_kernel", "gdn_decode_kernel"}
-# self_sync kernels that stage weights into shared memory by cp.async before the wait
-EARLY_STAGERS = {"moe_down_staged_kernel"}
+EARLY_READERS = {"moe_down_wide_kernel", "gdn_decode_kernel"}
 
 
 # global memory only: a block's shared memory is its own, no earlier kernel can touch it
@@ -101,9 +99,6 @@ def _assert_waits_before_memory(ptx: str, name: str) -> None:
         body = body.replace(WEIGHT_STREAM_LOAD, "weight-stream-load")
         if name in EARLY_READERS:
             body = body.replace("ld.global", "early-load")
-        if name in EARLY_STAGERS:
-            body = body.replace("cp.async.cg.shared.global", "weight-stream-load")
-            body = body.replace("cp.async.commit_group", "copy-commit")
     blocks, succ = _basic_blocks(body[body.index("{") + 1:])     # past the parameter list
     seen: set[int] = set()
     todo = [0]
