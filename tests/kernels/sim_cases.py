@@ -160,6 +160,278 @@ def test_kv_store_and_prefill_attention(ops, cdtype):
     close(ops.attention(q, kc, vc, pos, d ** -0.5), cpu.attention(q, kc_ref, vc_ref, pos, d ** -0.5))
 
 
+def test_conv1d_and_gates(ops):
+    rng = np.random.default_rng(7)
+    t, c, kw = 5, 70, 4
+    x, w, st = rnd(rng, t, c), rnd(rng, c, kw), rnd(rng, kw - 1, c)
+    st_ref = st.copy()
+    close(ops.causal_conv1d(x, st, w), cpu.causal_conv1d(x, st_ref, w))
+    close(st, st_ref, 0)
+    for t, kw in ((40, 4), (35, 2)):            # prefill: parallel tokens kernel + state roll
+        x, w, st = rnd(rng, t, c), rnd(rng, c, kw), rnd(rng, kw - 1, c)
+        st_ref = st.copy()
+        close(ops.causal_conv1d(x, st, w), cpu.causal_conv1d(x, st_ref, w))
+        close(st, st_ref, 0)
+    for t, sizes in ((40, (16, 16, 38)), (40, (30, 40)), (5, (16, 16, 38))):   # conv written split
+        x, w, st = rnd(rng, t, c), rnd(rng, c, 4), rnd(rng, 3, c)
+        st_ref = st.copy()
+        got, want = ops.causal_conv1d_split(x, st, w, sizes), cpu.causal_conv1d_split(x, st_ref, w, sizes)
+        assert [g.shape for g in got] == [(t, n) for n in sizes]
+        for g, r in zip(got, want):
+            close(g, r)
+        close(st, st_ref, 0)
+    a, b = rnd(rng, 4, 6, scale=8.0), rnd(rng, 4, 6)
+    alog, dtb = rnd(rng, 6), rnd(rng, 6)
+    g, beta = ops.gdn_gates(a, b, alog, dtb)
+    gr, br = cpu.gdn_gates(a, b, alog, dtb)
+    close(g, gr)
+    close(beta, br)
+
+
+def test_moe_route(ops):
+    rng = np.random.default_rng(8)
+    logits = rnd(rng, 3, 40)
+    logits[1, 7] = logits[1, 9] = logits[1].max() + 1.0    # tie -> lower id first
+    for renorm in (True, False):
+        ids, w = ops.moe_route(logits, 4, renorm)
+        ir, wr = cpu.moe_route(logits, 4, renorm)
+        np.testing.assert_array_equal(ids, ir)
+        close(w, wr)
+    wide = rnd(rng, 2, 300)                                # more experts than threads per block
+    for renorm in (True, False):
+        ids, w = ops.moe_route(wide, 8, renorm)
+        ir, wr = cpu.moe_route(wide, 8, renorm)
+        np.testing.assert_array_equal(ids, ir)
+        close(w, wr)
+    ties = np.zeros((3, 70), np.float32)                   # ties inside and across 32-expert tiles
+    ties[1, [3, 40, 65]] = 1.0
+    ties[2, ::2] = 0.5
+    for renorm in (True, False):
+        ids, w = ops.moe_route(ties, 5, renorm)
+        ir, wr = cpu.moe_route(ties, 5, renorm)
+        np.testing.assert_array_equal(ids, ir)
+        close(w, wr)
+    np.testing.assert_array_equal(ids[1], [3, 40, 65, 0, 1])
+    for renorm in (True, False):                           # + the shared expert's gate column
+        ids, w = ops.moe_route(logits, 4, renorm, True)
+        ir, wr = cpu.moe_route(logits, 4, renorm, True)
+        assert ids.shape == (3, 5) and (ir[:, 4] == 39).all()
+        np.testing.assert_array_equal(ids, ir)
+        close(w, wr)
+
+
+def test_sampling(ops):
+    rng = np.random.default_rng(9)
+    b, v = 4, 300
+    logits = rnd(rng, b, v, scale=3.0)
+    logits[2, 11] = logits[2, 200] = logits[2].max() + 1.0
+    np.testing.assert_array_equal(ops.argmax(logits, threads=32), np.argmax(logits, axis=1))
+    counts = rng.integers(0, 3, (b, v)).astype(np.int32)
+    rep = np.array([1.0, 1.3, 0.8, 1.1], np.float32)
+    freq = np.array([0.0, 0.5, 0.1, 0.0], np.float32)
+    pres = np.array([0.0, 0.2, 0.0, 0.7], np.float32)
+    lp = logits.copy()
+    ops.apply_penalties(lp, counts, rep, freq, pres)
+    close(lp, S.penalties_ref(logits, counts, rep, freq, pres))
+    temp = np.array([0.0, 0.7, 1.0, 1.5], np.float32)
+    top_k = np.array([0, 20, 0, 5], np.int32)
+    top_p = np.array([1.0, 0.9, 0.5, 1.0], np.float32)
+    min_p = np.array([0.0, 0.0, 0.05, 0.0], np.float32)
+    seeds = np.array([1, 2, 3, 2**40 + 5], np.int64)
+    offs = np.array([0, 10, 3, 7], np.int64)
+    offs0 = offs.copy()
+    tok = ops.sample(logits, temp, top_k, top_p, min_p, seeds, offs, threads=32)
+    np.testing.assert_array_equal(offs, offs0 + 1)
+    for i in range(b):
+        ref, kept, tgt = S.sample_ref(logits[i], temp[i], top_k[i], top_p[i], min_p[i], seeds[i], offs0[i], i)
+        assert kept[tok[i]], (i, tok[i])
+        assert tok[i] == ref, (i, tok[i], ref)
+    counts2 = counts.copy()
+    ops.count_tokens(counts2, tok)
+    exp = counts.copy()
+    exp[np.arange(b), tok] += 1
+    np.testing.assert_array_equal(counts2, exp)
+
+
+def test_int8_kv_store_and_prefill_attention(ops):
+    rng = np.random.default_rng(7)
+    s, hkv, hq, d, t = 30, 2, 4, 128, 17
+    kc, vc = np.zeros((s, hkv, d), np.int8), np.zeros((s, hkv, d), np.int8)
+    ks, vs = np.zeros((s, hkv, d // 64), np.float32), np.zeros((s, hkv, d // 64), np.float32)
+    kc_ref, vc_ref, ks_ref, vs_ref = kc.copy(), vc.copy(), ks.copy(), vs.copy()
+    pos = np.arange(3, 3 + t, dtype=np.int32)
+    k, v = rnd(rng, t, hkv, d), rnd(rng, t, hkv, d)
+    k[0, 0, :64] = 0.0                                  # an all-zero group: scale 0, codes 0
+    ops.kv_store(kc, vc, k, v, pos, ks, vs)
+    cpu.kv_store(kc_ref, vc_ref, k, v, pos, ks_ref, vs_ref)
+    assert np.array_equal(kc, kc_ref) and np.array_equal(vc, vc_ref)
+    close(ks, ks_ref, 0)
+    close(vs, vs_ref, 0)
+    assert ks[3, 0, 0] == 0 and not kc[3, 0, :64].any()
+    q = rnd(rng, t, hq, d)
+    close(ops.attention(q, kc, vc, pos, d ** -0.5, ks, vs),
+          cpu.attention(q, kc_ref, vc_ref, pos, d ** -0.5, ks_ref, vs_ref))
+
+
+# --- grouped-by-expert MoE (kernels/moe_grouped.py; the simulator always takes this path) ------
+def _small_blocks(monkeypatch, sort_threads, chunk=None):
+    """Smaller bookkeeping / combine blocks: faster in the simulator, and E > block exercises
+    the strided expert loops and the carried scan (the GEMM blocks stay 256 threads)."""
+    from ninfer_nb.kernels import moe_grouped as G
+
+    monkeypatch.setattr(G, "SORT_THREADS", sort_threads)
+    monkeypatch.setattr(G, "COMBINE_THREADS", 32)
+    if chunk is not None:
+        monkeypatch.setattr(G, "SORT_CHUNK", chunk)
+    return G
+
+
+def test_moe_grouped_bookkeeping(ops, monkeypatch):
+    """hist -> scan -> scatter: per-expert offsets, row-tile offsets and a stable expert sort."""
+    G = _small_blocks(monkeypatch, 16, chunk=64)
+    rng = np.random.default_rng(21)
+    e, p = 40, 300                                       # E > block (16), 5 chunks of 64 pairs
+    ids = rng.choice([x for x in range(e) if x % 7], p).astype(np.int32)   # experts 0, 7, ... unused
+    ids[:150:2] = 5                                      # one expert with 75 pairs: two row tiles
+    n_chunks = (p + G.SORT_CHUNK - 1) // G.SORT_CHUNK
+    hist = np.zeros((n_chunks, e), np.int32)
+    offs, tile_off, order = np.zeros(e + 1, np.int32), np.zeros(e + 1, np.int32), np.zeros(p, np.int32)
+    ops._go(G.moe_hist_kernel, n_chunks, G.SORT_THREADS, ids, hist)
+    ops._go(G.moe_scan_kernel, 1, G.SORT_THREADS, hist, offs, tile_off)
+    ops._go(G.moe_scatter_kernel, n_chunks, G.SORT_THREADS, ids, hist, offs, order)
+    counts = np.bincount(ids, minlength=e)
+    np.testing.assert_array_equal(offs, np.concatenate([[0], np.cumsum(counts)]))
+    np.testing.assert_array_equal(tile_off, np.concatenate([[0], np.cumsum((counts + G.BM - 1) // G.BM)]))
+    np.testing.assert_array_equal(order, np.argsort(ids, kind="stable"))
+    assert tile_off[-1] <= G.max_row_tiles(p, e)
+
+
+def test_moe_pipelined_helpers(ops):
+    """kernels/moe_pipelined.py's simulator-safe steps: 128-row tile offsets from the row
+    offsets, the expert-sorted bf16 gather of x, SwiGLU to bf16 (its GEMM is GPU-only)."""
+    from ninfer_nb.kernels import moe_pipelined as M
+
+    rng = np.random.default_rng(23)
+    counts = np.array([0, 300, 1, 128, 129, 0, 7], np.int32)
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    tile_off = np.zeros(counts.size + 1, np.int32)
+    ops._go(M.moe_tile_offsets_kernel, 1, 32, offs, tile_off)
+    np.testing.assert_array_equal(tile_off, np.concatenate([[0], np.cumsum((counts + M.BM - 1) // M.BM)]))
+    assert tile_off[-1] <= M.max_row_tiles(int(counts.sum()), counts.size)
+    t, k, h = 5, 3, 40
+    x = rnd(rng, t, h)
+    order = rng.permutation(t * k).astype(np.int32)
+    xs = np.zeros((t * k, h), np.uint16)
+    ops._go(M.moe_gather_bf16_kernel, t * k, 32, x, order, np.int32(k), xs)
+    np.testing.assert_array_equal(xs.view(BF16), x[order // k].astype(BF16))
+    g = rnd(rng, 6, 2 * 24)
+    hb = np.zeros((6, 24), np.uint16)
+    ops._go(M.moe_swiglu_bf16_kernel, 2, 32, g, hb)
+    close(hb.view(BF16).astype(np.float32), cpu.swiglu(g).astype(BF16).astype(np.float32), 8e-3)
+
+
+def test_moe_grouped_top4(ops, monkeypatch):
+    """top-4, experts 1 and 4 get no tokens, H = 66 (two down column tiles, ragged K = 66 in
+    gate_up), I = 20; E > sort block (carried scan)."""
+    _small_blocks(monkeypatch, 4)
+    _moe_grouped_case(ops, 22, t=4, e=6, k=4, h=66, i=20, unused={1, 4})
+
+
+def test_moe_grouped_top2_hot_expert(ops, monkeypatch):
+    """top-2, expert 2 in every token (65 rows: a full and a 1-row tile), expert 3 unused,
+    I = 66 (two gate_up column tiles, ragged K = 66 in down), H = 20; 3 sort chunks."""
+    _small_blocks(monkeypatch, 32, chunk=64)
+    _moe_grouped_case(ops, 23, t=65, e=4, k=2, h=20, i=66, unused={3}, hot=2)
+
+
+# --- chunked gated delta rule (kernels/gdn_chunked.py) vs the recurrent NumPy reference --------
+
+def _gdr_chunked_case(ops, seed, t, hk, hv, dk, dv, state_kernel="simt", tol=1e-4, prepare_kernel="simt"):
+    """state_kernel / prepare_kernel: "simt" (fp32, exact up to rounding) or "mma" (TF32 tensor
+    cores: the operands of the products carry 10 mantissa bits, ~5e-4 relative)."""
+    ops.gdn_state = state_kernel
+    ops.gdn_prepare = prepare_kernel
+    rng = np.random.default_rng(seed)
+    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
+    g = -np.abs(rnd(rng, t, hv, scale=0.5))                  # log decay per token, < 0
+    beta = (1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32)
+    st = rnd(rng, hv, dv, dk, scale=0.1)                     # random nonzero initial state
+    st_ref = st.copy()
+    o = ops.gated_delta_rule_chunked(q, k, v, g, beta, st)
+    ref = cpu.gated_delta_rule(q, k, v, g, beta, st_ref)
+    close(o, ref, tol)
+    close(st, st_ref, tol)
+
+
+def test_gdr_chunked_one_chunk_gqa(ops):
+    """T = C = 64 exactly, Hv/Hk = 2 (both V heads of one K head in one prepare block)."""
+    _gdr_chunked_case(ops, 31, t=64, hk=1, hv=2, dk=32, dv=32)
+
+
+def test_gdr_chunked_partial_last_chunk(ops):
+    """T = 100: a full chunk and a 36-token tail; Dv = 48 (a ragged 32-column tile, 3 state slices)."""
+    _gdr_chunked_case(ops, 32, t=100, hk=1, hv=1, dk=32, dv=48)
+
+
+def test_gdr_chunked_shorter_than_chunk(ops):
+    """17 <= T < C: one partial chunk (T <= 16 takes the recurrent kernel)."""
+    _gdr_chunked_case(ops, 33, t=20, hk=1, hv=1, dk=32, dv=32)
+
+
+def test_gdr_chunked_tensor_core_state(ops):
+    """The TF32 state pass (kernels/gdn_chunked_mma.py): a full chunk then an 8-token tail, so
+    the state carries over in the accumulators and the tail's rows are masked; Dk = 16 uses one
+    of the 8 k blocks (the others are zero). One block, the simulator's mma is slow (~25 s per
+    chunk); the GPU tests cover Hv/Hk > 1, ragged Dv and the model shapes. Measured here: ~5e-4
+    of the largest value (TF32 operand rounding), bound 3e-3."""
+    _gdr_chunked_case(ops, 34, t=72, hk=1, hv=1, dk=16, dv=32, state_kernel="mma", tol=3e-3)
+
+
+# --- tiled GQA prefill attention (kernels/attention.py attn_prefill_kernel) --------------------
+
+def _prefill_attn_case(ops, seed, cache, hq, hkv, d, start, t):
+    """A prefill chunk at positions start..start+t-1 over a cache that already holds random keys
+    for earlier positions (and 3 random rows past the chunk, which must stay unseen)."""
+    rng = np.random.default_rng(seed)
+    s = start + t + 3
+    q = rnd(rng, t, hq, d)
+    kf, vf = rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
+    pos = np.arange(start, start + t, dtype=np.int32)
+    scale = d ** -0.5
+    if cache == "int8":
+        kc, vc = np.zeros((s, hkv, d), np.int8), np.zeros((s, hkv, d), np.int8)
+        ks, vs = np.zeros((s, hkv, d // 64), np.float32), np.zeros((s, hkv, d // 64), np.float32)
+        cpu.kv_store(kc, vc, kf, vf, np.arange(s, dtype=np.int32), ks, vs)
+        assert kc.any() and ks.all()
+        close(ops.attention(q, kc, vc, pos, scale, ks, vs), cpu.attention(q, kc, vc, pos, scale, ks, vs))
+    else:
+        dt = np.float32 if cache == "f32" else BF16
+        kc, vc = kf.astype(dt), vf.astype(dt)
+        ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, scale)
+        close(ops.attention(q, kc, vc, pos, scale), ref)
+
+
+def test_prefill_attn_f32_gqa6_d256(ops):
+    """G = 6, D = 256 (8 head-dim slices, 4 P.V column blocks); 36 rows in one 64-row tile;
+    key tiles 0..31 and 32..35, the second fully masked for the first two tokens."""
+    _prefill_attn_case(ops, 41, "f32", hq=6, hkv=1, d=256, start=30, t=6)
+
+
+def test_prefill_attn_bf16_mha_d64(ops):
+    """G = 1, two kv heads (blockIdx.y = 1), bf16 cache, first chunk (start 0), T = 40."""
+    _prefill_attn_case(ops, 42, "bf16", hq=2, hkv=2, d=64, start=0, t=40)
+
+
+def test_prefill_attn_int8_gqa3_d64(ops):
+    """G = 3, int8 cache, second chunk at 40: 69 rows = a full 64-row tile and a 5-row tile."""
+    _prefill_attn_case(ops, 43, "int8", hq=3, hkv=1, d=64, start=40, t=23)
+
+
+from numba import cuda as _cuda  # noqa: E402  (the simulator swaps module-level `cuda` only)
+
+from ninfer_nb.kernels.ptx import mma_bf16, pack_bf16x2  # noqa: E402
+
+
 @_cuda.jit
 def _one_mma(a, b, c, out):
     lane = _cuda.threadIdx.x
