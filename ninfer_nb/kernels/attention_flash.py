@@ -154,7 +154,7 @@ def flash_attn_kernel(qb, kb, vt, positions, grp, scale, out):
     pos_lo = positions[r_lo // grp]
     pos_hi = positions[r_hi // grp]
     pos_min = positions[min(row0, last_row) // grp]
-    sl2 = scale * LOG2E
+    sl2 = scale * float32(LOG2E)                                  # float32: LOG2E alone is a double
     # ldmatrix row addresses: A (Q) rows lane & 15, column half lane >> 4; B (K, V^T) rows
     # (lane & 7) + 8 (lane >> 4), column half (lane >> 3) & 1
     qa = sbase + Q_OFF + (warp * 16 + (lane & 15)) * ROW_BYTES + (lane >> 4) * 16

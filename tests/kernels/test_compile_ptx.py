@@ -43,6 +43,27 @@ def test_compile_sm90(name: str, i: int) -> None:
     ptx = SPECS[name].compile_ptx(SPECS[name].sigs[i], (9, 0))
     assert ".entry" in ptx and ".target sm_90" in ptx
     _assert_waits_before_memory(ptx, name)
+    if name not in FLOAT64_BY_DESIGN:
+        _assert_no_float64(ptx, name)
+
+
+# Kernels whose float64 arithmetic is meant. Anywhere else a float64 instruction is a Numba
+# typing slip (a Python float constant such as math.inf or LOG2E, float32 / int64, a float32
+# compared with an int): the router's top-k and the flash attention's exponent had them.
+FLOAT64_BY_DESIGN = {
+    "rope_kernel": "the rotation angle position * theta ** (-2j / d) in float64 (theta is a float64 argument)",
+    "qk_norm_rope_store_kernel": "the same RoPE angle",
+    "kv_store_int8_kernel": "round() goes through float64; the codes must equal ops.cpu's np.rint",
+    "fill_uniform_f32_kernel": "bench's random weights: the uniform value from the hash in float64",
+    "fill_uniform_bf16_kernel": "the same",
+}
+
+
+def _assert_no_float64(ptx: str, name: str) -> None:
+    body = ptx[ptx.index(".entry"):]
+    ops = [line.split()[0] for line in body.splitlines() if line.strip().endswith(";") and line.split()]
+    f64 = sorted({op for op in ops if ".f64" in op})
+    assert not f64, f"{name}: float64 instructions {f64} (see FLOAT64_BY_DESIGN)"
 
 
 WEIGHT_STREAM_LOAD = "ld.global.nc.L1::no_allocate"    # ptx.ldg_stream_v4_u32: weights only
