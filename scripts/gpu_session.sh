@@ -6,6 +6,7 @@
 #   bash scripts/gpu_session.sh bench35   the same for qwen3.6-35b-a3b
 #   bash scripts/gpu_session.sh argmax    device argmax (the default) vs --host-argmax: GPU test, 35B A/B
 #   bash scripts/gpu_session.sh moe       MoE decode: router / expert kernel GPU tests, route + MoE probes, 35B A/B
+#   bash scripts/gpu_session.sh vec       EXPERIMENTAL attn_vec decode attention: GPU tests (times), A/B benches
 # Logs and JSON land in $OUT. Try kernel choices with BENCH_ARGS="--gemm mma" or "--attention mma".
 # The benches run the transformers peer first (same preset shapes, random weights); PEER=0 skips it
 # if the call gets close to its 10-minute limit.
@@ -56,7 +57,15 @@ case "${1:-check}" in
     for i in 1 2; do
       python3 -m ninfer_nb bench --random qwen3.6-35b-a3b --prompt-len 512,8192 --gen 64 2>&1 | grep -E "^ninfer_nb "
     done ;;
+  vec)                    # EXPERIMENTAL attn_vec: its GPU test (times vs the scalar-load kernel), then A/B benches
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
+      -k "attention_decode_vec or attention_decode_splits or attention_gated or flash" 2>&1 \
+      | grep -E "decode attention|prefill attention|passed|failed|Error"
+    for m in qwen3.6-35b-a3b qwen3.6-27b; do for flag in "" "--experimental attn_vec"; do
+      python3 -m ninfer_nb bench --random $m --prompt-len 512,8192 --gen 64 $flag 2>&1 \
+        | grep -E "^ninfer_nb " | sed "s/^/$m ${flag:-scalar} /"
+    done; done ;;
   bench27) bench qwen3.6-27b bench27 ;;
   bench35) bench qwen3.6-35b-a3b bench35 ;;
-  *) echo "usage: $0 check|bench27|bench35|argmax|moe" >&2; exit 2 ;;
+  *) echo "usage: $0 check|bench27|bench35|argmax|moe|vec" >&2; exit 2 ;;
 esac

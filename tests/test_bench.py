@@ -58,15 +58,16 @@ def test_bench_peer_runs_transformers_on_the_preset(tmp_path: Path) -> None:
 
 def test_bench_experimental_kernels_need_cuda_and_known_names(monkeypatch) -> None:
     """`--experimental` turns on unvalidated CUDA kernels by name: a name the engine does not
-    know stops bench before the model loads, and a known one (an entry added here: the table
-    is empty while no kernel is on trial) stops it on the CPU backend, each with a message
-    instead of silently ignoring it."""
+    know stops bench before the model loads, and a known one (a stand-in table here, so the
+    test does not follow which kernels are on trial) stops it on the CPU backend, each with a
+    message instead of silently ignoring it."""
     import pytest
 
     from ninfer_nb.ops import cuda as cuda_ops
 
     argv = ["bench", "--random", "tiny-qwen3.5", "--device", "cpu", "--prompt-len", "8", "--gen", "2",
             "--experimental"]
+    monkeypatch.setattr(cuda_ops, "EXPERIMENTAL", {})
     with pytest.raises(SystemExit, match=r"unknown kernel name\(s\) \['no_such_kernel'\] "
                                          r"\(ops/cuda.py EXPERIMENTAL: none at present\)"):
         main(argv + ["no_such_kernel"])

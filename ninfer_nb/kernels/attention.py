@@ -61,12 +61,12 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int64, uint32
 
 from ninfer_nb.kernels.bf16 import f32_bits, from_f32
 from ninfer_nb.kernels.kvquant import GROUP, kv_load
 from ninfer_nb.kernels.nbtypes import f32, f32_2, f32_3, f32_4, i8_3, i32, i32_1, u16_3
-from ninfer_nb.kernels.ptx import as_f32, mma_bf16, pack_bf16x2
+from ninfer_nb.kernels.ptx import as_f32, ldg_v4_f32, mma_bf16, pack_bf16x2
 from ninfer_nb.kernels.registry import kernel
 from ninfer_nb.kernels.warp import warp_sum as _warp_sum
 
@@ -134,6 +134,7 @@ _SPLIT_SIGS = [(f32_3, c, c, f32_3, f32_3, i32_1, f32, f32_4, f32_4) for c in (f
 
 
 KEYS_PER_PASS = 4     # decode: keys a warp loads (K and V rows) before any math
+HI = 0xFFFF0000       # a bf16 pair's high element bits
 
 
 @kernel(*_SPLIT_SIGS, sim=False, launch_bounds=(128, 4))
@@ -207,6 +208,14 @@ def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, p
         d = lane + 32 * e
         if d < d_head:
             sm_acc[warp, d] = acc[e]
+    _merge_split_warps(sm_m, sm_l, sm_acc, d_head, part_o, part_ml, t, h, sp)
+
+
+@cuda.jit(device=True, inline=True)
+def _merge_split_warps(sm_m, sm_l, sm_acc, d_head, part_o, part_ml, t, h, sp):
+    """The split's partial from its SPLIT_WARPS warps' (max, sum, acc) in shared memory (each
+    warp has stored its own; the barrier here makes them visible): part_o[t, h, sp, :],
+    part_ml[t, h, sp] = (max, sum)."""
     cuda.syncthreads()
     mm = float32(NEG)
     for w_ in range(SPLIT_WARPS):
@@ -222,6 +231,107 @@ def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, p
             ll += sm_l[w_] * math.exp(sm_m[w_] - mm)
         part_ml[t, h, sp, 0] = mm
         part_ml[t, h, sp, 1] = ll
+
+
+_SPLIT_VEC_SIGS = [(f32_3, c, c, i32_1, f32, i32, f32_4, f32_4) for c in (f32_3, u16_3)]
+
+
+@cuda.jit(device=True, inline=True)
+def _vec_dim(lane, e, esize):
+    """Head dim of lane's value e (0..7) in attn_split_vec_kernel: fp32 caches dims 4 lane ..
+    + 3 and 128 + 4 lane .. + 3 (each 16-byte load of a warp reads 512 contiguous bytes); bf16
+    dims 8 lane .. + 7 (one 16-byte load)."""
+    if esize == 4:
+        return 4 * lane + e if e < 4 else 128 + 4 * lane + (e - 4)
+    return 8 * lane + e
+
+
+@cuda.jit(device=True, inline=True)
+def _vec_row(cache, base, lane, esize, d_head, x, u):
+    """Row u of x [KEYS_PER_PASS, 8] = this lane's 8 values (`_vec_dim`) of the cache row that
+    starts at flat element `base`, by 16-byte loads; 0 past the head dim."""
+    z = float32(0.0)
+    if esize == 4:
+        a = ldg_v4_f32(cache, base + 4 * lane) if 4 * lane < d_head else (z, z, z, z)
+        b = ldg_v4_f32(cache, base + 128 + 4 * lane) if 128 + 4 * lane < d_head else (z, z, z, z)
+        x[u, 0], x[u, 1], x[u, 2], x[u, 3] = a
+        x[u, 4], x[u, 5], x[u, 6], x[u, 7] = b
+    else:
+        w = ldg_v4_f32(cache, base + 8 * lane) if 8 * lane < d_head else (z, z, z, z)  # 8 bf16
+        for i in range(4):
+            bits = int64(f32_bits(w[i]))
+            x[u, 2 * i] = as_f32(bits << 16)
+            x[u, 2 * i + 1] = as_f32(bits & HI)
+
+
+@kernel(*_SPLIT_VEC_SIGS, sim=True, launch_bounds=(128, 4))
+def attn_split_vec_kernel(q, k_cache, v_cache, positions, scale, esize, part_o, part_ml):
+    """attn_split_kernel's contract for fp32 (esize 4) and bf16 (esize 2, uint16 bits) caches,
+    D % 8 == 0, D <= MAX_D, with 16-byte loads: a lane holds 8 dims of q, of its accumulator
+    and of each key's K and V row (`_vec_dim`), so a key costs a lane 4 loads (fp32) or 2
+    (bf16) instead of 16 scalar ones. Why: the split kernel takes the same time with fp32 and
+    bf16 caches (27B heads at 8K: 56 vs 51 us), so it is bound by instructions per key, not
+    bytes; 16 load instructions and their 64-bit address arithmetic were most of them.
+    Opt-in (ops/cuda.py EXPERIMENTAL "attn_vec") until a GPU run times it."""
+    sm_m = cuda.shared.array(SPLIT_WARPS, float32)
+    sm_l = cuda.shared.array(SPLIT_WARPS, float32)
+    sm_acc = cuda.shared.array((SPLIT_WARPS, MAX_D), float32)
+    qv = cuda.local.array(8, float32)
+    acc = cuda.local.array(8, float32)
+    kk = cuda.local.array((KEYS_PER_PASS, 8), float32)
+    vv = cuda.local.array((KEYS_PER_PASS, 8), float32)
+    sc = cuda.local.array(KEYS_PER_PASS, float32)
+    sp = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    t = cuda.blockIdx.z
+    lane = cuda.threadIdx.x & 31
+    warp = cuda.threadIdx.x >> 5
+    d_head = q.shape[2]
+    n_kv = k_cache.shape[1]
+    hk = h // (q.shape[1] // n_kv)
+    k0, k1 = _split_range(positions[t], sp, part_o.shape[2])
+    for e in range(8):
+        d = _vec_dim(lane, e, esize)
+        qv[e] = q[t, h, d] * scale if d < d_head else float32(0.0)
+        acc[e] = float32(0.0)
+    m = float32(NEG)
+    l = float32(0.0)
+    j = k0 + warp
+    while j < k1:
+        for u in range(KEYS_PER_PASS):
+            ju = j + u * SPLIT_WARPS
+            ju = ju if ju < k1 else j
+            base = (ju * n_kv + hk) * d_head
+            _vec_row(k_cache, base, lane, esize, d_head, kk, u)
+            _vec_row(v_cache, base, lane, esize, d_head, vv, u)
+        m_new = m
+        for u in range(KEYS_PER_PASS):
+            s_ = float32(0.0)
+            for e in range(8):
+                s_ += qv[e] * kk[u, e]
+            s_ = _warp_sum(s_)
+            if j + u * SPLIT_WARPS < k1:
+                m_new = max(m_new, s_)
+            sc[u] = s_
+        corr = math.exp(m - m_new)
+        l = l * corr
+        for e in range(8):
+            acc[e] = acc[e] * corr
+        for u in range(KEYS_PER_PASS):
+            p = math.exp(sc[u] - m_new) if j + u * SPLIT_WARPS < k1 else float32(0.0)
+            l += p
+            for e in range(8):
+                acc[e] += p * vv[u, e]
+        m = m_new
+        j += KEYS_PER_PASS * SPLIT_WARPS
+    if lane == 0:
+        sm_m[warp] = m
+        sm_l[warp] = l
+    for e in range(8):
+        d = _vec_dim(lane, e, esize)
+        if d < d_head:
+            sm_acc[warp, d] = acc[e]
+    _merge_split_warps(sm_m, sm_l, sm_acc, d_head, part_o, part_ml, t, h, sp)
 
 
 COMBINE_THREADS = 256

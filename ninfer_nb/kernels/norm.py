@@ -133,7 +133,7 @@ def add_rms_norm_kernel(x, residual, w, out, new_residual, eps):
         if i < d:
             new_residual[r, i] = hv[e]
     ss = _block_sum(red, acc)
-    inv = float32(1.0) / math.sqrt(ss / float32(d) + eps)
+    inv = float32(1.0) / math.sqrt(ss / d + eps)
     for e in range(PER_THREAD):
         i = tid + e * nthr
         if i < d:

@@ -146,10 +146,14 @@ def load(arr, idx):
 
 
 def load_v4(arr, idx):
-    """ldg_v4_f32 / lds_v4_f32: arr.flat[idx .. idx + 3]."""
+    """ldg_v4_f32 / lds_v4_f32: the 16 bytes at arr.flat[idx] as four float32 (for a float32
+    array arr.flat[idx .. idx + 3]; for a uint16 one, eight elements' bits)."""
     flat = arr.reshape(-1)
     i = int(idx)
-    return (flat[i], flat[i + 1], flat[i + 2], flat[i + 3])
+    if flat.dtype.itemsize == 4:
+        return (flat[i], flat[i + 1], flat[i + 2], flat[i + 3])
+    words = np.frombuffer(flat[i:i + 16 // flat.dtype.itemsize].tobytes(), np.float32)
+    return tuple(np.float32(w) for w in words)
 
 
 def store_v4(arr, idx, v0, v1, v2, v3) -> None:

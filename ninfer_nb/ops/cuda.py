@@ -61,7 +61,10 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # Dropped after its H200 run of 2026-11-30 (twelfth session): attn_tiled, decode attention with a
 # block per (split, kv head) over cp.async-staged K / V tiles (27B 8K fp32 60.3 vs 56.2 us,
 # bf16 49.5 vs 50.7; 512 keys 13.3 vs 11.5; both models' decode no faster).
-EXPERIMENTAL: dict[str, str] = {}
+EXPERIMENTAL: dict[str, str] = {
+    "attn_vec": "decode attention with 16-byte K / V loads (kernels/attention.py attn_split_vec_kernel; "
+                "fp32 / bf16 caches)",
+}
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
 # the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
@@ -710,13 +713,21 @@ class CudaOps:
                           scale: float, gate: Any, out: Any) -> None:
         """Split-K decode attention into out [T, Hq, D]: per-split partials, then the combine
         kernel (which applies the output gate when given): a block per (split, q head)
-        (attn_split_kernel)."""
+        (attn_split_kernel; with EXPERIMENTAL "attn_vec" and an fp32 / bf16 cache,
+        attn_split_vec_kernel, the same with 16-byte K / V loads)."""
         t, hq, d = q.shape
         n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
         part_o = self.empty((t, hq, n_split, d))                         # [T, Hq, NS, D]
         part_ml = self.empty((t, hq, n_split, 2))                        # [T, Hq, NS, (max, sum)]
-        self._go(K_attn.attn_split_kernel, (n_split, hq, t), 32 * K_attn.SPLIT_WARPS, q, k_cache, v_cache,
-                 ks, vs, positions, np.float32(scale), part_o, part_ml)
+        grid, threads = (n_split, hq, t), 32 * K_attn.SPLIT_WARPS
+        if ("attn_vec" in self.experimental and k_cache.dtype in (F32, bfloat16) and d % 8 == 0
+                and d <= K_attn.MAX_D and _ptr(k_cache) % 16 == 0 and _ptr(v_cache) % 16 == 0):
+            esize = np.int32(4 if k_cache.dtype == F32 else 2)
+            self._go(K_attn.attn_split_vec_kernel, grid, threads, q, k_cache, v_cache, positions, np.float32(scale),
+                     esize, part_o, part_ml)
+        else:
+            self._go(K_attn.attn_split_kernel, grid, threads, q, k_cache, v_cache, ks, vs, positions,
+                     np.float32(scale), part_o, part_ml)
         g = gate if gate is not None else part_ml.reshape(-1, 2)        # unused dummy without a gate
         self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, g,
                  np.int32(gate is not None), out)

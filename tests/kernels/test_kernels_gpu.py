@@ -352,6 +352,33 @@ def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatc
               + ", ".join(f"{w} waves {v * 1e6:.1f} us" for w, v in times.items()))
 
 
+@pytest.mark.parametrize("cdtype", [np.float32, BF16])
+@pytest.mark.parametrize("hq,hkv,start,t", [(24, 4, 8190, 1), (16, 2, 8190, 1), (24, 4, 511, 1), (16, 2, 511, 1),
+                                            (16, 2, 700, 3), (8, 1, 0, 1), (6, 2, 30, 2)])
+def test_attention_decode_vec(env, rng, cdtype, hq, hkv, start, t, monkeypatch):
+    """EXPERIMENTAL attn_vec (attention.attn_split_vec_kernel: 16-byte K / V loads) against
+    NumPy, at the 27B / 35B heads over an 8K cache, the first key alone and a few tokens at
+    once; prints its time against attn_split_kernel at 8K and 512 (-s). Promote it
+    (ops/cuda.py) only if it wins here and in the bench."""
+    ops = env.fresh()
+    s, d = 8192, 256
+    pos = np.arange(start, start + t, dtype=np.int32)
+    q = rnd(rng, t, hq, d)
+    kc, vc = rnd(rng, s, hkv, d).astype(cdtype), rnd(rng, s, hkv, d).astype(cdtype)
+    args = (env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5)
+    ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5)
+    launched = _launched(ops, monkeypatch)
+    times = {}
+    for vec in (True, False):
+        monkeypatch.setattr(ops, "experimental", frozenset({"attn_vec"} if vec else ()))
+        times[vec], o = _best_time(env, lambda: ops.attention(*args), reps=5, graph=True)
+        close(env.host(o), ref, TOL32 * 10)
+    assert {"attn_split_vec_kernel", "attn_split_kernel"} <= set(launched)
+    if start + t in (8191, 512) and t == 1:
+        print(f"\ndecode attention Hq={hq} Hkv={hkv} at {start + t} ({np.dtype(cdtype).name} cache): "
+              f"scalar loads {times[False] * 1e6:.1f} us, 16-byte loads {times[True] * 1e6:.1f} us")
+
+
 @pytest.mark.parametrize("t,start", [(1, 511), (3, 700), (1, 0), (20, 100)])
 def test_attention_gated(env, rng, t, start, monkeypatch):
     """ops.attention_gated (the Qwen3.5 attention's sigmoid output gate): decode-sized T applies
