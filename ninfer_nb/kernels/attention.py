@@ -10,6 +10,8 @@ keys 0..positions[i]; q-head h reads kv-head h // (Hq / Hkv). D <= 256.
   ceil((pos + 1) / n_split) keys, at least MIN_SPLIT_KEYS. So one graph covers every position
   and every block does a few passes at any context. (With fixed 256-key splits, every active
   block walked 32 dependent passes: ~55 us per layer at 512 and at 8K context alike.)
+  `attn_split_vec_kernel` (opt-in, EXPERIMENTAL "attn_vec"): the same with 16-byte K / V
+  loads for fp32 / bf16 caches.
 * prefill (T > 4): `attn_prefill_kernel`, a SIMT flash-attention kernel (fp32 FMA on CUDA cores,
   no tensor cores, no inline PTX, so it runs in the simulator; ptxas: 128 registers, no spills,
   46,848 B static shared memory). On the H200: 26.8 ms for a 2048-token 27B chunk at
