@@ -139,6 +139,32 @@ KEYS_PER_PASS = 4     # decode: keys a warp loads (K and V rows) before any math
 HI = 0xFFFF0000       # a bf16 pair's high element bits
 
 
+@cuda.jit(device=True, inline=True)
+def _pass_softmax(qv, kk, vv, sc, acc, m, l, j, k1):
+    """One pass of a decode warp: the scores of its KEYS_PER_PASS loaded keys (K rows kk, V rows
+    vv [KEYS_PER_PASS, 8], this lane's 8 dims; key u is j + u SPLIT_WARPS, counted only below
+    k1), one online-softmax update of (acc, m, l). Returns (m, l); acc is updated in place."""
+    m_new = m
+    for u in range(KEYS_PER_PASS):
+        s_ = float32(0.0)
+        for e in range(8):
+            s_ += qv[e] * kk[u, e]
+        s_ = _warp_sum(s_)
+        if j + u * SPLIT_WARPS < k1:
+            m_new = max(m_new, s_)
+        sc[u] = s_
+    corr = math.exp(m - m_new)
+    l = l * corr
+    for e in range(8):
+        acc[e] = acc[e] * corr
+    for u in range(KEYS_PER_PASS):
+        p = math.exp(sc[u] - m_new) if j + u * SPLIT_WARPS < k1 else float32(0.0)
+        l += p
+        for e in range(8):
+            acc[e] += p * vv[u, e]
+    return m_new, l
+
+
 @kernel(*_SPLIT_SIGS, sim=False, launch_bounds=(128, 4))
 def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, part_o, part_ml):
     """grid (n_split, Hq, T), block 128. part_o [T, Hq, n_split, D] (unnormalised),
@@ -183,25 +209,7 @@ def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, p
                 ok = d < d_head
                 kk[u, e] = kv_load(k_cache, k_scale, ju, hk, d) if ok else float32(0.0)
                 vv[u, e] = kv_load(v_cache, v_scale, ju, hk, d) if ok else float32(0.0)
-        m_new = m
-        for u in range(KEYS_PER_PASS):
-            s_ = float32(0.0)
-            for e in range(8):
-                s_ += qv[e] * kk[u, e]
-            s_ = _warp_sum(s_)
-            if j + u * SPLIT_WARPS < k1:
-                m_new = max(m_new, s_)
-            sc[u] = s_
-        corr = math.exp(m - m_new)
-        l = l * corr
-        for e in range(8):
-            acc[e] = acc[e] * corr
-        for u in range(KEYS_PER_PASS):
-            p = math.exp(sc[u] - m_new) if j + u * SPLIT_WARPS < k1 else float32(0.0)
-            l += p
-            for e in range(8):
-                acc[e] += p * vv[u, e]
-        m = m_new
+        m, l = _pass_softmax(qv, kk, vv, sc, acc, m, l, j, k1)
         j += KEYS_PER_PASS * SPLIT_WARPS
     if lane == 0:
         sm_m[warp] = m
@@ -306,25 +314,7 @@ def attn_split_vec_kernel(q, k_cache, v_cache, positions, scale, esize, part_o, 
             base = (ju * n_kv + hk) * d_head
             _vec_row(k_cache, base, lane, esize, d_head, kk, u)
             _vec_row(v_cache, base, lane, esize, d_head, vv, u)
-        m_new = m
-        for u in range(KEYS_PER_PASS):
-            s_ = float32(0.0)
-            for e in range(8):
-                s_ += qv[e] * kk[u, e]
-            s_ = _warp_sum(s_)
-            if j + u * SPLIT_WARPS < k1:
-                m_new = max(m_new, s_)
-            sc[u] = s_
-        corr = math.exp(m - m_new)
-        l = l * corr
-        for e in range(8):
-            acc[e] = acc[e] * corr
-        for u in range(KEYS_PER_PASS):
-            p = math.exp(sc[u] - m_new) if j + u * SPLIT_WARPS < k1 else float32(0.0)
-            l += p
-            for e in range(8):
-                acc[e] += p * vv[u, e]
-        m = m_new
+        m, l = _pass_softmax(qv, kk, vv, sc, acc, m, l, j, k1)
         j += KEYS_PER_PASS * SPLIT_WARPS
     if lane == 0:
         sm_m[warp] = m
