@@ -53,7 +53,8 @@ ROUTE_MAX_E = 1024    # experts per router row
 MAX_TOPK = 32
 ROUTE_MAX_CAND = ROUTE_MAX_E // 32 * MAX_TOPK    # top-k candidates: k per 32-expert tile
 ROUTE_CAND_ROW = ROUTE_MAX_CAND + 4               # + padding to whole 16-byte loads
-ROW_ALIGN = None if config.ENABLE_CUDASIM else 16   # 16-byte loads from the logits rows (the simulator has no alignment)
+# 16-byte shared loads from the logits and candidate rows (the simulator takes no alignment)
+ROW_ALIGN = None if config.ENABLE_CUDASIM else 16
 ROUTE_CLUSTER_MAX = 16    # blocks in moe_router_cluster_kernel's cluster (Hopper's non-portable limit)
 MOE_WARPS = 8
 
