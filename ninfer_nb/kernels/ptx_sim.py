@@ -2,7 +2,7 @@
 on `mma_bf16` run (slowly) in the simulator and their fragment layouts are checked on the CPU.
 
 Under NUMBA_ENABLE_CUDASIM=1, ptx.py binds `mma_bf16`, `mma_tf32`, `tf32`, `pack_bf16x2`,
-`as_f32`, `ex2`, `shfl_xor`, the 16-byte loads, `ldsm_x4` and the cp.async copies to these. Shared and global
+`as_f32`, `ex2`, `shfl_xor`, `shfl_idx`, the 16-byte loads, `ldsm_x4` and the cp.async copies to these. Shared and global
 addresses (`smem_u32`, `gptr`) are the host addresses of the simulator's NumPy buffers, so a
 kernel's byte arithmetic on them is unchanged and `cp_async16` / `ldsm_x4` read and write
 through them (the copy is done at once: commit and wait are no-ops).
@@ -156,6 +156,14 @@ def load_v4(arr, idx):
     return tuple(np.float32(w) for w in words)
 
 
+def load_v4_u32(arr, idx):
+    """ldg_stream_v4_u32: the 16 bytes at arr.flat[idx] as four uint32 words."""
+    flat = arr.reshape(-1)
+    i = int(idx)
+    words = np.frombuffer(flat[i:i + 16 // flat.dtype.itemsize].tobytes(), np.uint32)
+    return tuple(np.uint32(w) for w in words)
+
+
 def store_v4(arr, idx, v0, v1, v2, v3) -> None:
     """st_v4_f32: arr.flat[idx .. idx + 3] = v0 .. v3."""
     flat = arr.reshape(-1)
@@ -216,6 +224,14 @@ def ldsm_x4(saddr):
     words = [np.frombuffer(ctypes.string_at(dep.addr[8 * i + row], 16), np.uint32)[lane & 3]
              for i in range(4)]
     return tuple(np.uint32(w) for w in words)
+
+
+def shfl_idx(v, src_lane):
+    """shfl.sync.idx with a full mask: lane l gets lane src_lane's v."""
+    dep, barrier, lane = _slot()
+    dep.vals[lane] = v
+    barrier.wait()
+    return dep.vals[int(src_lane) & 31]
 
 
 def shfl_xor(v, lane_mask):

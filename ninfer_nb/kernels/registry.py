@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from numba import config, cuda
 
-MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "attention_gemm", "attention_flash", "conv1d", "gdn", "gdn_decode",
+MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "attention_decode_mma", "attention_gemm", "attention_flash", "conv1d", "gdn", "gdn_decode",
            "gdn_chunked", "gdn_chunked_mma", "gdn_prepare_mma",
            "moe", "moe_grouped", "moe_pipelined", "moe_wgmma", "sampling", "random_fill", "gemm_mma", "gemm_wgmma")
 

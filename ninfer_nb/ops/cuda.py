@@ -23,6 +23,7 @@ import numpy as np
 from numba import config
 
 from ninfer_nb.kernels import attention as K_attn
+from ninfer_nb.kernels import attention_decode_mma as K_adm
 from ninfer_nb.kernels import attention_flash as K_fa
 from ninfer_nb.kernels import attention_gemm as K_ag
 from ninfer_nb.kernels import conv1d as K_conv
@@ -60,10 +61,16 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # T = 2048: 162.3 -> 139.3 us); swiglu on a 2-D grid (279.9 -> 283.3 us) was dropped.
 # Dropped after its H200 run of 2026-11-30 (twelfth session): attn_tiled, decode attention with a
 # block per (split, kv head) over cp.async-staged K / V tiles (27B 8K fp32 60.3 vs 56.2 us,
-# bf16 49.5 vs 50.7; 512 keys 13.3 vs 11.5; both models' decode no faster).
+# bf16 49.5 vs 50.7; 512 keys 13.3 vs 11.5; both models' decode no faster). Dropped after its
+# H200 run of 2026-11-30 (thirteenth session): attn_vec, the split kernel with 16-byte K / V
+# loads (35B heads at 8K: fp32 36.4 vs 37.6 us, bf16 32.9 vs 35.1; 27B heads bf16 63.6 vs 51.1;
+# decode 35B 381.6 / 358.0 vs 388.4 / 350.7 tok/s at 512 / 8K, 27B 70.4 / 67.4 vs 70.7 / 67.5).
+# attn_mma on the H200 (2026-11-30): decode 35B 379.3 / 365.5 tok/s at 512 / 8K against the
+# SIMT kernel's 391.4 / 354.5 on the same bf16 cache; 27B 70.0 / 68.9 vs 70.4 / 67.1: it wins
+# at long context only (see kernels/attention_decode_mma.py for why, and what is left).
 EXPERIMENTAL: dict[str, str] = {
-    "attn_vec": "decode attention with 16-byte K / V loads (kernels/attention.py attn_split_vec_kernel; "
-                "fp32 / bf16 caches)",
+    "attn_mma": "decode attention on tensor cores for bf16 KV caches, a block per (split, kv head) "
+                "(kernels/attention_decode_mma.py)",
 }
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
@@ -712,25 +719,26 @@ class CudaOps:
     def _attention_decode(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, positions: Any,
                           scale: float, gate: Any, out: Any) -> None:
         """Split-K decode attention into out [T, Hq, D]: per-split partials, then the combine
-        kernel (which applies the output gate when given): a block per (split, q head)
-        (attn_split_kernel; with EXPERIMENTAL "attn_vec" and an fp32 / bf16 cache,
-        attn_split_vec_kernel, the same with 16-byte K / V loads)."""
+        kernel (which applies the output gate when given). A block per (split, q head)
+        (attn_split_kernel, any cache dtype); with EXPERIMENTAL "attn_mma" and a bf16 cache, a
+        block per (split, kv head) on tensor cores (attention_decode_mma.py)."""
         t, hq, d = q.shape
-        n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
+        hkv = k_cache.shape[1]
+        if ("attn_mma" in self.experimental and k_cache.dtype == bfloat16 and K_adm.supported(d, hq // hkv)
+                and _ptr(q) % 16 == 0 and _ptr(k_cache) % 16 == 0 and _ptr(v_cache) % 16 == 0):
+            n_split = K_attn.decode_splits(k_cache.shape[0], hkv * t, K_adm.SPLIT_BLOCKS_PER_SM * self.sm_count)
+            kern, grid, args = K_adm.attn_split_mma_kernel, (n_split, hkv, t), ()
+            threads, min_split = 32 * K_adm.DEC_WARPS, K_adm.MIN_SPLIT_KEYS
+        else:
+            n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
+            kern, grid, args = K_attn.attn_split_kernel, (n_split, hq, t), (ks, vs)
+            threads, min_split = 32 * K_attn.SPLIT_WARPS, K_attn.MIN_SPLIT_KEYS
         part_o = self.empty((t, hq, n_split, d))                         # [T, Hq, NS, D]
         part_ml = self.empty((t, hq, n_split, 2))                        # [T, Hq, NS, (max, sum)]
-        grid, threads = (n_split, hq, t), 32 * K_attn.SPLIT_WARPS
-        if ("attn_vec" in self.experimental and k_cache.dtype in (F32, bfloat16) and d % 8 == 0
-                and d <= K_attn.MAX_D and _ptr(k_cache) % 16 == 0 and _ptr(v_cache) % 16 == 0):
-            esize = np.int32(4 if k_cache.dtype == F32 else 2)
-            self._go(K_attn.attn_split_vec_kernel, grid, threads, q, k_cache, v_cache, positions, np.float32(scale),
-                     esize, part_o, part_ml)
-        else:
-            self._go(K_attn.attn_split_kernel, grid, threads, q, k_cache, v_cache, ks, vs, positions,
-                     np.float32(scale), part_o, part_ml)
+        self._go(kern, grid, threads, q, k_cache, v_cache, *args, positions, np.float32(scale), part_o, part_ml)
         g = gate if gate is not None else part_ml.reshape(-1, 2)        # unused dummy without a gate
         self._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, positions, g,
-                 np.int32(gate is not None), out)
+                 np.int32(gate is not None), np.int32(min_split), out)
 
     def _attention_gathers(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any,
                            positions: Any) -> tuple[Any, Any, Any]:

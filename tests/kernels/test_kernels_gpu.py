@@ -352,31 +352,33 @@ def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatc
               + ", ".join(f"{w} waves {v * 1e6:.1f} us" for w, v in times.items()))
 
 
-@pytest.mark.parametrize("cdtype", [np.float32, BF16])
 @pytest.mark.parametrize("hq,hkv,start,t", [(24, 4, 8190, 1), (16, 2, 8190, 1), (24, 4, 511, 1), (16, 2, 511, 1),
-                                            (16, 2, 700, 3), (8, 1, 0, 1), (6, 2, 30, 2)])
-def test_attention_decode_vec(env, rng, cdtype, hq, hkv, start, t, monkeypatch):
-    """EXPERIMENTAL attn_vec (attention.attn_split_vec_kernel: 16-byte K / V loads) against
-    NumPy, at the 27B / 35B heads over an 8K cache, the first key alone and a few tokens at
-    once; prints its time against attn_split_kernel at 8K and 512 (-s). Promote it
-    (ops/cuda.py) only if it wins here and in the bench."""
+                                            (16, 2, 700, 3), (8, 1, 0, 1), (6, 2, 30, 2), (16, 2, 8100, 4)])
+def test_attention_decode_mma(env, rng, hq, hkv, start, t, monkeypatch):
+    """EXPERIMENTAL attn_mma (attention_decode_mma.attn_split_mma_kernel: tensor cores, a block
+    per (split, kv head), bf16 cache) against NumPy at the 27B / 35B heads over an 8K cache,
+    the first key alone and a few tokens at once (Q, K, V, P rounded to bf16: tolerance 2e-2);
+    prints its time against attn_split_kernel on the same bf16 cache and on an fp32 one (-s)."""
     ops = env.fresh()
     s, d = 8192, 256
     pos = np.arange(start, start + t, dtype=np.int32)
     q = rnd(rng, t, hq, d)
-    kc, vc = rnd(rng, s, hkv, d).astype(cdtype), rnd(rng, s, hkv, d).astype(cdtype)
-    args = (env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5)
+    kf, vf = rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
+    kc, vc = kf.astype(BF16), vf.astype(BF16)
     ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5)
     launched = _launched(ops, monkeypatch)
     times = {}
-    for vec in (True, False):
-        monkeypatch.setattr(ops, "experimental", frozenset({"attn_vec"} if vec else ()))
-        times[vec], o = _best_time(env, lambda: ops.attention(*args), reps=5, graph=True)
-        close(env.host(o), ref, TOL32 * 10)
-    assert {"attn_split_vec_kernel", "attn_split_kernel"} <= set(launched)
+    for name, caches, flags in (("mma", (kc, vc), {"attn_mma"}), ("simt bf16", (kc, vc), set()),
+                                ("simt fp32", (kf, vf), set())):
+        monkeypatch.setattr(ops, "experimental", frozenset(flags))
+        args = (env.up(q), env.up(caches[0]), env.up(caches[1]), env.up(pos), d ** -0.5)
+        times[name], o = _best_time(env, lambda: ops.attention(*args), reps=5, graph=True)
+        if name != "simt fp32":
+            close(env.host(o), ref, 2e-2 if name == "mma" else TOL32 * 10)
+    assert {"attn_split_mma_kernel", "attn_split_kernel"} <= set(launched)
     if start + t in (8191, 512) and t == 1:
-        print(f"\ndecode attention Hq={hq} Hkv={hkv} at {start + t} ({np.dtype(cdtype).name} cache): "
-              f"scalar loads {times[False] * 1e6:.1f} us, 16-byte loads {times[True] * 1e6:.1f} us")
+        print(f"\ndecode attention Hq={hq} Hkv={hkv} at {start + t}: "
+              + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in times.items()))
 
 
 @pytest.mark.parametrize("t,start", [(1, 511), (3, 700), (1, 0), (20, 100)])

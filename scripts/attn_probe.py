@@ -1,0 +1,62 @@
+"""Decode attention at a model's heads over a long cache (GPU, not a test): graph-timed split +
+combine per cache dtype, or (--eager) a few plain launches for Nsight Compute. Usage:
+python3 scripts/attn_probe.py [--hq 16 --hkv 2 --pos 8191] [--eager]"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ninfer_nb.runtime.events import Timer  # noqa: E402
+from ninfer_nb.runtime.graph import CudaGraph  # noqa: E402
+from tests.kernels.gpu_util import BF16, GpuEnv, rnd  # noqa: E402
+
+D = 256
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hq", type=int, default=16)
+    ap.add_argument("--hkv", type=int, default=2)
+    ap.add_argument("--pos", type=int, default=8191)
+    ap.add_argument("--eager", action="store_true", help="three plain launches per dtype (for ncu)")
+    ap.add_argument("--mma", action="store_true", help="EXPERIMENTAL attn_mma (bf16 cache only)")
+    args = ap.parse_args()
+    env = GpuEnv(arena_bytes=4 << 30, scratch_bytes=1 << 30)
+    rng = np.random.default_rng(0)
+    s = args.pos + 1
+    for dtype in (BF16,) if args.mma else (np.float32, BF16):
+        ops = env.fresh()
+        ops.experimental = frozenset({"attn_mma"} if args.mma else ())
+        q = env.up(rnd(rng, 1, args.hq, D))
+        kc = env.up(rnd(rng, s, args.hkv, D).astype(dtype))
+        vc = env.up(rnd(rng, s, args.hkv, D).astype(dtype))
+        pos = env.up(np.array([args.pos], np.int32))
+
+        def body() -> None:
+            env.scratch.reset()
+            ops.attention(q, kc, vc, pos, D ** -0.5)
+        if args.eager:
+            for _ in range(3):
+                body()
+            env.stream.synchronize()
+            continue
+        body()
+        g = CudaGraph(env.stream)
+        g.capture(body)
+        best = 1e9
+        for _ in range(20):
+            with Timer(env.stream) as t:
+                g.replay()
+            best = min(best, t.ms)
+        g.close()
+        print(f"decode attention Hq={args.hq} Hkv={args.hkv} at {s} keys ({np.dtype(dtype).name}"
+              f"{', mma' if args.mma else ''}): {best * 1e3:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
