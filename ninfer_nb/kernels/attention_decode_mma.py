@@ -1,7 +1,8 @@
 """Decode attention on tensor cores for bf16 KV caches: one block per (split, kv head, token)
 serves all G <= 8 q heads of the kv head, so each K / V row is read once, not once per q head.
 
-Contract (as attention.attn_split_kernel, whose attn_combine_kernel merges the splits): q
+Contract (as attention.attn_split_kernel, whose attn_combine_kernel merges the splits; one
+kernel per head dim D, `SPLIT_MMA_KERNELS[D]`): q
 [T, Hq, D] fp32; caches [S, Hkv, D] bf16 bits (uint16), 16-byte aligned rows; positions [T]
 int32 (query t sees keys 0..positions[t]); part_o [T, Hq, n_split, D] (unnormalised), part_ml
 [T, Hq, n_split, 2] = (max, sum). D % 64 == 0, D <= 256; Hq / Hkv <= 8. Split sp of token t
@@ -42,10 +43,12 @@ and 16-byte loads are emulated by ptx_sim.py).
 Status (H200, 2026-11-30; opt-in as EXPERIMENTAL "attn_mma"): split + combine 21.4 vs 34.5 us
 (35B heads) and 27.2 vs 51.3 us (27B heads) at 8K keys against the SIMT kernel, but 14.5 vs
 8.6 and 14.4 vs 10.8 at 512 keys, where one tile per warp took ~11 us of instruction latency.
-Since then (not yet timed): the Q loads are issued together (they waited one round trip per
-k-step pair). Left in the SASS: a branch + WARPSYNC around every mma (the `ks < n_ks` guards;
-a kernel specialised for D = 256 would drop them) and Numba's 64-bit index arithmetic (548
-IMAD, 257 LEA of ~2,900 instructions).
+Since then (sim-checked, not yet timed on a GPU): the Q loads are issued together (they
+waited one round trip per k-step pair), and the kernel is built per head dim
+(`SPLIT_MMA_KERNELS`), so the k-step / chunk / m-tile guards fold away: sm_90a SASS 1,968
+instructions and 188 registers (nvdisasm), from 2,950 and 255 with a branch and a WARPSYNC
+around every mma. Still in it: ptxas issues the V loads after the first S mma (so a tile
+waits ~1.5 round trips), and Numba's 64-bit index arithmetic (415 IMAD, 155 LEA).
 """
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ from ninfer_nb.kernels.attention import MAX_D, NEG
 from ninfer_nb.kernels.bf16 import f32_bits
 from ninfer_nb.kernels.nbtypes import f32, f32_3, f32_4, i32_1, u16_3
 from ninfer_nb.kernels.ptx import as_f32, ldg_stream_v4_u32, ldg_v4_f32, mma_bf16, pack_bf16x2, shfl_idx, shfl_xor
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.registry import KernelSpec, kernel
 
 DEC_WARPS = 4
 DEC_TILE = 16                          # keys per warp and step (the mma's M for S^T, K for P V)
@@ -71,8 +74,8 @@ LO = uint32(0x0000FFFF)
 
 
 def supported(d_head: int, group: int) -> bool:
-    """Shapes attn_split_mma_kernel handles (bf16 cache rows of whole 16-byte chunks)."""
-    return d_head % 64 == 0 and d_head <= MAX_D and 1 <= group <= MAX_GROUP
+    """Shapes the split kernels handle (SPLIT_MMA_KERNELS: bf16 cache rows of whole 16-byte chunks)."""
+    return d_head in SPLIT_MMA_KERNELS and 1 <= group <= MAX_GROUP
 
 
 @cuda.jit(device=True, inline=True)
@@ -110,179 +113,191 @@ def _p_word(we, wo, src, odd):
     return xo if odd else xe
 
 
-@kernel((f32_3, u16_3, u16_3, i32_1, f32, f32_4, f32_4), sim=True, fastmath=True,
-        launch_bounds=(32 * DEC_WARPS, BLOCKS_PER_SM))
-def attn_split_mma_kernel(q, k_cache, v_cache, positions, scale, part_o, part_ml):
-    """grid (n_split, Hkv, T), block 32 DEC_WARPS. See the module docstring."""
-    sm_m = cuda.shared.array((DEC_WARPS, MAX_GROUP), float32)
-    sm_l = cuda.shared.array((DEC_WARPS, MAX_GROUP), float32)
-    # the warps' O for the merge [DEC_WARPS, MAX_GROUP, MAX_D]; during the key loop its first
-    # 16 KB hold Q^T's B-fragments (bits) per warp, k-step, register and lane
-    sm_o = cuda.shared.array(O_SLOTS, float32)
-    kw = cuda.local.array((2, 8, 4), uint32)    # K rows g, g + 8: 8 chunks of 4 words
-    vw = cuda.local.array((4, 4, 4), uint32)    # V rows 2t, 2t + 8, 2t + 1, 2t + 9: 4 chunks of 4 words
-    o = cuda.local.array((16, 4), float32)      # O^T C-fragments per m-tile
-    qa = cuda.local.array((8, 8), float32)      # the lane's q values: 8 chunks of 8 dims
-    sp = cuda.blockIdx.x
-    hk = cuda.blockIdx.y
-    t = cuda.blockIdx.z
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    w = tid >> 5
-    g = lane >> 2
-    t4 = lane & 3
-    n_kv = k_cache.shape[1]
-    grp = q.shape[1] // n_kv
-    d_head = q.shape[2]
-    n_ks = d_head >> 4                  # S k-steps (16 dims each)
-    n_kc = d_head >> 5                  # 16-byte K chunks per lane and row (2 k-steps each)
-    n_vc = d_head >> 6                  # 16-byte V chunks per lane and row (4 m-tiles each)
-    n_keys = positions[t] + 1
-    n_split = part_o.shape[2]
-    split_len = max((n_keys + n_split - 1) // n_split, MIN_SPLIT_KEYS)
-    k0 = sp * split_len
-    k1 = min(k0 + split_len, n_keys)
-    if k0 >= k1:                        # past the keys: the combine does not read this split
-        return
-    # Q^T's B-fragments: every 16-byte load of the lane's q row first (one round trip; a loop
-    # of loads and stores waited one per k-step pair), then scale, pack, store
-    qrow = (t * q.shape[1] + hk * grp + min(g, grp - 1)) * d_head + 8 * t4
-    for c in range(8):
-        if c < n_kc:
-            x = ldg_v4_f32(q, qrow + 32 * c)
-            y = ldg_v4_f32(q, qrow + 32 * c + 4)
-            for i in range(4):
-                qa[c, i] = x[i]
-                qa[c, 4 + i] = y[i]
-    z = scale if g < grp else float32(0.0)      # the mma's head columns past the group: zero
-    for c in range(8):
-        if c < n_kc:
-            for r in range(4):          # k-step 2c + (r >> 1), register r & 1: dims 4r, 4r + 1
-                sm_o[_qslot(w, 2 * c + (r >> 1), r & 1, lane)] = as_f32(
-                    pack_bf16x2(qa[c, 2 * r + 1] * z, qa[c, 2 * r] * z))
-    for mt in range(16):
-        for e in range(4):
-            o[mt, e] = float32(0.0)
-    m_e = float32(NEG)                  # running max / sum of heads 2t (e) and 2t + 1 (o)
-    m_o = float32(NEG)
-    l_e = float32(0.0)
-    l_o = float32(0.0)
-    row = n_kv * d_head                 # cache elements per key
-    j0 = k0 + DEC_TILE * w
-    while j0 < k1:
-        # ---- every load of the tile first: K rows g, g + 8; V rows 2t, 2t + 8, 2t + 1, 2t + 9
-        for r in range(2):
-            j = j0 + g + 8 * r
-            base = (j if j < k1 else k0) * row + hk * d_head + 8 * t4
-            for c in range(8):
-                if c < n_kc:
-                    x = ldg_stream_v4_u32(k_cache, base + 32 * c)
-                    for i in range(4):
-                        kw[r, c, i] = x[i]
-        for r in range(4):
-            j = j0 + 2 * t4 + (r >> 1) + 8 * (r & 1)
-            base = (j if j < k1 else k0) * row + hk * d_head + 8 * g
-            for c in range(4):
-                if c < n_vc:
-                    x = ldg_stream_v4_u32(v_cache, base + 64 * c)
-                    for i in range(4):
-                        vw[r, c, i] = x[i]
-        # ---- S^T = K Q^T, two accumulators (even / odd k-steps)
-        s = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-        s2 = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
-        for ks in range(16):
-            if ks < n_ks:
-                c = ks >> 1
-                i = 2 * (ks & 1)
-                a = (kw[0, c, i], kw[1, c, i], kw[0, c, i + 1], kw[1, c, i + 1])
-                b0 = f32_bits(sm_o[_qslot(w, ks, 0, lane)])
-                b1 = f32_bits(sm_o[_qslot(w, ks, 1, lane)])
-                if ks & 1:
-                    s2 = mma_bf16(a, b0, b1, s2)
-                else:
-                    s = mma_bf16(a, b0, b1, s)
-        ok0 = j0 + g < k1
-        ok1 = j0 + g + 8 < k1
-        s0 = s[0] + s2[0] if ok0 else float32(NEG)     # key g, head 2t
-        s1 = s[1] + s2[1] if ok0 else float32(NEG)     # key g, head 2t + 1
-        s2_ = s[2] + s2[2] if ok1 else float32(NEG)    # key g + 8, head 2t
-        s3 = s[3] + s2[3] if ok1 else float32(NEG)     # key g + 8, head 2t + 1
-        # ---- online softmax per head (key j0 is in range, so the tile max is finite)
-        mn_e = max(m_e, _col_max(max(s0, s2_)))
-        mn_o = max(m_o, _col_max(max(s1, s3)))
-        c_e = math.exp(m_e - mn_e)
-        c_o = math.exp(m_o - mn_o)
-        m_e = mn_e
-        m_o = mn_o
-        p0 = math.exp(s0 - mn_e) if ok0 else float32(0.0)
-        p1 = math.exp(s1 - mn_o) if ok0 else float32(0.0)
-        p2 = math.exp(s2_ - mn_e) if ok1 else float32(0.0)
-        p3 = math.exp(s3 - mn_o) if ok1 else float32(0.0)
-        l_e = l_e * c_e + p0 + p2
-        l_o = l_o * c_o + p1 + p3
+def _make_split_mma(d_head_: int) -> KernelSpec:
+    """attn_split_mma_d{D}_kernel: the kernel for one head dim D (% 64 == 0, <= MAX_D), so the
+    k-step / chunk / m-tile counts are constants and their guards fold away (with D a runtime
+    value every mma sat behind a branch and a WARPSYNC)."""
+    D_HEAD = d_head_
+    n_ks = D_HEAD >> 4                  # S k-steps (16 dims each)
+    n_kc = D_HEAD >> 5                  # 16-byte K chunks per lane and row (2 k-steps each)
+    n_vc = D_HEAD >> 6                  # 16-byte V chunks per lane and row (4 m-tiles each)
+
+    def attn_split_mma(q, k_cache, v_cache, positions, scale, part_o, part_ml):
+        """grid (n_split, Hkv, T), block 32 DEC_WARPS; q.shape[2] == D_HEAD. See the module docstring."""
+        sm_m = cuda.shared.array((DEC_WARPS, MAX_GROUP), float32)
+        sm_l = cuda.shared.array((DEC_WARPS, MAX_GROUP), float32)
+        # the warps' O for the merge [DEC_WARPS, MAX_GROUP, MAX_D]; during the key loop its first
+        # 16 KB hold Q^T's B-fragments (bits) per warp, k-step, register and lane
+        sm_o = cuda.shared.array(O_SLOTS, float32)
+        kw = cuda.local.array((2, 8, 4), uint32)    # K rows g, g + 8: 8 chunks of 4 words
+        vw = cuda.local.array((4, 4, 4), uint32)    # V rows 2t, 2t + 8, 2t + 1, 2t + 9: 4 chunks of 4 words
+        o = cuda.local.array((16, 4), float32)      # O^T C-fragments per m-tile
+        qa = cuda.local.array((8, 8), float32)      # the lane's q values: 8 chunks of 8 dims
+        sp = cuda.blockIdx.x
+        hk = cuda.blockIdx.y
+        t = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        w = tid >> 5
+        g = lane >> 2
+        t4 = lane & 3
+        n_kv = k_cache.shape[1]
+        grp = q.shape[1] // n_kv
+        d_head = D_HEAD
+        n_keys = positions[t] + 1
+        n_split = part_o.shape[2]
+        split_len = max((n_keys + n_split - 1) // n_split, MIN_SPLIT_KEYS)
+        k0 = sp * split_len
+        k1 = min(k0 + split_len, n_keys)
+        if k0 >= k1:                        # past the keys: the combine does not read this split
+            return
+        # Q^T's B-fragments: every 16-byte load of the lane's q row first (one round trip; a loop
+        # of loads and stores waited one per k-step pair), then scale, pack, store
+        qrow = (t * q.shape[1] + hk * grp + min(g, grp - 1)) * d_head + 8 * t4
+        for c in range(8):
+            if c < n_kc:
+                x = ldg_v4_f32(q, qrow + 32 * c)
+                y = ldg_v4_f32(q, qrow + 32 * c + 4)
+                for i in range(4):
+                    qa[c, i] = x[i]
+                    qa[c, 4 + i] = y[i]
+        z = scale if g < grp else float32(0.0)      # the mma's head columns past the group: zero
+        for c in range(8):
+            if c < n_kc:
+                for r in range(4):          # k-step 2c + (r >> 1), register r & 1: dims 4r, 4r + 1
+                    sm_o[_qslot(w, 2 * c + (r >> 1), r & 1, lane)] = as_f32(
+                        pack_bf16x2(qa[c, 2 * r + 1] * z, qa[c, 2 * r] * z))
         for mt in range(16):
-            o[mt, 0] *= c_e
-            o[mt, 1] *= c_o
-            o[mt, 2] *= c_e
-            o[mt, 3] *= c_o
-        # ---- P^T B-fragment: head g, keys (2t, 2t + 8) and (2t + 1, 2t + 9)
-        we = pack_bf16x2(p2, p0)
-        wo = pack_bf16x2(p3, p1)
-        odd = (g & 1) != 0
-        b0 = _p_word(we, wo, 8 * t4 + (g >> 1), odd)
-        b1 = _p_word(we, wo, 8 * t4 + 4 + (g >> 1), odd)
-        # ---- O^T += V^T P^T; m-tile mt = 4 c + i: rows g / g + 8 = dims 64 c + 8 g + 2 i (+ 1)
+            for e in range(4):
+                o[mt, e] = float32(0.0)
+        m_e = float32(NEG)                  # running max / sum of heads 2t (e) and 2t + 1 (o)
+        m_o = float32(NEG)
+        l_e = float32(0.0)
+        l_o = float32(0.0)
+        row = n_kv * d_head                 # cache elements per key
+        j0 = k0 + DEC_TILE * w
+        while j0 < k1:
+            # ---- every load of the tile first: K rows g, g + 8; V rows 2t, 2t + 8, 2t + 1, 2t + 9
+            for r in range(2):
+                j = j0 + g + 8 * r
+                base = (j if j < k1 else k0) * row + hk * d_head + 8 * t4
+                for c in range(8):
+                    if c < n_kc:
+                        x = ldg_stream_v4_u32(k_cache, base + 32 * c)
+                        for i in range(4):
+                            kw[r, c, i] = x[i]
+            for r in range(4):
+                j = j0 + 2 * t4 + (r >> 1) + 8 * (r & 1)
+                base = (j if j < k1 else k0) * row + hk * d_head + 8 * g
+                for c in range(4):
+                    if c < n_vc:
+                        x = ldg_stream_v4_u32(v_cache, base + 64 * c)
+                        for i in range(4):
+                            vw[r, c, i] = x[i]
+            # ---- S^T = K Q^T, two accumulators (even / odd k-steps)
+            s = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+            s2 = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+            for ks in range(16):
+                if ks < n_ks:
+                    c = ks >> 1
+                    i = 2 * (ks & 1)
+                    a = (kw[0, c, i], kw[1, c, i], kw[0, c, i + 1], kw[1, c, i + 1])
+                    b0 = f32_bits(sm_o[_qslot(w, ks, 0, lane)])
+                    b1 = f32_bits(sm_o[_qslot(w, ks, 1, lane)])
+                    if ks & 1:
+                        s2 = mma_bf16(a, b0, b1, s2)
+                    else:
+                        s = mma_bf16(a, b0, b1, s)
+            ok0 = j0 + g < k1
+            ok1 = j0 + g + 8 < k1
+            s0 = s[0] + s2[0] if ok0 else float32(NEG)     # key g, head 2t
+            s1 = s[1] + s2[1] if ok0 else float32(NEG)     # key g, head 2t + 1
+            s2_ = s[2] + s2[2] if ok1 else float32(NEG)    # key g + 8, head 2t
+            s3 = s[3] + s2[3] if ok1 else float32(NEG)     # key g + 8, head 2t + 1
+            # ---- online softmax per head (key j0 is in range, so the tile max is finite)
+            mn_e = max(m_e, _col_max(max(s0, s2_)))
+            mn_o = max(m_o, _col_max(max(s1, s3)))
+            c_e = math.exp(m_e - mn_e)
+            c_o = math.exp(m_o - mn_o)
+            m_e = mn_e
+            m_o = mn_o
+            p0 = math.exp(s0 - mn_e) if ok0 else float32(0.0)
+            p1 = math.exp(s1 - mn_o) if ok0 else float32(0.0)
+            p2 = math.exp(s2_ - mn_e) if ok1 else float32(0.0)
+            p3 = math.exp(s3 - mn_o) if ok1 else float32(0.0)
+            l_e = l_e * c_e + p0 + p2
+            l_o = l_o * c_o + p1 + p3
+            for mt in range(16):
+                o[mt, 0] *= c_e
+                o[mt, 1] *= c_o
+                o[mt, 2] *= c_e
+                o[mt, 3] *= c_o
+            # ---- P^T B-fragment: head g, keys (2t, 2t + 8) and (2t + 1, 2t + 9)
+            we = pack_bf16x2(p2, p0)
+            wo = pack_bf16x2(p3, p1)
+            odd = (g & 1) != 0
+            b0 = _p_word(we, wo, 8 * t4 + (g >> 1), odd)
+            b1 = _p_word(we, wo, 8 * t4 + 4 + (g >> 1), odd)
+            # ---- O^T += V^T P^T; m-tile mt = 4 c + i: rows g / g + 8 = dims 64 c + 8 g + 2 i (+ 1)
+            for mt in range(16):
+                c = mt >> 2
+                if c < n_vc:
+                    i = mt & 3
+                    wa = vw[0, c, i]
+                    wb = vw[1, c, i]
+                    wc = vw[2, c, i]
+                    wd = vw[3, c, i]
+                    a = (uint32((wa & LO) | (wb << 16)), uint32((wa >> 16) | (wb & HI)),
+                         uint32((wc & LO) | (wd << 16)), uint32((wc >> 16) | (wd & HI)))
+                    r = mma_bf16(a, b0, b1, (o[mt, 0], o[mt, 1], o[mt, 2], o[mt, 3]))
+                    o[mt, 0] = r[0]
+                    o[mt, 1] = r[1]
+                    o[mt, 2] = r[2]
+                    o[mt, 3] = r[3]
+            j0 += DEC_TILE * DEC_WARPS
+        # ---- this warp's (max, sum, O) to shared memory, then the block's merge
+        l_e = _col_sum(l_e)
+        l_o = _col_sum(l_o)
+        he = 2 * t4
+        cuda.syncthreads()                  # every warp is past its last read of Q in sm_o
+        if g == 0:
+            sm_m[w, he] = m_e
+            sm_m[w, he + 1] = m_o
+            sm_l[w, he] = l_e
+            sm_l[w, he + 1] = l_o
         for mt in range(16):
             c = mt >> 2
             if c < n_vc:
-                i = mt & 3
-                wa = vw[0, c, i]
-                wb = vw[1, c, i]
-                wc = vw[2, c, i]
-                wd = vw[3, c, i]
-                a = (uint32((wa & LO) | (wb << 16)), uint32((wa >> 16) | (wb & HI)),
-                     uint32((wc & LO) | (wd << 16)), uint32((wc >> 16) | (wd & HI)))
-                r = mma_bf16(a, b0, b1, (o[mt, 0], o[mt, 1], o[mt, 2], o[mt, 3]))
-                o[mt, 0] = r[0]
-                o[mt, 1] = r[1]
-                o[mt, 2] = r[2]
-                o[mt, 3] = r[3]
-        j0 += DEC_TILE * DEC_WARPS
-    # ---- this warp's (max, sum, O) to shared memory, then the block's merge
-    l_e = _col_sum(l_e)
-    l_o = _col_sum(l_o)
-    he = 2 * t4
-    cuda.syncthreads()                  # every warp is past its last read of Q in sm_o
-    if g == 0:
-        sm_m[w, he] = m_e
-        sm_m[w, he + 1] = m_o
-        sm_l[w, he] = l_e
-        sm_l[w, he + 1] = l_o
-    for mt in range(16):
-        c = mt >> 2
-        if c < n_vc:
-            d = 64 * c + 8 * g + 2 * (mt & 3)
-            x = _oslot(w, he, d)
-            sm_o[x] = o[mt, 0]
-            sm_o[x + MAX_D] = o[mt, 1]
-            sm_o[x + 1] = o[mt, 2]
-            sm_o[x + MAX_D + 1] = o[mt, 3]
-    cuda.syncthreads()
-    if tid < grp:                       # per head: the split's max and sum, each warp's weight
-        mm = float32(NEG)
-        for w_ in range(DEC_WARPS):
-            mm = max(mm, sm_m[w_, tid])
-        ll = float32(0.0)
-        for w_ in range(DEC_WARPS):
-            wt = math.exp(sm_m[w_, tid] - mm)
-            sm_m[w_, tid] = wt
-            ll += sm_l[w_, tid] * wt
-        part_ml[t, hk * grp + tid, sp, 0] = mm
-        part_ml[t, hk * grp + tid, sp, 1] = ll
-    cuda.syncthreads()
-    for hh in range(grp):
-        for d in range(tid, d_head, 32 * DEC_WARPS):
-            acc = float32(0.0)
+                d = 64 * c + 8 * g + 2 * (mt & 3)
+                x = _oslot(w, he, d)
+                sm_o[x] = o[mt, 0]
+                sm_o[x + MAX_D] = o[mt, 1]
+                sm_o[x + 1] = o[mt, 2]
+                sm_o[x + MAX_D + 1] = o[mt, 3]
+        cuda.syncthreads()
+        if tid < grp:                       # per head: the split's max and sum, each warp's weight
+            mm = float32(NEG)
             for w_ in range(DEC_WARPS):
-                acc += sm_o[_oslot(w_, hh, d)] * sm_m[w_, hh]
-            part_o[t, hk * grp + hh, sp, d] = acc
+                mm = max(mm, sm_m[w_, tid])
+            ll = float32(0.0)
+            for w_ in range(DEC_WARPS):
+                wt = math.exp(sm_m[w_, tid] - mm)
+                sm_m[w_, tid] = wt
+                ll += sm_l[w_, tid] * wt
+            part_ml[t, hk * grp + tid, sp, 0] = mm
+            part_ml[t, hk * grp + tid, sp, 1] = ll
+        cuda.syncthreads()
+        for hh in range(grp):
+            for d in range(tid, d_head, 32 * DEC_WARPS):
+                acc = float32(0.0)
+                for w_ in range(DEC_WARPS):
+                    acc += sm_o[_oslot(w_, hh, d)] * sm_m[w_, hh]
+                part_o[t, hk * grp + hh, sp, d] = acc
+
+    attn_split_mma.__name__ = f"attn_split_mma_d{D_HEAD}_kernel"
+    return kernel((f32_3, u16_3, u16_3, i32_1, f32, f32_4, f32_4), sim=True, fastmath=True,
+                  launch_bounds=(32 * DEC_WARPS, BLOCKS_PER_SM))(attn_split_mma)
+
+
+HEAD_DIMS = (64, 128, 192, 256)
+SPLIT_MMA_KERNELS: dict[int, KernelSpec] = {d: _make_split_mma(d) for d in HEAD_DIMS}

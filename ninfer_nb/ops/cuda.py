@@ -727,7 +727,7 @@ class CudaOps:
         if ("attn_mma" in self.experimental and k_cache.dtype == bfloat16 and K_adm.supported(d, hq // hkv)
                 and _ptr(q) % 16 == 0 and _ptr(k_cache) % 16 == 0 and _ptr(v_cache) % 16 == 0):
             n_split = K_attn.decode_splits(k_cache.shape[0], hkv * t, K_adm.SPLIT_BLOCKS_PER_SM * self.sm_count)
-            kern, grid, args = K_adm.attn_split_mma_kernel, (n_split, hkv, t), ()
+            kern, grid, args = K_adm.SPLIT_MMA_KERNELS[d], (n_split, hkv, t), ()
             threads, min_split = 32 * K_adm.DEC_WARPS, K_adm.MIN_SPLIT_KEYS
         else:
             n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)

@@ -162,7 +162,7 @@ def test_kv_store_and_prefill_attention(ops, cdtype):
 
 @pytest.mark.parametrize("hq,hkv,d,t,sm_count", [(6, 2, 64, 2, 1), (8, 1, 256, 1, 132)])
 def test_decode_attention_mma(ops, hq, hkv, d, t, sm_count):
-    """attn_split_mma_kernel (EXPERIMENTAL attn_mma: tensor cores, a block per (split, kv head))
+    """attn_split_mma_d{64, 256}_kernel (EXPERIMENTAL attn_mma: tensor cores, a block per (split, kv head))
     + the combine kernel with the output gate, vs ops.cpu on a bf16 cache whose rows past the
     last position hold NaN. (6, 2, 64, 2, 1): G = 3 of the mma's 8 head columns, two kv heads,
     two tokens, one split of 43 / 44 keys (three warps, the third one's tile partly past the
@@ -190,7 +190,7 @@ def test_decode_attention_mma(ops, hq, hkv, d, t, sm_count):
     ops._go = rec
     out = ops.empty((t, hq, d))
     ops._attention_decode(q, kc, vc, q, q, pos, d ** -0.5, gate, out)
-    assert names == ["attn_split_mma_kernel", "attn_combine_kernel"]
+    assert names == [f"attn_split_mma_d{d}_kernel", "attn_combine_kernel"]
     ref = cpu.attention_gated(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5, gate)
     close(out.reshape(t, hq * d), ref, 2e-2)
 

@@ -355,7 +355,7 @@ def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatc
 @pytest.mark.parametrize("hq,hkv,start,t", [(24, 4, 8190, 1), (16, 2, 8190, 1), (24, 4, 511, 1), (16, 2, 511, 1),
                                             (16, 2, 700, 3), (8, 1, 0, 1), (6, 2, 30, 2), (16, 2, 8100, 4)])
 def test_attention_decode_mma(env, rng, hq, hkv, start, t, monkeypatch):
-    """EXPERIMENTAL attn_mma (attention_decode_mma.attn_split_mma_kernel: tensor cores, a block
+    """EXPERIMENTAL attn_mma (attention_decode_mma.attn_split_mma_d256_kernel: tensor cores, a block
     per (split, kv head), bf16 cache) against NumPy at the 27B / 35B heads over an 8K cache,
     the first key alone and a few tokens at once (Q, K, V, P rounded to bf16: tolerance 2e-2);
     prints its time against attn_split_kernel on the same bf16 cache and on an fp32 one (-s)."""
@@ -375,7 +375,7 @@ def test_attention_decode_mma(env, rng, hq, hkv, start, t, monkeypatch):
         times[name], o = _best_time(env, lambda: ops.attention(*args), reps=5, graph=True)
         if name != "simt fp32":
             close(env.host(o), ref, 2e-2 if name == "mma" else TOL32 * 10)
-    assert {"attn_split_mma_kernel", "attn_split_kernel"} <= set(launched)
+    assert {"attn_split_mma_d256_kernel", "attn_split_kernel"} <= set(launched)
     if start + t in (8191, 512) and t == 1:
         print(f"\ndecode attention Hq={hq} Hkv={hkv} at {start + t}: "
               + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in times.items()))
