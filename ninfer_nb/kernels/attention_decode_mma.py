@@ -114,7 +114,7 @@ def _p_word(we, wo, src, odd):
 
 
 def _make_split_mma(d_head_: int) -> KernelSpec:
-    """attn_split_mma_d{D}_kernel: the kernel for one head dim D (% 64 == 0, <= MAX_D), so the
+    """attn_split_mma_d{D}_kernel: the kernel for one head dim D (HEAD_DIMS), so the
     k-step / chunk / m-tile counts are constants and their guards fold away (with D a runtime
     value every mma sat behind a branch and a WARPSYNC)."""
     D_HEAD = d_head_
@@ -299,5 +299,5 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
                   launch_bounds=(32 * DEC_WARPS, BLOCKS_PER_SM))(attn_split_mma)
 
 
-HEAD_DIMS = (64, 128, 192, 256)
+HEAD_DIMS = (64, 128, 256)      # Qwen3.5 / 3.6 attention: 256; Llama-family models: 64, 128
 SPLIT_MMA_KERNELS: dict[int, KernelSpec] = {d: _make_split_mma(d) for d in HEAD_DIMS}
