@@ -17,7 +17,9 @@ address arithmetic, bf16 unpacking and 5-shuffle dot-product reductions (Nsight 
 Here a 16-key tile costs a warp 32 mma for S and 32 for P V, for all the group's heads at once.
 
 Each warp of the block (DEC_WARPS) takes 16-key tiles j0 = k0 + 16 w, + 64, ... of the split.
-Per tile, lane l = 4 g + t (g = l >> 2, t = l & 3), all loads issued first (16-byte, streaming):
+A tile's K and V loads (16-byte, streaming; `load_tile`) are all issued together: the first
+tile's right after Q's loads (so their round trips overlap), the next one's at the end of the
+previous tile. Per tile, lane l = 4 g + t (g = l >> 2, t = l & 3):
 * S^T = K Q^T (m16n8k16, M = 16 keys, N = 8 heads, K = D): A = K rows j0 + g and j0 + g + 8,
   B = Q^T, scaled, in registers for the whole kernel. The dot product's order is free, so the
   k slots of k-step ks map to dims d = 32 (ks >> 1) + 8 t + 4 (ks & 1) (+ 0, 1 for slots 2t,
@@ -47,8 +49,10 @@ Since then (sim-checked, not yet timed on a GPU): the Q loads are issued togethe
 waited one round trip per k-step pair), and the kernel is built per head dim
 (`SPLIT_MMA_KERNELS`), so the k-step / chunk / m-tile guards fold away: sm_90a SASS 1,968
 instructions and 188 registers (nvdisasm), from 2,950 and 255 with a branch and a WARPSYNC
-around every mma. Still in it: ptxas issues the V loads after the first S mma (so a tile
-waits ~1.5 round trips), and Numba's 64-bit index arithmetic (415 IMAD, 155 LEA).
+around every mma; then the first tile's loads were moved up to Q's (2,568 instructions: the
+load code twice; 238 registers, no spills). In the loop ptxas issues a tile's V loads after
+its first S mma (~1.5 round trips per tile; the source order does not change that). Numba's
+64-bit index arithmetic is still ~20 % of the instructions (IMAD, LEA).
 """
 from __future__ import annotations
 
@@ -122,6 +126,27 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
     n_kc = D_HEAD >> 5                  # 16-byte K chunks per lane and row (2 k-steps each)
     n_vc = D_HEAD >> 6                  # 16-byte V chunks per lane and row (4 m-tiles each)
 
+    @cuda.jit(device=True, inline=True)
+    def load_tile(k_cache, v_cache, kw, vw, j0, k0, k1, row, col, g, t4):
+        """The 16-byte loads of the tile at j0: K rows j0 + g, + 8 into kw; V rows j0 + 2t, + 8,
+        + 1, + 9 into vw (keys past k1 load row k0 again; their p is 0)."""
+        for r in range(2):
+            j = j0 + g + 8 * r
+            base = (j if j < k1 else k0) * row + col + 8 * t4
+            for c in range(8):
+                if c < n_kc:
+                    x = ldg_stream_v4_u32(k_cache, base + 32 * c)
+                    for i in range(4):
+                        kw[r, c, i] = x[i]
+        for r in range(4):
+            j = j0 + 2 * t4 + (r >> 1) + 8 * (r & 1)
+            base = (j if j < k1 else k0) * row + col + 8 * g
+            for c in range(4):
+                if c < n_vc:
+                    x = ldg_stream_v4_u32(v_cache, base + 64 * c)
+                    for i in range(4):
+                        vw[r, c, i] = x[i]
+
     def attn_split_mma(q, k_cache, v_cache, positions, scale, part_o, part_ml):
         """grid (n_split, Hkv, T), block 32 DEC_WARPS; q.shape[2] == D_HEAD. See the module docstring."""
         sm_m = cuda.shared.array((DEC_WARPS, MAX_GROUP), float32)
@@ -161,6 +186,11 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
                 for i in range(4):
                     qa[c, i] = x[i]
                     qa[c, 4 + i] = y[i]
+        row = n_kv * d_head                 # cache elements per key
+        col = hk * d_head
+        j0 = k0 + DEC_TILE * w
+        if j0 < k1:                         # the first tile's loads overlap Q's round trip
+            load_tile(k_cache, v_cache, kw, vw, j0, k0, k1, row, col, g, t4)
         z = scale if g < grp else float32(0.0)      # the mma's head columns past the group: zero
         for c in range(8):
             if c < n_kc:
@@ -174,26 +204,7 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
         m_o = float32(NEG)
         l_e = float32(0.0)
         l_o = float32(0.0)
-        row = n_kv * d_head                 # cache elements per key
-        j0 = k0 + DEC_TILE * w
-        while j0 < k1:
-            # ---- every load of the tile first: K rows g, g + 8; V rows 2t, 2t + 8, 2t + 1, 2t + 9
-            for r in range(2):
-                j = j0 + g + 8 * r
-                base = (j if j < k1 else k0) * row + hk * d_head + 8 * t4
-                for c in range(8):
-                    if c < n_kc:
-                        x = ldg_stream_v4_u32(k_cache, base + 32 * c)
-                        for i in range(4):
-                            kw[r, c, i] = x[i]
-            for r in range(4):
-                j = j0 + 2 * t4 + (r >> 1) + 8 * (r & 1)
-                base = (j if j < k1 else k0) * row + hk * d_head + 8 * g
-                for c in range(4):
-                    if c < n_vc:
-                        x = ldg_stream_v4_u32(v_cache, base + 64 * c)
-                        for i in range(4):
-                            vw[r, c, i] = x[i]
+        while j0 < k1:                      # kw, vw hold tile j0
             # ---- S^T = K Q^T, two accumulators (even / odd k-steps)
             s = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
             s2 = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
@@ -255,6 +266,8 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
                     o[mt, 2] = r[2]
                     o[mt, 3] = r[3]
             j0 += DEC_TILE * DEC_WARPS
+            if j0 < k1:
+                load_tile(k_cache, v_cache, kw, vw, j0, k0, k1, row, col, g, t4)
         # ---- this warp's (max, sum, O) to shared memory, then the block's merge
         l_e = _col_sum(l_e)
         l_o = _col_sum(l_o)
