@@ -35,7 +35,7 @@ previous tile. Per tile, lane l = 4 g + t (g = l >> 2, t = l & 3):
   row g + 8): one 16-byte load of a V row feeds 4 m-tiles, the 8 lanes g read 128 contiguous
   bytes, and a row's bf16 pairs become fragment pairs by taking both words' low or high halves.
 * Keys past the split's end load its first row again and get p = 0.
-The warps' (max, sum, O) meet in shared memory (32 KB for O) and the block writes its split.
+The warps' (max, sum, O) meet in shared memory (32.9 KB for O) and the block writes its split.
 Registers (D = 256): O 64, the tile's K 64 and V 64 words; Q's fragments (32 words a lane)
 wait in shared memory, in the first 16 KB of the merge's O buffer (each warp its own copy,
 written and read by the same lane, so no barrier), which kept ptxas under 255 registers
@@ -72,7 +72,10 @@ MIN_SPLIT_KEYS = DEC_WARPS * DEC_TILE  # one step of the block
 MAX_GROUP = 8                          # q heads per kv head (the mma's N)
 BLOCKS_PER_SM = 2                      # launch_bounds minimum (255 registers per thread)
 SPLIT_BLOCKS_PER_SM = 1                # CudaOps sizes the split count for this many blocks per SM
-O_SLOTS = DEC_WARPS * MAX_GROUP * MAX_D   # the merge's shared O (32 KB)
+# the merge's shared O, one row per (warp, head); pitch MAX_D + 1: a warp's fragment stores
+# (lanes 4g + t at dims 8g + ... of heads 2t, 2t + 1) hit 16 banks instead of 4
+O_PITCH = MAX_D + 1
+O_SLOTS = DEC_WARPS * MAX_GROUP * O_PITCH
 HI = uint32(0xFFFF0000)
 LO = uint32(0x0000FFFF)
 
@@ -106,7 +109,7 @@ def _qslot(w, ks, r, lane):
 @cuda.jit(device=True, inline=True)
 def _oslot(w, h, d):
     """Shared slot of warp w's O[h, d] for the merge."""
-    return (w * MAX_GROUP + h) * MAX_D + d
+    return (w * MAX_GROUP + h) * O_PITCH + d
 
 
 @cuda.jit(device=True, inline=True)
@@ -284,9 +287,9 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
                 d = 64 * c + 8 * g + 2 * (mt & 3)
                 x = _oslot(w, he, d)
                 sm_o[x] = o[mt, 0]
-                sm_o[x + MAX_D] = o[mt, 1]
+                sm_o[x + O_PITCH] = o[mt, 1]
                 sm_o[x + 1] = o[mt, 2]
-                sm_o[x + MAX_D + 1] = o[mt, 3]
+                sm_o[x + O_PITCH + 1] = o[mt, 3]
         cuda.syncthreads()
         if tid < grp:                       # per head: the split's max and sum, each warp's weight
             mm = float32(NEG)
