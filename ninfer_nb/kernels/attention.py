@@ -68,7 +68,7 @@ from numba import cuda, float32, uint32
 from ninfer_nb.kernels.bf16 import f32_bits, from_f32
 from ninfer_nb.kernels.kvquant import GROUP, kv_load
 from ninfer_nb.kernels.nbtypes import f32, f32_2, f32_3, f32_4, i8_3, i32, i32_1, u16_3
-from ninfer_nb.kernels.ptx import as_f32, mma_bf16, pack_bf16x2
+from ninfer_nb.kernels.ptx import as_f32, ldg_f32, mma_bf16, pack_bf16x2, shfl_xor
 from ninfer_nb.kernels.registry import kernel
 from ninfer_nb.kernels.warp import warp_sum as _warp_sum
 
@@ -242,8 +242,40 @@ def _merge_split_warps(sm_m, sm_l, sm_acc, d_head, part_o, part_ml, t, h, sp):
         part_ml[t, h, sp, 1] = ll
 
 
-COMBINE_THREADS = 256
+COMBINE_THREADS = 256   # = MAX_D: thread d owns output dim d
 COMBINE_UNROLL = 16
+COMBINE_WARPS = COMBINE_THREADS // 32
+
+
+@cuda.jit(device=True, inline=True)
+def _block_max(v, red, lane, warp):
+    """Max of v over the block's COMBINE_WARPS warps (every thread gets it): warp shuffles, the
+    warps' maxima through red [COMBINE_WARPS], one barrier."""
+    v = max(v, shfl_xor(v, 16))
+    v = max(v, shfl_xor(v, 8))
+    v = max(v, shfl_xor(v, 4))
+    v = max(v, shfl_xor(v, 2))
+    v = max(v, shfl_xor(v, 1))
+    if lane == 0:
+        red[warp] = v
+    cuda.syncthreads()
+    m = red[0]
+    for i in range(1, COMBINE_WARPS):
+        m = max(m, red[i])
+    return m
+
+
+@cuda.jit(device=True, inline=True)
+def _block_sum(v, red, lane, warp):
+    """_block_max's sum (red must not be the buffer a _block_max before it used)."""
+    v = _warp_sum(v)
+    if lane == 0:
+        red[warp] = v
+    cuda.syncthreads()
+    m = red[0]
+    for i in range(1, COMBINE_WARPS):
+        m += red[i]
+    return m
 
 
 @kernel((f32_4, f32_4, i32_1, f32_2, i32, i32, f32_3), launch_bounds=(COMBINE_THREADS, 1))
@@ -252,63 +284,53 @@ def attn_combine_kernel(part_o, part_ml, positions, gate, has_gate, min_split, o
     (split length max(ceil(n_keys / n_split), min_split), as the split kernel that wrote them),
     times sigmoid(gate[t, h * D + d]) when has_gate (the gated attention's output gate: one
     launch less per attention layer and decode step; else gate is an unused dummy).
-    The split weights exp(m_s - max) are computed in parallel (one split per thread) into
-    shared memory; each output dim then sums its splits COMBINE_UNROLL loads at a time (16: 8 took
-    13.6 us for 132 splits of a 35B head at 8K keys; a plain
-    loop waited one memory round trip per split: ~40 us per layer at 132 splits)."""
+    Thread d owns dim d (D <= COMBINE_THREADS). Its first COMBINE_UNROLL split partials and
+    its gate value are loaded before anything waits: their round trip overlaps the split
+    weights exp(m_s - max) (one split per thread, block max / sum by warp shuffles and one
+    barrier each); then the partials COMBINE_UNROLL at a time, loads predicated, not looped
+    (the old loop over the remainder waited one round trip per split: with fewer than 16
+    splits every split; 8 for the tensor-core split kernel at 512 keys)."""
     wts = cuda.shared.array(MAX_SPLITS, float32)
-    red = cuda.shared.array(COMBINE_THREADS, float32)
+    red = cuda.shared.array((2, COMBINE_WARPS), float32)
     ob = cuda.local.array(COMBINE_UNROLL, float32)
     h = cuda.blockIdx.x
     t = cuda.blockIdx.y
     tid = cuda.threadIdx.x
+    lane = tid & 31
+    warp = tid >> 5
+    d_head = out.shape[2]
+    d = min(tid, d_head - 1)            # threads past D duplicate the last dim's loads, store nothing
     n_split = part_o.shape[2]
     n_keys = positions[t] + 1
     split_len = max((n_keys + n_split - 1) // n_split, min_split)
     n_split = min(n_split, (n_keys + split_len - 1) // split_len)
+    pbase = (t * part_o.shape[1] + h) * part_o.shape[2] * d_head + d     # part_o[t, h, 0, d], flat
+    for u in range(COMBINE_UNROLL):
+        ob[u] = ldg_f32(part_o, pbase + u * d_head) if u < n_split else float32(0.0)
+    gv = gate[t, h * d_head + d] if has_gate != 0 else float32(0.0)
     mx = float32(NEG)
     for s_ in range(tid, n_split, COMBINE_THREADS):
         mx = max(mx, part_ml[t, h, s_, 0])
-    red[tid] = mx
-    cuda.syncthreads()
-    st = COMBINE_THREADS // 2
-    while st > 0:
-        if tid < st:
-            red[tid] = max(red[tid], red[tid + st])
-        cuda.syncthreads()
-        st //= 2
-    mm = red[0]
-    cuda.syncthreads()
+    mm = _block_max(mx, red[0], lane, warp)
     ll = float32(0.0)
     for s_ in range(tid, n_split, COMBINE_THREADS):
         w_ = math.exp(part_ml[t, h, s_, 0] - mm)
         wts[s_] = w_
         ll += part_ml[t, h, s_, 1] * w_
-    red[tid] = ll
-    cuda.syncthreads()
-    st = COMBINE_THREADS // 2
-    while st > 0:
-        if tid < st:
-            red[tid] += red[tid + st]
-        cuda.syncthreads()
-        st //= 2
-    inv = float32(1.0) / red[0]
-    for d in range(tid, out.shape[2], COMBINE_THREADS):
-        o = float32(0.0)
-        s_ = 0
-        while s_ + COMBINE_UNROLL <= n_split:
-            for u in range(COMBINE_UNROLL):            # the loads first, then the sums
-                ob[u] = part_o[t, h, s_ + u, d]
+    inv = float32(1.0) / _block_sum(ll, red[1], lane, warp)      # its barrier also publishes wts
+    o = float32(0.0)
+    s0 = 0
+    while s0 < n_split:
+        if s0 > 0:
             for u in range(COMBINE_UNROLL):
-                o += ob[u] * wts[s_ + u]
-            s_ += COMBINE_UNROLL
-        while s_ < n_split:
-            o += part_o[t, h, s_, d] * wts[s_]
-            s_ += 1
-        if has_gate != 0:
-            g = gate[t, h * out.shape[2] + d]
-            o = o / (float32(1.0) + math.exp(-g))
-        out[t, h, d] = o * inv
+                ob[u] = ldg_f32(part_o, pbase + (s0 + u) * d_head) if s0 + u < n_split else float32(0.0)
+        for u in range(COMBINE_UNROLL):
+            o += ob[u] * (wts[s0 + u] if s0 + u < n_split else float32(0.0))
+        s0 += COMBINE_UNROLL
+    if has_gate != 0:
+        o = o / (float32(1.0) + math.exp(-gv))
+    if tid < d_head:
+        out[t, h, tid] = o * inv
 
 
 PRE_THREADS = 256
@@ -326,7 +348,7 @@ RP = PRE_BM + 4       # pitch of the per-(key-group, row) max / sum exchange
 R_SIZE = 8 * RP
 NNEG = 0x7FFFFFFF     # index & NNEG: provably >= 0, so numba drops its wraparound code
 N_PF = 12             # staging values per thread per slice: 8 of Q, 4 of K
-assert 2 * BUF <= A_SIZE and 16 * 128 <= P_SIZE
+assert 2 * BUF <= A_SIZE and 16 * 128 <= P_SIZE and MAX_D <= COMBINE_THREADS
 
 
 @cuda.jit(device=True)

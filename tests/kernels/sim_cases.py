@@ -195,6 +195,38 @@ def test_decode_attention_mma(ops, hq, hkv, d, t, sm_count):
     close(out.reshape(t, hq * d), ref, 2e-2)
 
 
+def test_attention_combine_many_splits(ops):
+    """attn_combine_kernel alone vs NumPy: 40 allocated splits, of which 34 / 27 (tokens 0 / 1,
+    min split 16: three and two 16-split load chunks, the last one partial) or 9 / 7 (min split
+    64) hold keys; the others hold NaN (first pass) or stale values, which the kernel must not
+    read. With the output gate; D = 48 (threads past D only load)."""
+    from ninfer_nb.kernels import attention as K_attn
+
+    rng = np.random.default_rng(23)
+    t, hq, ns, d = 2, 3, 40, 48
+    pos = np.array([540, 420], dtype=np.int32)
+    part_o = np.full((t, hq, ns, d), np.nan, np.float32)
+    part_ml = np.full((t, hq, ns, 2), np.nan, np.float32)
+    gate = rnd(rng, t, hq * d)
+    for min_split in (16, 64):
+        want = np.empty((t, hq, d), np.float32)
+        for i in range(t):
+            n_keys = int(pos[i]) + 1
+            split_len = max(-(-n_keys // ns), min_split)
+            live = min(ns, -(-n_keys // split_len))
+            part_o[i, :, :live] = rnd(rng, hq, live, d)
+            part_ml[i, :, :live, 0] = rnd(rng, hq, live, scale=3.0)
+            part_ml[i, :, :live, 1] = rng.uniform(0.5, 2.0, (hq, live)).astype(np.float32)
+            m = part_ml[i, :, :live, 0].astype(np.float64)
+            wt = np.exp(m - m.max(axis=1, keepdims=True))                     # [Hq, live]
+            o = (wt[:, :, None] * part_o[i, :, :live]).sum(1) / (wt * part_ml[i, :, :live, 1]).sum(1)[:, None]
+            want[i] = o / (1.0 + np.exp(-gate[i].reshape(hq, d)))
+        out = ops.empty((t, hq, d))
+        ops._go(K_attn.attn_combine_kernel, (hq, t), K_attn.COMBINE_THREADS, part_o, part_ml, pos, gate,
+                np.int32(1), np.int32(min_split), out)
+        close(out, want, 1e-5)
+
+
 def test_conv1d_and_gates(ops):
     rng = np.random.default_rng(7)
     t, c, kw = 5, 70, 4
