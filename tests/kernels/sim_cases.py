@@ -165,13 +165,13 @@ def test_decode_attention_mma(ops, hq, hkv, d, t, sm_count):
     """attn_split_mma_d{64, 256}_kernel (EXPERIMENTAL attn_mma: tensor cores, a block per (split, kv head))
     + the combine kernel with the output gate, vs ops.cpu on a bf16 cache whose rows past the
     last position hold NaN. (6, 2, 64, 2, 1): G = 3 of the mma's 8 head columns, two kv heads,
-    two tokens, one split of 140 / 141 keys (each warp walks two or three 16-key tiles, the
-    next one's loads issued at the end of the last; warp 0's third tile partly past the keys); (8, 1, 256, 1, 132): all 8 columns, every k-step and m-tile of D = 256, 13 splits of
+    two tokens, one split of 100 / 101 keys (each warp walks one or two 16-key tiles, the
+    next one's loads issued at the end of the last; warp 2's second tile partly past the keys); (8, 1, 256, 1, 132): all 8 columns, every k-step and m-tile of D = 256, 13 splits of
     64 keys of which 3 hold keys (the last one 23: one full and one partial warp tile); the
     other 10 blocks return at once and the combine (given the kernel's minimum split) skips them. Q, K, V and P are rounded to bf16, hence the tolerance."""
     rng = np.random.default_rng(19)
     s = 200
-    last = 150 if t == 1 else 140
+    last = 150 if t == 1 else 100
     pos = np.arange(last - t + 1, last + 1, dtype=np.int32)
     kc = rnd(rng, s, hkv, d).astype(BF16)
     vc = rnd(rng, s, hkv, d).astype(BF16)
