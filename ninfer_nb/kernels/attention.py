@@ -68,8 +68,9 @@ from numba import cuda, float32, uint32
 from ninfer_nb.kernels.bf16 import f32_bits, from_f32
 from ninfer_nb.kernels.kvquant import GROUP, kv_load
 from ninfer_nb.kernels.nbtypes import f32, f32_2, f32_3, f32_4, i8_3, i32, i32_1, u16_3
-from ninfer_nb.kernels.ptx import as_f32, ldg_f32, mma_bf16, pack_bf16x2, shfl_xor
+from ninfer_nb.kernels.ptx import as_f32, ldg_f32, mma_bf16, pack_bf16x2
 from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.warp import warp_max as _warp_max
 from ninfer_nb.kernels.warp import warp_sum as _warp_sum
 
 NEG = -1.0e30
@@ -251,11 +252,7 @@ COMBINE_WARPS = COMBINE_THREADS // 32
 def _block_max(v, red, lane, warp):
     """Max of v over the block's COMBINE_WARPS warps (every thread gets it): warp shuffles, the
     warps' maxima through red [COMBINE_WARPS], one barrier."""
-    v = max(v, shfl_xor(v, 16))
-    v = max(v, shfl_xor(v, 8))
-    v = max(v, shfl_xor(v, 4))
-    v = max(v, shfl_xor(v, 2))
-    v = max(v, shfl_xor(v, 1))
+    v = _warp_max(v)
     if lane == 0:
         red[warp] = v
     cuda.syncthreads()

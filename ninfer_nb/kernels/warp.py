@@ -18,3 +18,13 @@ def warp_sum(v):
     v += shfl_xor(v, 2)
     v += shfl_xor(v, 1)
     return v
+
+
+@cuda.jit(device=True)
+def warp_max(v):
+    """Butterfly max over the 32 lanes; every lane gets it."""
+    v = max(v, shfl_xor(v, 16))
+    v = max(v, shfl_xor(v, 8))
+    v = max(v, shfl_xor(v, 4))
+    v = max(v, shfl_xor(v, 2))
+    return max(v, shfl_xor(v, 1))
