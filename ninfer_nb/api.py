@@ -18,7 +18,7 @@ import numpy as np
 
 from .chat import (ChatDelta, ChatStreamParser, IncrementalDetokenizer, ToolCall, format_chat,
                    prompt_opens_reasoning)
-from .config import EngineConfig
+from .config import KV_CACHE_KINDS, EngineConfig
 from .engine.backend import create_backend
 from .engine.generator import Generator
 from .engine.sampler import Sampler
@@ -47,7 +47,7 @@ class ChatResult:
 class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
-                 kv_cache: str = "fp32", show_progress: bool = False, prefill_gemm: str = "auto",
+                 kv_cache: str = "auto", show_progress: bool = False, prefill_gemm: str = "auto",
                  prefill_attention: str = "flash", pdl: bool = True, device_argmax: bool = True,
                  config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
@@ -55,8 +55,8 @@ class LLM:
                                      cuda_graphs=cuda_graphs, kv_cache=kv_cache,
                                      show_progress=show_progress, prefill_gemm=prefill_gemm,
                                      prefill_attention=prefill_attention, pdl=pdl, device_argmax=device_argmax)
-        if cfg.kv_cache not in ("fp32", "bf16", "int8"):
-            raise InvalidRequestError(f"kv_cache must be fp32, bf16 or int8, got {cfg.kv_cache!r}")
+        if cfg.kv_cache not in KV_CACHE_KINDS:
+            raise InvalidRequestError(f"kv_cache must be auto, fp32, bf16 or int8, got {cfg.kv_cache!r}")
         if cfg.max_context < 2:
             raise InvalidRequestError(f"max_context must be >= 2, got {cfg.max_context}")
         self.engine_config = cfg
@@ -86,9 +86,10 @@ class LLM:
             weights = self.backend.upload(build_weights(ckpt.config, ckpt.weights, ckpt.source))
             del ckpt
         self.max_context = min(cfg.max_context, max(self.model_config.max_position_embeddings, 2))
+        self.kv_cache = cfg.kv_cache if cfg.kv_cache != "auto" else self.backend.default_kv_cache
         self._generator = Generator(self.model_config, Decoder(self.model_config, weights),
                                     self.backend, self.max_context, cfg.prefill_chunk,
-                                    use_graphs=cfg.cuda_graphs, kv_dtype=cfg.kv_cache)  # type: ignore[arg-type]
+                                    use_graphs=cfg.cuda_graphs, kv_dtype=self.kv_cache)  # type: ignore[arg-type]
         self.device_name = self.backend.device_name
         # Ids the sampler may produce: the tokenizer's, never the LM head's padding rows.
         tok_vocab = self.tokenizer.vocab_size if self.tokenizer else self.model_config.vocab_size
@@ -291,6 +292,7 @@ class LLM:
         return {
             "context_tokens": ctx,
             "max_context": self.max_context,
+            "kv_cache": self.kv_cache,
             "kv_cache_bytes": kv_total,
             "kv_cache_used_bytes": int(kv_total * ctx / max(self.max_context, 1)),
             "state_bytes": state.nbytes(),

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .config import KV_CACHE_KINDS
 from .params import SamplingParams
 
 
@@ -224,7 +225,8 @@ def main(argv: Sequence[str]) -> int:
                    help="random weights of a preset's shapes (qwen3.6-27b, qwen3.6-35b-a3b, tiny-qwen3.5, ...)")
     p.add_argument("--prefill-chunk", type=int, default=1024)
     p.add_argument("--no-cuda-graph", action="store_true")
-    p.add_argument("--kv-cache", choices=["fp32", "bf16", "int8"], default="fp32")
+    p.add_argument("--kv-cache", choices=list(KV_CACHE_KINDS), default="auto",
+                   help="KV cache storage (auto: bf16 on CUDA, fp32 on the CPU)")
     p.add_argument("--gemm", choices=["auto", "mma", "wgmma"], default="auto",
                    help="prefill GEMM: wgmma (Hopper), mma.sync, or auto (wgmma on cc 9.0)")
     p.add_argument("--attention", choices=["flash", "gemm", "simt", "mma"], default="flash",
@@ -236,9 +238,12 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--host-argmax", action="store_true",
                    help="greedy decode copies the logits row back and takes np.argmax, instead of "
                         "the decode graph's argmax kernel (4 bytes back per token; the default)")
+    p.add_argument("--decode-attention", choices=["auto", "simt"], default="auto",
+                   help="decode attention: auto (tensor cores on bf16 KV caches, else CUDA cores) or "
+                        "simt (always the per-q-head CUDA-core kernel, for A/B runs)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on opt-in CUDA kernels not yet validated on a GPU, by name (ops/cuda.py "
-                        "EXPERIMENTAL: attn_mma, decode attention on tensor cores for bf16 KV caches)")
+                        "EXPERIMENTAL; none at present)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")
@@ -268,10 +273,12 @@ def main(argv: Sequence[str]) -> int:
               kv_cache=args.kv_cache, prefill_gemm=args.gemm, prefill_attention=args.attention,
               pdl=not args.no_pdl, device_argmax=not args.host_argmax)
     load_s = time.perf_counter() - t_load
-    if experimental:
+    if experimental or args.decode_attention != "auto":
         if llm.backend.name != "cuda":
-            raise SystemExit(f"bench: --experimental needs the CUDA backend (this run is on {llm.backend.name})")
+            raise SystemExit(f"bench: --experimental / --decode-attention need the CUDA backend "
+                             f"(this run is on {llm.backend.name})")
         llm.backend.ops.experimental = experimental
+        llm.backend.ops.decode_attention = args.decode_attention
     first = llm.generate([1, 2, 3], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     start_to_first_token = time.time() - process_start_time() - peer_s
     sys.stderr.write(f"bench: {llm.model_id} on {llm.device_name}; loaded in {load_s:.1f} s, "
@@ -310,6 +317,7 @@ def main(argv: Sequence[str]) -> int:
     report = {"model": llm.model_id, "profile": profile, "prefill_profile": prefill_profile, **step_gap,
               "load_s": load_s,
               "start_to_first_token_s": start_to_first_token, "device": llm.device_name,
+              "kv_cache": llm.kv_cache, "decode_attention": args.decode_attention,
               "decode_graph_pdl": bool(getattr(llm.backend, "pdl", False)) and not args.no_cuda_graph,
               "device_argmax": bool(getattr(llm.backend, "argmax_vocab", 0)),
               "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
@@ -326,7 +334,7 @@ def main(argv: Sequence[str]) -> int:
         _print_profile(f"One {chunk}-token prefill chunk ending at context {max(lens) + args.gen} by op",
                        prefill_profile, bw / 1e9)
     print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
-          f"command to first token {start_to_first_token:.1f} s; decode graph "
+          f"command to first token {start_to_first_token:.1f} s; {llm.kv_cache} KV cache; decode graph "
           f"{'with' if report['decode_graph_pdl'] else 'without'} programmatic dependent launch"
           f"{', greedy tokens by device argmax' if report['device_argmax'] else ''}")
     print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"

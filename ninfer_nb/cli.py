@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from .config import KV_CACHE_KINDS
 from .errors import InvalidRequestError, NinferError
 from .params import SamplingParams
 
@@ -33,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-context", type=int, default=4096, help="context window in tokens (default 4096)")
     p.add_argument("--prefill-chunk", type=int, default=1024, help="prefill chunk length (default 1024)")
     p.add_argument("--no-cuda-graph", action="store_true", help="decode with eager kernel launches (debugging)")
-    p.add_argument("--kv-cache", choices=["fp32", "bf16", "int8"], default="fp32",
-                   help="KV cache storage (int8: one scale per 64 values; default fp32)")
+    p.add_argument("--kv-cache", choices=list(KV_CACHE_KINDS), default="auto",
+                   help="KV cache storage (default auto: bf16 on CUDA, fp32 on the CPU; int8: one scale per 64 values)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--top-k", type=int, default=20)

@@ -156,6 +156,10 @@ class ModelConfig:
         )
 
 
+# KV cache storage: "auto" takes the backend's default_kv_cache (bf16 on CUDA, fp32 on the CPU).
+KV_CACHE_KINDS = ("auto", "fp32", "bf16", "int8")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """What the user chose. Each CLI / server flag is one field."""
@@ -165,7 +169,9 @@ class EngineConfig:
     max_context: int = 4096
     prefill_chunk: int = 1024
     cuda_graphs: bool = True
-    kv_cache: str = "fp32"                   # fp32 | bf16 | int8 (one fp32 scale per 64 values)
+    # auto (the backend's default: bf16 on CUDA, fp32 on the CPU) | fp32 | bf16 | int8 (one fp32
+    # scale per 64 values)
+    kv_cache: str = "auto"
     prefill_gemm: str = "auto"               # auto | mma | wgmma: tensor-core GEMM for prefill chunks
     prefill_attention: str = "flash"         # flash | gemm | simt | mma: prefill attention kernel
     pdl: bool = True                         # programmatic dependent launch in the decode graph (cc >= 9.0)

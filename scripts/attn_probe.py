@@ -24,14 +24,15 @@ def main() -> None:
     ap.add_argument("--hkv", type=int, default=2)
     ap.add_argument("--pos", type=int, default=8191)
     ap.add_argument("--eager", action="store_true", help="three plain launches per dtype (for ncu)")
-    ap.add_argument("--mma", action="store_true", help="EXPERIMENTAL attn_mma (bf16 cache only)")
+    ap.add_argument("--mma", action="store_true",
+                    help="the tensor-core kernel (bf16 cache only; else the SIMT kernel on fp32 and bf16)")
     args = ap.parse_args()
     env = GpuEnv(arena_bytes=4 << 30, scratch_bytes=1 << 30)
     rng = np.random.default_rng(0)
     s = args.pos + 1
     for dtype in (BF16,) if args.mma else (np.float32, BF16):
         ops = env.fresh()
-        ops.experimental = frozenset({"attn_mma"} if args.mma else ())
+        ops.decode_attention = "auto" if args.mma else "simt"
         q = env.up(rnd(rng, 1, args.hq, D))
         kc = env.up(rnd(rng, s, args.hkv, D).astype(dtype))
         vc = env.up(rnd(rng, s, args.hkv, D).astype(dtype))

@@ -6,7 +6,7 @@
 #   bash scripts/gpu_session.sh bench35   the same for qwen3.6-35b-a3b
 #   bash scripts/gpu_session.sh argmax    device argmax (the default) vs --host-argmax: GPU test, 35B A/B
 #   bash scripts/gpu_session.sh moe       MoE decode: router / expert kernel GPU tests, route + MoE probes, 35B A/B
-#   bash scripts/gpu_session.sh mma       EXPERIMENTAL attn_mma decode attention: GPU test (times), A/B benches
+#   bash scripts/gpu_session.sh mma       decode attention, tensor cores vs SIMT: GPU tests (times), A/B benches
 #   bash scripts/gpu_session.sh ncu       Nsight Compute on decode attention (8K keys) and the MoE kernels: stalls
 # .whl (git-ignored; pip download as /work/.library/device/README.md says) must hold what the
 # device image lacks or has in another version: numpy==2.4.6 (numba-cuda 0.30 rejects 2.5),
@@ -63,11 +63,11 @@ case "${1:-check}" in
     for i in 1 2; do
       python3 -m ninfer_nb bench --random qwen3.6-35b-a3b --prompt-len 512,8192 --gen 64 2>&1 | grep -E "^ninfer_nb "
     done ;;
-  mma)                    # EXPERIMENTAL attn_mma: its GPU test (times vs the SIMT kernel), then A/B benches
+  mma)                    # decode attention on tensor cores (bf16 caches): GPU tests (times vs SIMT), A/B benches
     python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
       -k "attention_decode_mma or attention_decode_splits or attention_gated" 2>&1 \
       | grep -E "decode attention|passed|failed|Error|error"
-    for m in qwen3.6-35b-a3b qwen3.6-27b; do for flag in "--kv-cache fp32" "--kv-cache bf16" "--kv-cache bf16 --experimental attn_mma"; do
+    for m in qwen3.6-35b-a3b qwen3.6-27b; do for flag in "--kv-cache fp32" "--kv-cache bf16 --decode-attention simt" "--kv-cache bf16"; do
       python3 -m ninfer_nb bench --random $m --prompt-len 512,8192 --gen 64 $flag 2>&1 \
         | grep -E "^ninfer_nb |Error|error" | sed "s/^/$m $flag /"
     done; done ;;

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from ninfer_nb.config import KV_CACHE_KINDS
+
 from .config import SamplingDefaults, ServerConfig
 
 
@@ -26,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require `Authorization: Bearer KEY` or `x-api-key: KEY`")
     p.add_argument("--max-context", type=int, default=4096, help="tokens per request")
     p.add_argument("--prefill-chunk", type=int, default=1024)
-    p.add_argument("--kv-cache", choices=["fp32", "bf16", "int8"], default="fp32",
-                   help="KV cache storage (int8: one scale per 64 values)")
+    p.add_argument("--kv-cache", choices=list(KV_CACHE_KINDS), default="auto",
+                   help="KV cache storage (default auto: bf16 on CUDA, fp32 on the CPU; int8: one scale per 64 values)")
     p.add_argument("--default-max-tokens", type=int, default=8192,
                    help="output limit when a request gives none")
     p.add_argument("--max-pending", type=int, default=16,

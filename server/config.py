@@ -44,7 +44,7 @@ class ServerConfig:
     device: str = "auto"
     max_context: int = 4096
     prefill_chunk: int = 1024
-    kv_cache: str = "fp32"              # fp32 | bf16 | int8
+    kv_cache: str = "auto"              # auto (bf16 on CUDA, fp32 on the CPU) | fp32 | bf16 | int8
     default_max_tokens: int = 8192
     max_pending: int = 16
     max_request_bytes: int = 384 * 1024 * 1024

@@ -15,6 +15,7 @@ def test_bench_reports_every_figure_and_profiles(tmp_path: Path, capsys) -> None
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["copy_bandwidth_GBps"] > 0
+    assert report["kv_cache"] == "fp32"          # --kv-cache auto on the CPU backend
     rows = report["rows"]
     assert [r["prompt_tokens"] for r in rows] == [24, 40]
     for r in rows:
@@ -75,5 +76,7 @@ def test_bench_experimental_kernels_need_cuda_and_known_names(monkeypatch) -> No
     with pytest.raises(SystemExit, match=r"unknown kernel name\(s\) \['no_such_kernel'\] "
                                          r"\(ops/cuda.py EXPERIMENTAL: trial_kernel\)"):
         main(argv + ["trial_kernel,no_such_kernel"])
-    with pytest.raises(SystemExit, match="--experimental needs the CUDA backend"):
+    with pytest.raises(SystemExit, match="--experimental / --decode-attention need the CUDA backend"):
         main(argv + ["trial_kernel"])
+    with pytest.raises(SystemExit, match="--experimental / --decode-attention need the CUDA backend"):
+        main(argv[:-1] + ["--decode-attention", "simt"])

@@ -21,6 +21,7 @@ from ..ops import cpu
 class Backend(Protocol):
     name: str
     device_name: str
+    default_kv_cache: str          # the KV cache storage EngineConfig(kv_cache="auto") takes here
     ops: Any
 
     def check_model(self, cfg: ModelConfig) -> None: ...
@@ -36,6 +37,7 @@ class Backend(Protocol):
 class CpuBackend:
     name = "cpu"
     device_name = "cpu"
+    default_kv_cache = "fp32"      # NumPy computes in fp32; a bf16 cache would only add rounding
     ops = cpu
 
     def check_model(self, cfg: ModelConfig) -> None:

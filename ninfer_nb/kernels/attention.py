@@ -10,8 +10,8 @@ keys 0..positions[i]; q-head h reads kv-head h // (Hq / Hkv). D <= 256.
   ceil((pos + 1) / n_split) keys, at least MIN_SPLIT_KEYS. So one graph covers every position
   and every block does a few passes at any context. (With fixed 256-key splits, every active
   block walked 32 dependent passes: ~55 us per layer at 512 and at 8K context alike.)
-  For bf16 caches, attention_decode_mma.py has a tensor-core split kernel with the same
-  outputs (a block per kv head, opt-in: EXPERIMENTAL "attn_mma").
+  bf16 caches (the CUDA default) take attention_decode_mma.py's tensor-core split kernel,
+  with the same outputs (a block per kv head) and this combine kernel, where the shape allows.
 * prefill (T > 4): `attn_prefill_kernel`, a SIMT flash-attention kernel (fp32 FMA on CUDA cores,
   no tensor cores, no inline PTX, so it runs in the simulator; ptxas: 128 registers, no spills,
   46,848 B static shared memory). On the H200: 26.8 ms for a 2048-token 27B chunk at

@@ -42,17 +42,17 @@ written and read by the same lane, so no barrier), which kept ptxas under 255 re
 without spills (in registers: 196 bytes spilled). Simulator-safe (mma, shuffles
 and 16-byte loads are emulated by ptx_sim.py).
 
-Status (H200, 2026-11-30; opt-in as EXPERIMENTAL "attn_mma"): split + combine 21.4 vs 34.5 us
-(35B heads) and 27.2 vs 51.3 us (27B heads) at 8K keys against the SIMT kernel, but 14.5 vs
-8.6 and 14.4 vs 10.8 at 512 keys, where one tile per warp took ~11 us of instruction latency.
-Since then (sim-checked, not yet timed on a GPU): the Q loads are issued together (they
-waited one round trip per k-step pair), and the kernel is built per head dim
-(`SPLIT_MMA_KERNELS`), so the k-step / chunk / m-tile guards fold away: sm_90a SASS 1,968
-instructions and 188 registers (nvdisasm), from 2,950 and 255 with a branch and a WARPSYNC
-around every mma; then the first tile's loads were moved up to Q's (2,568 instructions: the
-load code twice; 238 registers, no spills). In the loop ptxas issues a tile's V loads after
-its first S mma (~1.5 round trips per tile; the source order does not change that). Numba's
-64-bit index arithmetic is still ~20 % of the instructions (IMAD, LEA).
+Status (H200, 2026-11-30): the default decode attention for bf16 caches (ops/cuda.py
+_attention_decode), bf16 being the CUDA backend's default cache. Split + combine against the
+SIMT kernel on the same bf16 cache: 35B heads (16 / 2) 16.9 vs 34.8 us at 8K keys, 9.2 vs 8.7
+at 512; 27B heads (24 / 4) 19.5 vs 51.0 and 8.9 vs 10.2. The first version (opt-in then) took
+21.4 / 27.2 us at 8K and 14.5 / 14.4 at 512: its Q loads waited one round trip per k-step pair
+and a branch + WARPSYNC sat around every mma (2,950 SASS instructions, 255 registers). Now the
+16 Q loads are issued together, the kernel is built per head dim (`SPLIT_MMA_KERNELS`: the
+k-step / chunk / m-tile guards fold away) and the first tile's K / V loads go out with Q's
+(2,568 instructions, 238 registers, no spills; nvdisasm). Left: ptxas issues a tile's V loads
+after its first S mma (~1.5 round trips per tile; the source order does not change that),
+and numba's 64-bit index arithmetic is ~20 % of the instructions (IMAD, LEA).
 """
 from __future__ import annotations
 

@@ -65,13 +65,13 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # H200 run of 2026-11-30 (thirteenth session): attn_vec, the split kernel with 16-byte K / V
 # loads (35B heads at 8K: fp32 36.4 vs 37.6 us, bf16 32.9 vs 35.1; 27B heads bf16 63.6 vs 51.1;
 # decode 35B 381.6 / 358.0 vs 388.4 / 350.7 tok/s at 512 / 8K, 27B 70.4 / 67.4 vs 70.7 / 67.5).
-# attn_mma on the H200 (2026-11-30): decode 35B 379.3 / 365.5 tok/s at 512 / 8K against the
-# SIMT kernel's 391.4 / 354.5 on the same bf16 cache; 27B 70.0 / 68.9 vs 70.4 / 67.1: it wins
-# at long context only (see kernels/attention_decode_mma.py for why, and what is left).
-EXPERIMENTAL: dict[str, str] = {
-    "attn_mma": "decode attention on tensor cores for bf16 KV caches, a block per (split, kv head) "
-                "(kernels/attention_decode_mma.py)",
-}
+# Promoted after its H200 runs of 2026-11-30 (fourteenth session, the kernel built per head
+# dim with its loads batched): attn_mma, decode attention on tensor cores for bf16 KV caches
+# (kernels/attention_decode_mma.py), with bf16 the CUDA backend's default cache. Split +
+# combine vs the SIMT kernel on the same bf16 cache: 35B heads 16.9 vs 34.8 us at 8K keys,
+# 9.2 vs 8.7 at 512; 27B heads 19.5 vs 51.0 and 8.9 vs 10.2. Decode 35B 390.3 / 376.8 tok/s
+# at 512 / 8K (fp32 cache 389.8 / 354.0), 27B 70.6 / 68.9 (69.6 / 66.9).
+EXPERIMENTAL: dict[str, str] = {}
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
 # the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
@@ -258,6 +258,10 @@ class CudaOps:
         # Names from EXPERIMENTAL turned on (kernels not yet validated on a GPU); bench
         # --experimental.
         self.experimental: frozenset[str] = frozenset()
+        # Decode attention: "auto" (tensor cores on bf16 caches where the shape allows,
+        # kernels/attention_decode_mma.py; else the per-q-head SIMT split kernel) or "simt"
+        # (always the SIMT kernel: A/B runs, bench --decode-attention simt).
+        self.decode_attention = "auto"
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
         self._launchers: dict[str, Launcher] = {}                     # kernel name -> direct launcher
         self._cluster_ok: dict[tuple[str, int], bool] = {}           # (kernel, cluster size) -> launchable
@@ -719,12 +723,15 @@ class CudaOps:
     def _attention_decode(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, positions: Any,
                           scale: float, gate: Any, out: Any) -> None:
         """Split-K decode attention into out [T, Hq, D]: per-split partials, then the combine
-        kernel (which applies the output gate when given). A block per (split, q head)
-        (attn_split_kernel, any cache dtype); with EXPERIMENTAL "attn_mma" and a bf16 cache, a
-        block per (split, kv head) on tensor cores (attention_decode_mma.py)."""
+        kernel (which applies the output gate when given). bf16 caches (cc >= 8.0, head dims 64
+        and 256, up to 8 q heads per kv head): a block per (split, kv head) on tensor cores
+        (attention_decode_mma.py); otherwise a block per (split, q head) on CUDA cores
+        (attn_split_kernel, any cache dtype)."""
         t, hq, d = q.shape
         hkv = k_cache.shape[1]
-        if ("attn_mma" in self.experimental and k_cache.dtype == bfloat16 and K_adm.supported(d, hq // hkv)
+        tensor_cores = SIM or (self.arch is not None and self.arch >= (8, 0))
+        if (self.decode_attention == "auto" and tensor_cores and k_cache.dtype == bfloat16
+                and K_adm.supported(d, hq // hkv)
                 and _ptr(q) % 16 == 0 and _ptr(k_cache) % 16 == 0 and _ptr(v_cache) % 16 == 0):
             n_split = K_attn.decode_splits(k_cache.shape[0], hkv * t, K_adm.SPLIT_BLOCKS_PER_SM * self.sm_count)
             kern, grid, args = K_adm.SPLIT_MMA_KERNELS[d], (n_split, hkv, t), ()

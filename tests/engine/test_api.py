@@ -163,7 +163,9 @@ def test_compact_kv_caches_stay_close_to_fp32(tiny_qwen35_dir: Path, kv: str) ->
     assert compact.stats()["kv_cache_bytes"] < full.stats()["kv_cache_bytes"] * (0.6 if kv == "bf16" else 0.3)
     p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     assert compact.generate(ids, p).token_ids == full.generate(ids, p).token_ids
-    with pytest.raises(InvalidRequestError, match="kv_cache"):
+    assert compact.stats()["kv_cache"] == kv
+    assert make("auto").stats()["kv_cache"] == "fp32"               # the CPU backend's default
+    with pytest.raises(InvalidRequestError, match="kv_cache must be auto, fp32, bf16 or int8"):
         LLM(str(tiny_qwen35_dir), device="cpu", kv_cache="fp8")
 
 

@@ -40,6 +40,6 @@ def test_gpu_engine_serves_from_the_worker_thread(tiny_checkpoints) -> None:
     from ninfer_nb import LLM
 
     path = gpu_checkpoint(tiny_checkpoints, "qwen35")
-    cpu = LLM(str(path), device="cpu", max_context=384)
-    gpu = LLM(str(path), device="cuda", max_context=384)
+    cpu = LLM(str(path), device="cpu", max_context=384, kv_cache="fp32")
+    gpu = LLM(str(path), device="cuda", max_context=384, kv_cache="fp32")
     assert _greedy_reply(gpu) == _greedy_reply(cpu)

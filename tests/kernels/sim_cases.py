@@ -162,7 +162,7 @@ def test_kv_store_and_prefill_attention(ops, cdtype):
 
 @pytest.mark.parametrize("hq,hkv,d,t,sm_count", [(6, 2, 64, 2, 1), (8, 1, 256, 1, 132)])
 def test_decode_attention_mma(ops, hq, hkv, d, t, sm_count):
-    """attn_split_mma_d{64, 256}_kernel (EXPERIMENTAL attn_mma: tensor cores, a block per (split, kv head))
+    """attn_split_mma_d{64, 256}_kernel (bf16 caches' decode attention: tensor cores, a block per (split, kv head))
     + the combine kernel with the output gate, vs ops.cpu on a bf16 cache whose rows past the
     last position hold NaN. (6, 2, 64, 2, 1): G = 3 of the mma's 8 head columns, two kv heads,
     two tokens, one split of 100 / 101 keys (each warp walks one or two 16-key tiles, the
@@ -178,7 +178,6 @@ def test_decode_attention_mma(ops, hq, hkv, d, t, sm_count):
     kc[last + 1:] = np.nan
     vc[last + 1:] = np.nan
     q, gate = rnd(rng, t, hq, d), rnd(rng, t, hq * d)
-    ops.experimental = frozenset({"attn_mma"})
     ops.sm_count = sm_count
     names = []
     go = ops._go

@@ -245,9 +245,10 @@ def test_rope(env, rng, t, heads, d, rd):
 
 
 def _check_attention(o, q, kf, vf, pos, scale, kind):
-    """SIMT / decode kernels: fp32 throughout (1e-4). The GEMM and flash paths: bf16 Q, K, V and
-    P, so against the reference on bf16-rounded q, k, v; P's rounding leaves ~4e-3 (1e-2 allowed)."""
-    if kind in ("gemm", "flash"):
+    """SIMT kernels: fp32 throughout (1e-4). The GEMM and flash paths and the tensor-core decode
+    kernel (bf16 caches): bf16 Q, K, V and P, so against the reference on bf16-rounded q, k, v;
+    P's rounding leaves ~4e-3 (1e-2 allowed)."""
+    if kind in ("gemm", "flash", "decode_mma"):
         r16 = [a.astype(BF16).astype(np.float32) for a in (q, kf, vf)]
         return close(o, cpu.attention(r16[0], r16[1], r16[2], pos, scale), 1e-2)
     return close(o, cpu.attention(q, kf, vf, pos, scale), TOL32 * 10)
@@ -301,8 +302,11 @@ def _attn_case(env, rng, cdtype, s, hq, hkv, d, start, t, kind="gemm"):
     q = rnd(rng, t, hq, d)
     with _prefill_kind(ops, kind):
         o = env.host(ops.attention(env.up(q), KC, VC, P, d ** -0.5))
-    decode_or_simt = "simt" if t <= 16 or kind == "simt" or d % 64 else kind
-    return _check_attention(o, q, kc_ref, vc_ref, pos, d ** -0.5, decode_or_simt)
+    if t <= 16:                                    # decode-sized: the split kernels
+        from ninfer_nb.kernels import attention_decode_mma as K_adm
+        mma = cdtype == BF16 and K_adm.supported(d, hq // hkv)
+        return _check_attention(o, q, kc_ref, vc_ref, pos, d ** -0.5, "decode_mma" if mma else "simt")
+    return _check_attention(o, q, kc_ref, vc_ref, pos, d ** -0.5, "simt" if kind == "simt" or d % 64 else kind)
 
 
 @pytest.mark.parametrize("kind", ["flash", "gemm", "simt"])
@@ -322,10 +326,13 @@ def test_attention_qwen_dims(env, rng, cdtype, start, t, kind):
 def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatch):
     """Decode attention (split kernel + combine) over an 8K cache at short and long positions,
     including the first key alone and a few tokens at once, on fp32 / bf16 / int8 caches,
-    against NumPy for several split counts (SPLIT_WAVES); prints the times at 8K and 512 (-s)."""
+    against NumPy for several split counts (SPLIT_WAVES); prints the times at 8K and 512 (-s).
+    The per-q-head SIMT kernel on every cache dtype (bf16 ones default to tensor cores:
+    test_attention_decode_mma)."""
     from ninfer_nb.kernels import attention as K_attn
 
     ops = env.fresh()
+    monkeypatch.setattr(ops, "decode_attention", "simt")
     s, d = 8192, 256
     pos = np.arange(start, start + t, dtype=np.int32)
     q = rnd(rng, t, hq, d)
@@ -355,8 +362,8 @@ def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatc
 @pytest.mark.parametrize("hq,hkv,start,t", [(24, 4, 8190, 1), (16, 2, 8190, 1), (24, 4, 511, 1), (16, 2, 511, 1),
                                             (16, 2, 700, 3), (8, 1, 0, 1), (6, 2, 30, 2), (16, 2, 8100, 4)])
 def test_attention_decode_mma(env, rng, hq, hkv, start, t, monkeypatch):
-    """EXPERIMENTAL attn_mma (attention_decode_mma.attn_split_mma_d256_kernel: tensor cores, a block
-    per (split, kv head), bf16 cache) against NumPy at the 27B / 35B heads over an 8K cache,
+    """The bf16 caches' decode attention (attention_decode_mma.attn_split_mma_d256_kernel: tensor
+    cores, a block per (split, kv head)) against NumPy at the 27B / 35B heads over an 8K cache,
     the first key alone and a few tokens at once (Q, K, V, P rounded to bf16: tolerance 2e-2);
     prints its time against attn_split_kernel on the same bf16 cache and on an fp32 one (-s)."""
     ops = env.fresh()
@@ -368,9 +375,9 @@ def test_attention_decode_mma(env, rng, hq, hkv, start, t, monkeypatch):
     ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5)
     launched = _launched(ops, monkeypatch)
     times = {}
-    for name, caches, flags in (("mma", (kc, vc), {"attn_mma"}), ("simt bf16", (kc, vc), set()),
-                                ("simt fp32", (kf, vf), set())):
-        monkeypatch.setattr(ops, "experimental", frozenset(flags))
+    for name, caches, kind in (("mma", (kc, vc), "auto"), ("simt bf16", (kc, vc), "simt"),
+                               ("simt fp32", (kf, vf), "auto")):
+        monkeypatch.setattr(ops, "decode_attention", kind)
         args = (env.up(q), env.up(caches[0]), env.up(caches[1]), env.up(pos), d ** -0.5)
         times[name], o = _best_time(env, lambda: ops.attention(*args), reps=5, graph=True)
         if name != "simt fp32":
