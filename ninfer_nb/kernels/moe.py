@@ -6,7 +6,8 @@
   The decode router's RMSNorm, GEMV and the same selection in one launch, which also writes
   the normed row that the expert kernels read: `moe_router_cluster_kernel` (cc >= 9.0, E <=
   256: the router blocks are one thread-block cluster, the logits meet in block 0's shared
-  memory) or `moe_router_fused_kernel` (an arrival counter; the last block routes).
+  memory by st.async on its mbarrier) or `moe_router_fused_kernel` (an arrival counter; the
+  last block routes).
 * `moe_gate_up_kernel`: h[t*k + s, j] = silu(gate_up[e, j] . x[t]) * (gate_up[e, I + j] . x[t]),
   one warp per (slot, j). `moe_down_kernel`: out[t, n] = sum_s w[t, s] * down[e_s, n] . h[t*k+s],
   one warp per (t, n), slots summed in order (deterministic, no atomics). Both stream weights
@@ -27,23 +28,26 @@ from __future__ import annotations
 
 import math
 
-from numba import config, cuda, float32, int32, uint32
+from numba import config, cuda, float32, int32, int64, uint32
 
 from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.linear import _dot8, normed_pair_dots, pass_loads, warp_sum
 from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
 from ninfer_nb.kernels.ptx import (
     cluster_arrive_relaxed,
-    cluster_sync,
     cluster_wait,
     fence_acq_rel_gpu,
+    fence_mbarrier_init,
     grid_dependency_sync,
     ldg_stream_v4_u32,
     ldg_v4_f32,
     lds_v4_f32,
+    mbarrier_arrive_expect_tx,
+    mbarrier_init,
+    mbarrier_try_wait,
     shfl_xor,
     smem_u32,
-    st_cluster_f32,
+    st_async_cluster_f32,
     st_v4_f32,
 )
 from ninfer_nb.kernels.registry import kernel
@@ -272,8 +276,16 @@ def moe_router_cluster_kernel(x, nw, eps, w, xn, top_k, renorm, shared, n_h, ids
     h[k, j] (expert E of gate_up [E + 1, 2 n_h, H], as the fused kernel's extra blocks);
     j == n_h (shared = 1): the shared expert's gate logit (router row E), which sets the
     shared slot: ids[0, k] = E, weights[0, k] = sigmoid(logit). n_h = 0: no h rows (gate_up and
-    h are placeholders)."""
+    h are placeholders).
+
+    The logits travel by st.async into block 0's row, each completing 4 transaction bytes on
+    block 0's mbarrier, which block 0 alone waits for; the other blocks exit after their
+    stores. So there is no cluster barrier at the end and no release fence (ptx.py's mbarrier
+    notes). H200, scripts/moe_probe.py (8 layers in a graph): router 6.04-6.09 vs 6.17-6.20 us,
+    MoE block 24.89-25.17 vs 25.30-25.32 us with st.shared::cluster stores and a release /
+    acquire cluster barrier."""
     row = cuda.shared.array(ROUTE_MAX_E, float32, alignment=ROW_ALIGN)
+    mbar = cuda.shared.array(1, int64)
     lane = cuda.threadIdx.x & 31
     warp = cuda.threadIdx.x >> 5
     n_rows = w.shape[0]
@@ -296,6 +308,10 @@ def moe_router_cluster_kernel(x, nw, eps, w, xn, top_k, renorm, shared, n_h, ids
                 ids[0, top_k] = n_exp
                 weights[0, top_k] = float32(1.0) / (float32(1.0) + math.exp(-a))
         return
+    bar = smem_u32(mbar)
+    if b == 0 and cuda.threadIdx.x == 0:
+        mbarrier_init(bar, 1)                    # block 0's thread 0 arrives once (with the bytes)
+        fence_mbarrier_init()                    # visible to the cluster before the arrive below
     cluster_arrive_relaxed()
     n0 = (b * warps + warp) * 2
     a0 = float32(0.0)
@@ -309,14 +325,17 @@ def moe_router_cluster_kernel(x, nw, eps, w, xn, top_k, renorm, shared, n_h, ids
     cluster_wait()                               # every block of the cluster has started
     if lane == 0 and n0 < n_exp:
         base = smem_u32(row)
-        st_cluster_f32(base + 4 * n0, 0, a0)
+        st_async_cluster_f32(base + 4 * n0, 0, a0, bar)
         if n0 + 1 < n_exp:
-            st_cluster_f32(base + 4 * (n0 + 1), 0, a1)
+            st_async_cluster_f32(base + 4 * (n0 + 1), 0, a1, bar)
     if b == 0 and warp == 0:
         _store_normed_row(x, nw, inv, xn, lane, k_dim)
-    cluster_sync()                               # every logit is in block 0's row
     if b != 0:
         return
+    if cuda.threadIdx.x == 0:
+        mbarrier_arrive_expect_tx(bar, 4 * n_exp)
+    while mbarrier_try_wait(bar, 0) == 0:        # every logit is in block 0's row
+        pass
     _route_row(row, n_exp, float32(0.0), top_k, renorm, 0, ids, weights, 0)
 
 

@@ -231,6 +231,89 @@ def st_cluster_f32(typingctx, saddr, rank, v):
     return types.void(saddr, rank, types.float32), codegen
 
 
+# mbarriers (cc >= 9.0; nothing is emitted below): a 64-bit phase / arrival / transaction counter
+# in shared memory. One block initialises its own (`mbarrier_init`, then
+# `fence_mbarrier_init` and a cluster arrive / wait before any other block signals it), other
+# blocks' `st_async_cluster_f32` stores complete transaction bytes on it, and its threads wait
+# for the phase (`mbarrier_try_wait`) after one of them declared the bytes
+# (`mbarrier_arrive_expect_tx`). No release fence anywhere: barrier.cluster.arrive.release
+# compiles to MEMBAR.ALL.GPU (+ ERRBAR, CGAERRBAR) on sm_90a, a GPU-scope wait for every
+# outstanding memory operation of the thread.
+fence_mbarrier_init = _make_noarg("fence_mbarrier_init", "fence.mbarrier_init.release.cluster;", sm90=True)
+
+
+@intrinsic
+def mbarrier_init(typingctx, mbar, count):
+    """mbarrier.init of the mbarrier at shared-window address mbar (8-byte aligned) for `count`
+    arrivals per phase."""
+    if not isinstance(mbar, types.Integer) or not isinstance(count, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        code = _sm90("mbarrier.init.shared::cta.b64 [$0], $1;")
+        if code:
+            _asm(builder, code, "r,r,~{memory}", ir.VoidType(),
+                 [_u32(context, builder, args[0], sig.args[0]), _u32(context, builder, args[1], sig.args[1])])
+        return context.get_dummy_value()
+
+    return types.void(mbar, count), codegen
+
+
+@intrinsic
+def mbarrier_arrive_expect_tx(typingctx, mbar, nbytes):
+    """One arrival on this block's mbarrier, which then also waits for `nbytes` of transactions."""
+    if not isinstance(mbar, types.Integer) or not isinstance(nbytes, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        code = _sm90("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }")
+        if code:
+            _asm(builder, code, "r,r,~{memory}", ir.VoidType(),
+                 [_u32(context, builder, args[0], sig.args[0]), _u32(context, builder, args[1], sig.args[1])])
+        return context.get_dummy_value()
+
+    return types.void(mbar, nbytes), codegen
+
+
+@intrinsic
+def mbarrier_try_wait(typingctx, mbar, parity):
+    """1 when the phase of this block's mbarrier with the given parity has completed (its
+    transactions' stores are then visible to the thread), else 0 after a bounded wait."""
+    if not isinstance(mbar, types.Integer) or not isinstance(parity, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        code = _sm90("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }")
+        if not code:
+            return context.get_constant(types.int32, 1)
+        r = _asm(builder, code, "=r,r,r,~{memory}", _I32,
+                 [_u32(context, builder, args[0], sig.args[0]), _u32(context, builder, args[1], sig.args[1])])
+        return r
+
+    return types.int32(mbar, parity), codegen
+
+
+@intrinsic
+def st_async_cluster_f32(typingctx, saddr, rank, v, mbar):
+    """Store the float32 v at shared-window address saddr of the cluster's block `rank`, completing
+    4 transaction bytes on that block's mbarrier at (its) address mbar (st.async; no fence)."""
+    if not all(isinstance(a, types.Integer) for a in (saddr, rank, mbar)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        code = _sm90("{ .reg .u32 ra, rb; mapa.shared::cluster.u32 ra, $0, $1; mapa.shared::cluster.u32 rb, $3, $1; "
+                     "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [ra], $2, [rb]; }")
+        if code:
+            a = _u32(context, builder, args[0], sig.args[0])
+            r = _u32(context, builder, args[1], sig.args[1])
+            f = context.cast(builder, args[2], sig.args[2], types.float32)
+            m = _u32(context, builder, args[3], sig.args[3])
+            _asm(builder, code, "r,r,f,r,~{memory}", ir.VoidType(), [a, r, f, m])
+        return context.get_dummy_value()
+
+    return types.void(saddr, rank, types.float32, mbar), codegen
+
+
 @intrinsic
 def ldsm_x4(typingctx, saddr):
     """ldmatrix.x4 (non-transposed): four 8x8 b16 matrices, lanes 8i..8i+7 address matrix i's rows."""

@@ -76,14 +76,14 @@ def test_smollm_greedy_64_tokens_match_cpu() -> None:
 def test_smollm_default_bf16_cache_stays_close_to_fp32_cpu() -> None:
     """The CUDA default cache (bf16, read by the tensor-core decode attention: SmolLM2 has head
     dim 64 and 9 q heads over 3 kv heads) on a real model: the chat prompt and the CPU's 48
-    greedy tokens, teacher-forced in 16-token chunks (each takes the decode kernels), against
-    the CPU with its fp32 cache. Q, K, V and P are rounded to bf16 on the GPU."""
+    greedy tokens, teacher-forced in 4-token chunks (each takes the decode attention:
+    ops/cuda.py DECODE_MAX_T), against the CPU with its fp32 cache. Q, K, V and P are rounded
+    to bf16 on the GPU."""
     msgs = [{"role": "user", "content": "Write a short poem about the ocean."}]
     p = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     cpu = LLM(None, device="cpu", kv_cache="fp32")
-    result = cpu.chat(msgs, params=p).result
-    ids = result.prompt_token_ids + result.token_ids
-    gpu = LLM(None, device="cuda", prefill_chunk=16)
+    ids = cpu.encode_chat(msgs) + cpu.chat(msgs, params=p).result.token_ids
+    gpu = LLM(None, device="cuda", prefill_chunk=4)
     assert gpu.stats()["kv_cache"] == "bf16"
     ops, names = gpu.backend.ops, []
     go = ops._go

@@ -411,9 +411,10 @@ def test_attention_gated(env, rng, t, start, monkeypatch):
 
 @pytest.mark.parametrize("hq,hkv", [(24, 4), (16, 2)])
 def test_attention_decode_64k(env, rng, hq, hkv, monkeypatch):
-    """Decode attention at 64K context over a bf16 cache (the issue's long-context case): vs
-    NumPy on a sample of q heads' worth of work, and the time per call for 1 / 2 / 4 / 8 waves
-    of split blocks (-s); SPLIT_WAVES = 1 was chosen from the 512 and 8K timings."""
+    """Decode attention at 64K context over a bf16 cache (the issue's long-context case) vs
+    NumPy: the tensor-core kernel (the bf16 default; bf16 Q and P, so against the reference
+    on a bf16-rounded q) and the SIMT kernel for 1 / 2 / 4 / 8 waves of split blocks
+    (SPLIT_WAVES = 1 was chosen from the 512 and 8K timings); the times per call (-s)."""
     from ninfer_nb.kernels import attention as K_attn
 
     ops = env.fresh()
@@ -423,14 +424,19 @@ def test_attention_decode_64k(env, rng, hq, hkv, monkeypatch):
     kc, vc = rnd_bf16(rng, s, hkv, d), rnd_bf16(rng, s, hkv, d)
     args = (env.up(q), env.up(kc), env.up(vc), env.up(pos), d ** -0.5)
     ref = cpu.attention(q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5)
+    launched = _launched(ops, monkeypatch)
     times = {}
+    times["mma"], o = _best_time(env, lambda: ops.attention(*args), reps=3, graph=True)
+    _check_attention(env.host(o), q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5, "decode_mma")
+    assert "attn_split_mma_d256_kernel" in launched
+    monkeypatch.setattr(ops, "decode_attention", "simt")
     for waves in (1, 2, 4, 8):
         monkeypatch.setattr(K_attn, "SPLIT_WAVES", waves)
-        times[waves], o = _best_time(env, lambda: ops.attention(*args), reps=3, graph=True)
+        times[f"SIMT {waves} waves"], o = _best_time(env, lambda: ops.attention(*args), reps=3, graph=True)
         close(env.host(o), ref, TOL32 * 10)
     kv_bytes = 2 * kc.nbytes
     print(f"\ndecode attention Hq={hq} Hkv={hkv} at 65536 (bfloat16 cache): "
-          + ", ".join(f"{w} waves {v * 1e6:.1f} us ({kv_bytes / v / 1e9:.0f} GB/s of KV)" for w, v in times.items()))
+          + ", ".join(f"{w} {v * 1e6:.1f} us ({kv_bytes / v / 1e9:.0f} GB/s of KV)" for w, v in times.items()))
 
 
 @pytest.mark.parametrize("d,t,start", [(64, 1, 37), (128, 20, 5), (96, 2, 600), (64, 300, 40), (96, 33, 7)])
