@@ -242,37 +242,33 @@ def st_cluster_f32(typingctx, saddr, rank, v):
 fence_mbarrier_init = _make_noarg("fence_mbarrier_init", "fence.mbarrier_init.release.cluster;", sm90=True)
 
 
-@intrinsic
-def mbarrier_init(typingctx, mbar, count):
-    """mbarrier.init of the mbarrier at shared-window address mbar (8-byte aligned) for `count`
-    arrivals per phase."""
-    if not isinstance(mbar, types.Integer) or not isinstance(count, types.Integer):
-        return None
+def _make_mbarrier_op(name: str, asm: str) -> Any:
+    """An intrinsic (mbar, n) of two 32-bit integers that emits `asm` ($0 = mbar, $1 = n) when
+    lowering for cc >= 9.0 (nothing below)."""
+    def typer(typingctx, mbar, n):
+        if not isinstance(mbar, types.Integer) or not isinstance(n, types.Integer):
+            return None
 
-    def codegen(context, builder, sig, args):
-        code = _sm90("mbarrier.init.shared::cta.b64 [$0], $1;")
-        if code:
-            _asm(builder, code, "r,r,~{memory}", ir.VoidType(),
-                 [_u32(context, builder, args[0], sig.args[0]), _u32(context, builder, args[1], sig.args[1])])
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            code = _sm90(asm)
+            if code:
+                _asm(builder, code, "r,r,~{memory}", ir.VoidType(),
+                     [_u32(context, builder, args[0], sig.args[0]), _u32(context, builder, args[1], sig.args[1])])
+            return context.get_dummy_value()
 
-    return types.void(mbar, count), codegen
+        return types.void(mbar, n), codegen
+
+    typer.__name__ = name
+    return intrinsic(typer)
 
 
-@intrinsic
-def mbarrier_arrive_expect_tx(typingctx, mbar, nbytes):
-    """One arrival on this block's mbarrier, which then also waits for `nbytes` of transactions."""
-    if not isinstance(mbar, types.Integer) or not isinstance(nbytes, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        code = _sm90("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }")
-        if code:
-            _asm(builder, code, "r,r,~{memory}", ir.VoidType(),
-                 [_u32(context, builder, args[0], sig.args[0]), _u32(context, builder, args[1], sig.args[1])])
-        return context.get_dummy_value()
-
-    return types.void(mbar, nbytes), codegen
+# mbarrier_init(mbar, count): the mbarrier at shared-window address mbar (8-byte aligned),
+# `count` arrivals per phase.
+mbarrier_init = _make_mbarrier_op("mbarrier_init", "mbarrier.init.shared::cta.b64 [$0], $1;")
+# mbarrier_arrive_expect_tx(mbar, nbytes): one arrival on this block's mbarrier, whose phase
+# then also waits for `nbytes` of transactions.
+mbarrier_arrive_expect_tx = _make_mbarrier_op(
+    "mbarrier_arrive_expect_tx", "{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }")
 
 
 @intrinsic
