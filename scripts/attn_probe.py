@@ -1,6 +1,8 @@
 """Decode attention at a model's heads over a long cache (GPU, not a test): graph-timed split +
-combine per cache dtype, or (--eager) a few plain launches for Nsight Compute. Usage:
-python3 scripts/attn_probe.py [--hq 16 --hkv 2 --pos 8191] [--eager]"""
+combine (runtime.graph.time_in_graph, as the GPU tests time it) per cache dtype, or (--eager)
+a few plain launches for Nsight Compute. --mma: the tensor-core kernel on a bf16 cache, else
+the SIMT kernel on fp32 and bf16 caches. Usage:
+python3 scripts/attn_probe.py [--hq 16 --hkv 2 --pos 8191] [--mma] [--eager]"""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +13,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ninfer_nb.runtime.events import Timer  # noqa: E402
-from ninfer_nb.runtime.graph import CudaGraph  # noqa: E402
+from ninfer_nb.runtime.graph import time_in_graph  # noqa: E402
 from tests.kernels.gpu_util import BF16, GpuEnv, rnd  # noqa: E402
 
 D = 256
@@ -39,24 +40,16 @@ def main() -> None:
         pos = env.up(np.array([args.pos], np.int32))
 
         def body() -> None:
-            env.scratch.reset()
             ops.attention(q, kc, vc, pos, D ** -0.5)
-        if args.eager:
-            for _ in range(3):
+        for _ in range(3 if args.eager else 1):          # eager: what ncu profiles; else warm-up
+            with ops.scope():
                 body()
-            env.stream.synchronize()
+        env.stream.synchronize()
+        if args.eager:
             continue
-        body()
-        g = CudaGraph(env.stream)
-        g.capture(body)
-        best = 1e9
-        for _ in range(20):
-            with Timer(env.stream) as t:
-                g.replay()
-            best = min(best, t.ms)
-        g.close()
+        sec, _ = time_in_graph(env.stream, body, ops.scope, repeat=8, replays=5)
         print(f"decode attention Hq={args.hq} Hkv={args.hkv} at {s} keys ({np.dtype(dtype).name}"
-              f"{', mma' if args.mma else ''}): {best * 1e3:.1f} us")
+              f"{', mma' if args.mma else ''}): {sec * 1e6:.1f} us")
 
 
 if __name__ == "__main__":

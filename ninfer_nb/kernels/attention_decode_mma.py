@@ -315,5 +315,5 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
                   launch_bounds=(32 * DEC_WARPS, BLOCKS_PER_SM))(attn_split_mma)
 
 
-HEAD_DIMS = (64, 256)           # Qwen3.5 / 3.6 attention: 256; 64: the simulator's small case
+HEAD_DIMS = (64, 256)           # Qwen3.5 / 3.6 attention: 256; 64: Llama-family (SmolLM2) and the simulator's case
 SPLIT_MMA_KERNELS: dict[int, KernelSpec] = {d: _make_split_mma(d) for d in HEAD_DIMS}
