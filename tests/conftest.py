@@ -34,12 +34,39 @@ def _cuda_usable() -> bool:
         return False
 
 
+SIMULATOR_TEST = "test_simulator.py::test_simulator_cases"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if any("gpu" in item.keywords for item in items) and not _cuda_usable():
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run `pytest -m gpu` on the GPU machine)")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    _simulator_in_background(items)
+
+
+def _simulator_in_background(items: list[pytest.Item]) -> None:
+    """With other tests selected beside the simulator cases and a core to spare: start the
+    simulator now, on all cores but one, and run its test last (tests/support/sim_runner.py)."""
+    sim = [item for item in items if item.nodeid.endswith(SIMULATOR_TEST)]
+    cores = os.cpu_count() or 1
+    if not sim or len(items) == 1 or cores < 2:
+        return
+    from tests.support.sim_runner import BACKGROUND, SimulatorRun
+
+    BACKGROUND.append(SimulatorRun(cores - 1))
+    items[:] = [item for item in items if item not in sim] + sim
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A background simulator run that its test did not collect (-x, a deselection): stop it."""
+    import sys
+
+    runner = sys.modules.get("tests.support.sim_runner")
+    if runner is not None:
+        while runner.BACKGROUND:
+            runner.BACKGROUND.pop().kill()
 
 
 class TinyCheckpoints:

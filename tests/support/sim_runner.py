@@ -1,0 +1,100 @@
+"""Runs tests/kernels/sim_cases.py under the CUDA simulator in subprocesses (the simulator must
+be enabled before numba is imported, so it cannot share the test process), optionally in the
+background while the rest of the suite runs.
+
+The simulator is single-threaded Python and took 370-407 s in one process on this project's
+2-core machine, most of the suite's time. tests/conftest.py starts it when the session begins
+(with one process fewer than the machine's cores, so the suite keeps a core) and moves
+test_simulator_cases to the end of the session, which then only collects the result. Run on
+its own, the test starts the processes itself, on every core.
+
+With more than one process, the cases are collected first and dealt longest first, each to the
+process with the least work so far (SLOW_SECONDS: the slow cases' one-process times; 1 s for
+the rest), so the two slowest cases do not land in the same process.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ROOT / "tests" / "kernels" / "sim_cases.py"
+# one-process seconds of the slow cases on this project's machine (2026-11-30)
+SLOW_SECONDS = {"test_whole_hybrid_model_prefill_chunk_matches_cpu": 103, "test_prefill_flash_gqa2_d256": 76,
+                "test_moe_grouped_top2_hot_expert": 28, "test_gdr_chunked_tensor_core_state": 25,
+                "test_sampling": 22, "test_norms": 18, "test_gdr_prepare_mma_vs_simt_kernel": 17,
+                "test_gdr_chunked_tensor_core_prepare": 17, "test_attention_gemm_kernels": 15,
+                "test_moe_grouped_top4": 14, "test_prefill_mma_int8_d256": 11, "test_prefill_mma_bf16_gqa3_d64": 10,
+                "test_decode_attention_mma": 27, "test_attention_combine_many_splits": 15}
+MIN_CASES = 30
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
+
+
+def _pytest_cmd() -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+
+
+def shard(ids: list[str], n: int) -> list[list[str]]:
+    """Longest-first greedy split of the case ids into n shards of similar total time."""
+    def cost(node: str) -> float:
+        name = node.split("::", 1)[1].split("[", 1)[0]
+        return SLOW_SECONDS.get(name, 1.0)
+
+    shards: list[list[str]] = [[] for _ in range(n)]
+    load = [0.0] * n
+    for node in sorted(ids, key=cost, reverse=True):
+        i = load.index(min(load))
+        shards[i].append(node)
+        load[i] += cost(node)
+    return [s for s in shards if s]
+
+
+class SimulatorRun:
+    """The simulator cases running in `processes` subprocesses, each writing to a temporary file."""
+
+    def __init__(self, processes: int) -> None:
+        self.error = ""
+        if processes > 1:
+            collected = subprocess.run(_pytest_cmd() + ["--collect-only", str(CASES)], cwd=ROOT, env=_env(),
+                                       capture_output=True, text=True, timeout=300)
+            ids = [line.strip() for line in collected.stdout.splitlines() if f"{CASES.name}::" in line]
+            if collected.returncode != 0 or len(ids) < MIN_CASES:
+                self.error = f"collecting the cases failed:\n{collected.stdout[-3000:]}{collected.stderr[-3000:]}"
+                groups: list[list[str]] = []
+            else:
+                groups = shard(ids, processes)
+        else:
+            groups = [[str(CASES)]]
+        self.logs: list[IO[str]] = []
+        self.procs: list[subprocess.Popen[str]] = []
+        for group in groups:
+            log = tempfile.TemporaryFile("w+")
+            self.logs.append(log)
+            self.procs.append(subprocess.Popen(_pytest_cmd() + group, cwd=ROOT, env=_env(), stdout=log,
+                                               stderr=subprocess.STDOUT, text=True))
+
+    def wait(self, timeout: float) -> list[tuple[int, str]]:
+        """(exit code, output) of each process, after waiting for all of them."""
+        results = []
+        for proc, log in zip(self.procs, self.logs):
+            proc.wait(timeout=timeout)
+            log.seek(0)
+            results.append((proc.returncode, log.read()))
+            log.close()
+        return results
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+BACKGROUND: list[SimulatorRun] = []      # started by tests/conftest.py for this session
