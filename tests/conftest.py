@@ -37,13 +37,15 @@ def _cuda_usable() -> bool:
 SIMULATOR_TEST = "test_simulator.py::test_simulator_cases"
 
 
+@pytest.hookimpl(trylast=True)          # after -m / -k deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if any("gpu" in item.keywords for item in items) and not _cuda_usable():
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run `pytest -m gpu` on the GPU machine)")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    _simulator_in_background(items)
+    if not config.option.collectonly:
+        _simulator_in_background(items)
 
 
 def _simulator_in_background(items: list[pytest.Item]) -> None:
