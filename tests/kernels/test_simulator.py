@@ -5,10 +5,11 @@ starts them here, one process per core."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
-from tests.support.sim_runner import BACKGROUND, SimulatorRun
+from tests.support.sim_runner import BACKGROUND, MIN_CASES, SimulatorRun
 
 PROCESSES = max(1, min(2, os.cpu_count() or 1))
 
@@ -19,6 +20,10 @@ def test_simulator_cases() -> None:
     assert not run.error, run.error
     results = run.wait(timeout=880)
     assert results
+    passed = 0
     for code, out in results:
         assert code == 0, out[-6000:]
-        assert " passed" in out, out[-3000:]
+        counts = re.findall(r"(\d+) passed", out)
+        assert counts, out[-3000:]
+        passed += int(counts[-1])
+    assert passed >= MIN_CASES, f"only {passed} simulator cases ran"
