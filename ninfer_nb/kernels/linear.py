@@ -365,10 +365,14 @@ def splitk_rows_per_block(ways: int) -> int:
     return GEMV_WARPS // ways * GEMV_ROWS
 
 
-def _make_splitk(ways: int, name: str):
-    """gemv_bf16_splitk with `ways` K slices (warps) per row pair (compile-time constant)."""
+def _make_splitk(ways: int, name: str, min_blocks: int = 2, one_token: bool = False):
+    """gemv_bf16_splitk with `ways` K slices (warps) per row pair (compile-time constant), built
+    for `min_blocks` resident blocks per SM (launch bounds: 2 -> up to 128 registers, 3 -> 80,
+    4 -> 64). `one_token`: for T = 1 only (x [1, K]); the token loop and its accumulators fold
+    away, which leaves ptxas room to fit 64 registers."""
     WAYS = ways
     PAIRS = GEMV_WARPS // ways
+    ONE = one_token
 
     def gemv_bf16_splitk(x, w, bias, out, has_bias):
         """grid ceil(N / splitk_rows_per_block(ways)), block 256; the vectorised path only (K % 8
@@ -390,7 +394,7 @@ def _make_splitk(ways: int, name: str):
         sl = warp - pair * WAYS
         n_rows = w.shape[0]
         k_dim = w.shape[1]
-        n_tok = x.shape[0]
+        n_tok = 1 if ONE else x.shape[0]
         n0 = (cuda.blockIdx.x * PAIRS + pair) * GEMV_ROWS
         live = n0 < n_rows                           # dead pairs still reach the barriers
         n0 = n0 if live else 0
@@ -441,11 +445,23 @@ def _make_splitk(ways: int, name: str):
 
     gemv_bf16_splitk.__name__ = name
     return kernel((f32_2, u16_2, f32_1, f32_2, i32), sim=False, fastmath=True,
-                  launch_bounds=(256, 2), self_sync=True)(gemv_bf16_splitk)
+                  launch_bounds=(256, min_blocks), self_sync=True)(gemv_bf16_splitk)
 
 
 gemv_bf16_splitk_kernel = _make_splitk(4, "gemv_bf16_splitk_kernel")     # 4 K slices per row pair
 gemv_bf16_splitk2_kernel = _make_splitk(2, "gemv_bf16_splitk2_kernel")   # 2 K slices per row pair
+
+# Experimental (ops/cuda.py EXPERIMENTAL): the decode GEMVs built for more resident blocks per SM.
+# "gemv_mb3": 3 blocks of 256 threads (80 registers; ptxas sm_90a: no spills, the normed pair
+# 8-12 bytes), so 24 warps per SM keep their loads in flight instead of 16. "gemv_1tok": one
+# token, 4 blocks (64 registers; the token loop folded away leaves 12 bytes of spills, against
+# 132-136 for the general kernels at 64).
+gemv_bf16_mb3_kernel = gemv_bf16_kernel.variant("_mb3", launch_bounds=(256, 3))
+gemv_bf16_normed_mb3_kernel = gemv_bf16_normed_kernel.variant("_mb3", launch_bounds=(256, 3))
+gemv_bf16_swiglu_normed_mb3_kernel = gemv_bf16_swiglu_normed_kernel.variant("_mb3", launch_bounds=(256, 3))
+gemv_bf16_splitk_mb3_kernel = gemv_bf16_splitk_kernel.variant("_mb3", launch_bounds=(256, 3))
+gemv_bf16_splitk2_mb3_kernel = gemv_bf16_splitk2_kernel.variant("_mb3", launch_bounds=(256, 3))
+GEMV_1TOK = {ways: _make_splitk(ways, f"gemv_bf16_1tok_w{ways}_kernel", 4, True) for ways in (1, 2, 4)}
 
 
 BM = 64

@@ -71,7 +71,10 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # combine vs the SIMT kernel on the same bf16 cache: 35B heads 16.9 vs 34.8 us at 8K keys,
 # 9.2 vs 8.7 at 512; 27B heads 19.5 vs 51.0 and 8.9 vs 10.2. Decode 35B 390.3 / 376.8 tok/s
 # at 512 / 8K (fp32 cache 389.8 / 354.0), 27B 70.6 / 68.9 (69.6 / 66.9).
-EXPERIMENTAL: dict[str, str] = {}
+EXPERIMENTAL: dict[str, str] = {
+    "gemv_mb3": "decode GEMVs built for 3 blocks per SM (80 registers) instead of 2 (kernels/linear.py)",
+    "gemv_1tok": "one-token plain decode GEMVs built for 4 blocks per SM (64 registers)",
+}
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
 # the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
@@ -465,7 +468,9 @@ class CudaOps:
         if isinstance(x, Normed):                       # one token, the RMSNorm fused in
             if gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0:
                 out = self.empty((1, two_i // 2))                                   # [1, I]
-                self._go(K_lin.gemv_bf16_swiglu_normed_kernel, (two_i // 2 + K_lin.GEMV_WARPS - 1) // K_lin.GEMV_WARPS,
+                spec = (K_lin.gemv_bf16_swiglu_normed_kernel_mb3 if "gemv_mb3" in self.experimental
+                        else K_lin.gemv_bf16_swiglu_normed_kernel)
+                self._go(spec, (two_i // 2 + K_lin.GEMV_WARPS - 1) // K_lin.GEMV_WARPS,
                          32 * K_lin.GEMV_WARPS, _rows(x.x, k), x.weight, np.float32(x.eps), gate_up, out)
                 return out.reshape(tuple(x.shape[:-1]) + (two_i // 2,))
             x = self.plain(x)
@@ -576,7 +581,8 @@ class CudaOps:
             if (weight.dtype == bfloat16 and k % 8 == 0 and _ptr(weight) % 16 == 0):
                 grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
                 b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
-                self._go(K_lin.gemv_bf16_normed_kernel, grid, 32 * K_lin.GEMV_WARPS, _rows(x.x, k), x.weight,
+                spec = K_lin.gemv_bf16_normed_kernel_mb3 if "gemv_mb3" in self.experimental else K_lin.gemv_bf16_normed_kernel
+                self._go(spec, grid, 32 * K_lin.GEMV_WARPS, _rows(x.x, k), x.weight,
                          np.float32(x.eps), weight, b, out2, np.int32(bias is not None))
                 return
             x = self.plain(x)
@@ -593,15 +599,24 @@ class CudaOps:
         elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
             ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
-            if vec and n <= SPLITK_MAX_N and ways:
-                spec = K_lin.gemv_bf16_splitk_kernel if ways == 4 else K_lin.gemv_bf16_splitk2_kernel
+            ways = ways if n <= SPLITK_MAX_N else 0
+            mb3 = "gemv_mb3" in self.experimental
+            if vec and t == 1 and "gemv_1tok" in self.experimental:
+                rows_per_block = K_lin.splitk_rows_per_block(max(ways, 1))
+                self._go(K_lin.GEMV_1TOK[max(ways, 1)], (n + rows_per_block - 1) // rows_per_block,
+                         32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
+            elif vec and ways:
+                if ways == 4:
+                    spec = K_lin.gemv_bf16_splitk_kernel_mb3 if mb3 else K_lin.gemv_bf16_splitk_kernel
+                else:
+                    spec = K_lin.gemv_bf16_splitk2_kernel_mb3 if mb3 else K_lin.gemv_bf16_splitk2_kernel
                 rows_per_block = K_lin.splitk_rows_per_block(ways)
                 grid = (n + rows_per_block - 1) // rows_per_block
                 self._go(spec, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
             else:
                 grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
-                self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias,
-                         vec)
+                self._go(K_lin.gemv_bf16_kernel_mb3 if mb3 else K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS,
+                         x2, weight, b, out2, has_bias, vec)
         elif (weight.dtype == bfloat16 and not SIM and k % K_mma.K_ALIGN == 0
               and _ptr(x2) % 16 == 0 and _ptr(weight) % 16 == 0 and _ptr(out2) % 16 == 0):
             # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy (unless x already is bf16

@@ -121,6 +121,18 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
     for ways in (2, 4):
         close(outs[ways], ref, TOL32 * 10)
         close(outs[ways], outs[0], TOL32 * 10)
+    for build in ("gemv_mb3", "gemv_1tok"):                          # the experimental builds
+        ops.experimental = frozenset({build})
+        for ways in (0, 2, 4):
+            monkeypatch.setattr(cuda_ops, "SPLITK_MIN_K", 2048 if ways == 4 else 1 << 30)
+            monkeypatch.setattr(cuda_ops, "SPLITK2_MIN_K", 2048 if ways == 2 else 1 << 30)
+            launched.clear()
+            close(env.host(ops.linear(X, W, B)), ref, TOL32 * 10)
+            expect = (f"gemv_bf16_1tok_w{max(ways, 1)}_kernel" if build == "gemv_1tok" and t == 1
+                      else ["gemv_bf16_kernel", "", "gemv_bf16_splitk2_kernel", "", "gemv_bf16_splitk_kernel"][ways]
+                      + ("_mb3" if build == "gemv_mb3" else ""))
+            assert launched == [expect], (build, ways, launched)
+    ops.experimental = frozenset()
     if t == 1:
         gbs = {s: w.nbytes / v / 1e9 for s, v in times.items()}
         print(f"\nGEMV {n}x{k} T=1: whole rows {times[0] * 1e6:.1f} us ({gbs[0]:.0f} GB/s), "
@@ -686,6 +698,10 @@ def test_linear_normed_and_residual(env, rng, n, k, monkeypatch):
     launched = _launched(ops, monkeypatch)
     close(env.host(ops.linear(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
     assert launched == ["gemv_bf16_normed_kernel"]
+    ops.experimental = frozenset({"gemv_mb3"})                      # the 3-blocks-per-SM build
+    close(env.host(ops.linear(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
+    ops.experimental = frozenset()
+    assert launched[-1] == "gemv_bf16_normed_kernel_mb3"
     R = env.up(r)
     assert ops.linear_add(X, W, R) is R
     close(env.host(R), r + cpu.linear(x, w.astype(np.float32)), TOL32 * 10)
@@ -707,6 +723,9 @@ def test_linear_swiglu_normed(env, rng, i, k):
     ref = cpu.linear_swiglu(cpu.rms_norm(x, nw, 1e-6), w.astype(np.float32))
     best, o = _best_time(env, lambda: ops.linear_swiglu(ops.normed(X, NW, 1e-6), W), reps=5, graph=True)
     close(env.host(o), ref, TOL32 * 10)
+    ops.experimental = frozenset({"gemv_mb3"})                      # the 3-blocks-per-SM build
+    close(env.host(ops.linear_swiglu(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
+    ops.experimental = frozenset()
     if i == 17408:
         pair, _ = _best_time(env, lambda: ops.linear_swiglu(ops.rms_norm(X, NW, 1e-6), W), reps=5, graph=True)
         print(f"\nnormed GEMV + SwiGLU {2 * i}x{k}: norm + GEMV {pair * 1e6:.1f} us, fused {best * 1e6:.1f} us")

@@ -1,0 +1,107 @@
+"""How fast each decode GEMV build runs at the models' weight shapes (GPU, not a test): for every
+shape, a graph of L launches over L distinct weights (no L2 reuse, as in the model; PDL on),
+each kernel build and K-split timed as us per launch and GB/s, against the device copy
+bandwidth. The builds: the defaults (2 blocks per SM), "mb3" (3 blocks, 80 registers) and
+"1tok" (one token, 4 blocks, 64 registers); see kernels/linear.py.
+Usage: python3 scripts/gemv_probe.py [--min-mb 600] [--reps 2]"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ninfer_nb.bench import copy_bandwidth  # noqa: E402
+from ninfer_nb.kernels import linear as K_lin  # noqa: E402
+from ninfer_nb.kernels.random_fill import fill_uniform_bf16_kernel  # noqa: E402
+from ninfer_nb.runtime.events import Timer  # noqa: E402
+from ninfer_nb.runtime.graph import CudaGraph  # noqa: E402
+from ninfer_nb.runtime.tensor import bfloat16  # noqa: E402
+from tests.kernels.gpu_util import GpuEnv, rnd  # noqa: E402
+
+# (label, N, K, kind): kind "plain" (x @ W^T into the residual), "normed" (norm fused in),
+# "swiglu" (gate_up with norm and SwiGLU; N = 2I)
+SHAPES = [("27B down", 5120, 17408, "plain"), ("27B out_proj", 5120, 6144, "plain"),
+          ("27B attn qkv", 14336, 5120, "normed"), ("27B GDN in", 16480, 5120, "normed"),
+          ("27B gate_up", 34816, 5120, "swiglu"), ("35B GDN in", 12352, 2048, "normed"),
+          ("35B out_proj", 2048, 4096, "plain"), ("35B attn qkv", 9216, 2048, "normed"),
+          ("27B qkv plain", 14336, 5120, "plain")]
+W = K_lin.GEMV_WARPS
+
+
+def plain_builds() -> list[tuple[str, Any, int]]:
+    """(label, kernel, K slices) for the plain GEMV."""
+    return [("default w1", K_lin.gemv_bf16_kernel, 1), ("default w2", K_lin.gemv_bf16_splitk2_kernel, 2),
+            ("default w4", K_lin.gemv_bf16_splitk_kernel, 4),
+            ("mb3 w1", K_lin.gemv_bf16_kernel_mb3, 1), ("mb3 w2", K_lin.gemv_bf16_splitk2_kernel_mb3, 2),
+            ("mb3 w4", K_lin.gemv_bf16_splitk_kernel_mb3, 4)] + \
+           [(f"1tok w{w}", K_lin.GEMV_1TOK[w], w) for w in (1, 2, 4)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--min-mb", type=float, default=600.0, help="weight bytes per graph, at least")
+    ap.add_argument("--reps", type=int, default=2)
+    args = ap.parse_args()
+    env = GpuEnv(arena_bytes=3 << 30, scratch_bytes=256 << 20)
+    ops = env.fresh()
+    bw = copy_bandwidth("cuda")
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    pool = env.arena.empty((int(args.min_mb * 1e6 * 1.6) // 2,), bfloat16)   # one random pool, sliced
+    fill_uniform_bf16_kernel[4096, 256, env.stream.numba](pool, np.int64(7), np.float32(0.05), np.float32(0.0))
+    rng = np.random.default_rng(0)
+    print(f"{'shape':14s} {'N x K':>12s} {'build':12s} {'us':>7s} {'GB/s':>6s} {'of copy':>8s}")
+    for label, n, k, kind in SHAPES:
+        per = n * k
+        layers = max(4, int(np.ceil(args.min_mb * 1e6 / (2 * per))))
+        stride = (per + 4095) // 4096 * 4096
+        if stride * layers > pool.shape[0]:
+            layers = pool.shape[0] // stride
+        ws = [pool[i * stride:i * stride + per].reshape(n, k) for i in range(layers)]
+        x = env.up(rnd(rng, 1, k))
+        nw = env.up(rnd(rng, k))
+        out = env.up(rnd(rng, 1, n if kind != "swiglu" else n // 2))
+        if kind == "plain":
+            builds = [(b, (lambda spec, ways: lambda w: ops._go(
+                spec, (n + K_lin.splitk_rows_per_block(ways) - 1) // K_lin.splitk_rows_per_block(ways), 32 * W,
+                x, w, out.reshape(-1), out, np.int32(1), *((np.int32(1),) if ways == 1 and spec in (
+                    K_lin.gemv_bf16_kernel, K_lin.gemv_bf16_kernel_mb3) else ())))(spec, ways))
+                      for b, spec, ways in plain_builds()]
+        elif kind == "normed":
+            builds = [(b, (lambda spec: lambda w: ops._go(
+                spec, (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK, 32 * W, x, nw,
+                np.float32(1e-6), w, out.reshape(-1), out, np.int32(1)))(spec))
+                      for b, spec in (("default", K_lin.gemv_bf16_normed_kernel),
+                                      ("mb3", K_lin.gemv_bf16_normed_kernel_mb3))]
+        else:
+            builds = [(b, (lambda spec: lambda w: ops._go(spec, (n // 2 + W - 1) // W, 32 * W, x, nw,
+                                                          np.float32(1e-6), w, out))(spec))
+                      for b, spec in (("default", K_lin.gemv_bf16_swiglu_normed_kernel),
+                                      ("mb3", K_lin.gemv_bf16_swiglu_normed_kernel_mb3))]
+        for name, launch in builds:
+            def body() -> None:
+                for _ in range(args.reps):
+                    for w in ws:
+                        launch(w)
+            with ops.programmatic_launches(True):
+                body()
+                g = CudaGraph(env.stream)
+                g.capture(body)
+            g.replay()
+            best = 1e9
+            for _ in range(5):
+                with Timer(env.stream) as t:
+                    g.replay()
+                best = min(best, t.ms)
+            g.close()
+            us = best * 1000.0 / (layers * args.reps)
+            gbs = 2 * per / us / 1e3
+            print(f"{label:14s} {f'{n}x{k}':>12s} {name:12s} {us:7.2f} {gbs:6.0f} {gbs * 1e9 / bw:7.0%}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
