@@ -1,14 +1,15 @@
 """How fast each decode GEMV build runs at the models' weight shapes (GPU, not a test): for every
 shape, a graph of L launches over L distinct weights (no L2 reuse, as in the model; PDL on),
 each kernel build and K-split timed as us per launch and GB/s, against the device copy
-bandwidth. The builds: the defaults (2 blocks per SM), "mb3" (3 blocks, 80 registers) and
-"1tok" (one token, 4 blocks, 64 registers); see kernels/linear.py.
+bandwidth. The builds: what ops/cuda.py launches by default, and kernels/linear.py
+gemv_one_token with 1-8 K slices per row pair and 2-4 blocks per SM.
 Usage: python3 scripts/gemv_probe.py [--min-mb 600] [--reps 2]"""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,23 +24,34 @@ from ninfer_nb.runtime.graph import CudaGraph  # noqa: E402
 from ninfer_nb.runtime.tensor import bfloat16  # noqa: E402
 from tests.kernels.gpu_util import GpuEnv, rnd  # noqa: E402
 
-# (label, N, K, kind): kind "plain" (x @ W^T into the residual), "normed" (norm fused in),
-# "swiglu" (gate_up with norm and SwiGLU; N = 2I)
+# (label, N, K, mode): "plain" (x @ W^T into the residual), "normed" (norm fused in), "swiglu"
+# (gate_up with norm and SwiGLU; N = 2I)
 SHAPES = [("27B down", 5120, 17408, "plain"), ("27B out_proj", 5120, 6144, "plain"),
+          ("35B out_proj", 2048, 4096, "plain"), ("27B qkv plain", 14336, 5120, "plain"),
           ("27B attn qkv", 14336, 5120, "normed"), ("27B GDN in", 16480, 5120, "normed"),
-          ("27B gate_up", 34816, 5120, "swiglu"), ("35B GDN in", 12352, 2048, "normed"),
-          ("35B out_proj", 2048, 4096, "plain"), ("35B attn qkv", 9216, 2048, "normed"),
-          ("27B qkv plain", 14336, 5120, "plain")]
+          ("35B GDN in", 12352, 2048, "normed"), ("35B attn qkv", 9216, 2048, "normed"),
+          ("27B gate_up", 34816, 5120, "swiglu")]
+WAYS = {"plain": (1, 2, 4, 8), "normed": (1, 2, 4, 8), "swiglu": (1, 2)}
 W = K_lin.GEMV_WARPS
 
 
-def plain_builds() -> list[tuple[str, Any, int]]:
-    """(label, kernel, K slices) for the plain GEMV."""
-    return [("default w1", K_lin.gemv_bf16_kernel, 1), ("default w2", K_lin.gemv_bf16_splitk2_kernel, 2),
-            ("default w4", K_lin.gemv_bf16_splitk_kernel, 4),
-            ("mb3 w1", K_lin.gemv_bf16_kernel_mb3, 1), ("mb3 w2", K_lin.gemv_bf16_splitk2_kernel_mb3, 2),
-            ("mb3 w4", K_lin.gemv_bf16_splitk_kernel_mb3, 4)] + \
-           [(f"1tok w{w}", K_lin.GEMV_1TOK[w], w) for w in (1, 2, 4)]
+def default_build(ops: Any, mode: str, x: Any, nw: Any, out: Any) -> Callable[[Any], None]:
+    """What ops/cuda.py launches today for this mode (its own K-split choice for plain)."""
+    if mode == "plain":
+        return lambda w: ops._linear_into(x, w, out.reshape(-1), out)
+    if mode == "normed":
+        return lambda w: ops._linear_into(ops.normed(x, nw, 1e-6), w, None, out)
+    return lambda w: ops.linear_swiglu(ops.normed(x, nw, 1e-6), w)
+
+
+def one_token_build(ops: Any, mode: str, ways: int, blocks: int, x: Any, nw: Any, out: Any) -> Callable[[Any], None]:
+    def launch(w: Any) -> None:
+        n, k = w.shape
+        pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
+        per_block = W // ways
+        ops._go(K_lin.gemv_one_token(mode, ways, blocks), (pairs + per_block - 1) // per_block, 32 * W,
+                x, nw, np.float32(1e-6), w, out.reshape(-1), out, np.int32(mode == "plain"))
+    return launch
 
 
 def main() -> None:
@@ -65,25 +77,12 @@ def main() -> None:
         x = env.up(rnd(rng, 1, k))
         nw = env.up(rnd(rng, k))
         out = env.up(rnd(rng, 1, n if kind != "swiglu" else n // 2))
-        if kind == "plain":
-            builds = [(b, (lambda spec, ways: lambda w: ops._go(
-                spec, (n + K_lin.splitk_rows_per_block(ways) - 1) // K_lin.splitk_rows_per_block(ways), 32 * W,
-                x, w, out.reshape(-1), out, np.int32(1), *((np.int32(1),) if ways == 1 and spec in (
-                    K_lin.gemv_bf16_kernel, K_lin.gemv_bf16_kernel_mb3) else ())))(spec, ways))
-                      for b, spec, ways in plain_builds()]
-        elif kind == "normed":
-            builds = [(b, (lambda spec: lambda w: ops._go(
-                spec, (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK, 32 * W, x, nw,
-                np.float32(1e-6), w, out.reshape(-1), out, np.int32(1)))(spec))
-                      for b, spec in (("default", K_lin.gemv_bf16_normed_kernel),
-                                      ("mb3", K_lin.gemv_bf16_normed_kernel_mb3))]
-        else:
-            builds = [(b, (lambda spec: lambda w: ops._go(spec, (n // 2 + W - 1) // W, 32 * W, x, nw,
-                                                          np.float32(1e-6), w, out))(spec))
-                      for b, spec in (("default", K_lin.gemv_bf16_swiglu_normed_kernel),
-                                      ("mb3", K_lin.gemv_bf16_swiglu_normed_kernel_mb3))]
+        builds = [("default", default_build(ops, kind, x, nw, out))]
+        builds += [(f"w{ways} b{blocks}", one_token_build(ops, kind, ways, blocks, x, nw, out))
+                   for ways in WAYS[kind] for blocks in (2, 3, 4)]
         for name, launch in builds:
             def body() -> None:
+                env.scratch.reset()
                 for _ in range(args.reps):
                     for w in ws:
                         launch(w)

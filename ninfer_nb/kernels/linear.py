@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from numba import cuda, float32
 
@@ -365,14 +366,10 @@ def splitk_rows_per_block(ways: int) -> int:
     return GEMV_WARPS // ways * GEMV_ROWS
 
 
-def _make_splitk(ways: int, name: str, min_blocks: int = 2, one_token: bool = False):
-    """gemv_bf16_splitk with `ways` K slices (warps) per row pair (compile-time constant), built
-    for `min_blocks` resident blocks per SM (launch bounds: 2 -> up to 128 registers, 3 -> 80,
-    4 -> 64). `one_token`: for T = 1 only (x [1, K]); the token loop and its accumulators fold
-    away, which leaves ptxas room to fit 64 registers."""
+def _make_splitk(ways: int, name: str):
+    """gemv_bf16_splitk with `ways` K slices (warps) per row pair (compile-time constant)."""
     WAYS = ways
     PAIRS = GEMV_WARPS // ways
-    ONE = one_token
 
     def gemv_bf16_splitk(x, w, bias, out, has_bias):
         """grid ceil(N / splitk_rows_per_block(ways)), block 256; the vectorised path only (K % 8
@@ -394,7 +391,7 @@ def _make_splitk(ways: int, name: str, min_blocks: int = 2, one_token: bool = Fa
         sl = warp - pair * WAYS
         n_rows = w.shape[0]
         k_dim = w.shape[1]
-        n_tok = 1 if ONE else x.shape[0]
+        n_tok = x.shape[0]
         n0 = (cuda.blockIdx.x * PAIRS + pair) * GEMV_ROWS
         live = n0 < n_rows                           # dead pairs still reach the barriers
         n0 = n0 if live else 0
@@ -445,23 +442,118 @@ def _make_splitk(ways: int, name: str, min_blocks: int = 2, one_token: bool = Fa
 
     gemv_bf16_splitk.__name__ = name
     return kernel((f32_2, u16_2, f32_1, f32_2, i32), sim=False, fastmath=True,
-                  launch_bounds=(256, min_blocks), self_sync=True)(gemv_bf16_splitk)
+                  launch_bounds=(256, 2), self_sync=True)(gemv_bf16_splitk)
 
 
 gemv_bf16_splitk_kernel = _make_splitk(4, "gemv_bf16_splitk_kernel")     # 4 K slices per row pair
 gemv_bf16_splitk2_kernel = _make_splitk(2, "gemv_bf16_splitk2_kernel")   # 2 K slices per row pair
 
-# Experimental (ops/cuda.py EXPERIMENTAL): the decode GEMVs built for more resident blocks per SM.
-# "gemv_mb3": 3 blocks of 256 threads (80 registers; ptxas sm_90a: no spills, the normed pair
-# 8-12 bytes), so 24 warps per SM keep their loads in flight instead of 16. "gemv_1tok": one
-# token, 4 blocks (64 registers; the token loop folded away leaves 12 bytes of spills, against
-# 132-136 for the general kernels at 64).
-gemv_bf16_mb3_kernel = gemv_bf16_kernel.variant("_mb3", launch_bounds=(256, 3))
-gemv_bf16_normed_mb3_kernel = gemv_bf16_normed_kernel.variant("_mb3", launch_bounds=(256, 3))
-gemv_bf16_swiglu_normed_mb3_kernel = gemv_bf16_swiglu_normed_kernel.variant("_mb3", launch_bounds=(256, 3))
-gemv_bf16_splitk_mb3_kernel = gemv_bf16_splitk_kernel.variant("_mb3", launch_bounds=(256, 3))
-gemv_bf16_splitk2_mb3_kernel = gemv_bf16_splitk2_kernel.variant("_mb3", launch_bounds=(256, 3))
-GEMV_1TOK = {ways: _make_splitk(ways, f"gemv_bf16_1tok_w{ways}_kernel", 4, True) for ways in (1, 2, 4)}
+
+ONE_TOKEN_MODES = ("plain", "normed", "swiglu")
+_ONE_TOKEN: dict[tuple[str, int, int], Any] = {}
+
+
+def gemv_one_token(mode: str, ways: int, min_blocks: int) -> Any:
+    """The one-token decode GEMV (T = 1, the vectorised path: K % 8 == 0, 16-byte aligned) built
+    for `mode`, `ways` K slices per row pair and `min_blocks` resident blocks per SM (launch
+    bounds: 2 -> up to 128 registers, 4 -> 64), registered on first use. One signature for
+    every mode: (x [1, K], nw [K], eps, w [N, K] bf16, bias [N], out, has_bias).
+
+    * "plain": out[0, n] = w[n] . x[0] (+ bias[n]; bias may alias out: the residual add).
+    * "normed": the same for rms_norm(x[0], nw, eps), the norm fused in as in
+      gemv_bf16_normed_kernel (each slice also sums x^2 over its columns; the slices' sums meet
+      with the dot products).
+    * "swiglu": out [1, I] = silu(w[j] . xn) * (w[I + j] . xn) of the normed x (w = [gate; up]),
+      the gate and up row of j streamed as a pair.
+
+    Grid ceil(pairs / (8 / ways)), block 256 (8 warps); pairs = ceil(N / 2) (plain, normed) or I.
+    Without the token loop of gemv_bf16_kernel (up to 16 tokens, 8 accumulators) ptxas fits the
+    loop in 64 registers (sm_90a: 0-20 bytes of spills), so 4 blocks (32 warps) per SM keep
+    their loads in flight; the split slices also even out the last wave. H200, graph-timed
+    over distinct weights (scripts/gemv_probe.py): 27B 5120x17408 48.9 -> 45.7 us (4 slices),
+    5120x6144 19.5 -> 18.9 us, 14336x5120 42.7 -> 38.8 us (2 slices)."""
+    key = (mode, ways, min_blocks)
+    if key not in _ONE_TOKEN:
+        if mode not in ONE_TOKEN_MODES or ways not in (1, 2, 4, 8) or min_blocks not in (1, 2, 3, 4):
+            raise ValueError(f"gemv_one_token: no build {key}")
+        _ONE_TOKEN[key] = _make_one_token(mode, ways, min_blocks)
+    return _ONE_TOKEN[key]
+
+
+def _make_one_token(mode: str, ways: int, min_blocks: int):
+    WAYS = ways
+    PAIRS = GEMV_WARPS // ways
+    NORMED = mode != "plain"
+    SWIGLU = mode == "swiglu"
+
+    def gemv_bf16_one_token(x, nw, eps, w, bias, out, has_bias):
+        red = cuda.shared.array((GEMV_WARPS, 3), float32)
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        pair = warp // WAYS
+        sl = warp - pair * WAYS
+        n_rows = w.shape[0]
+        k_dim = w.shape[1]
+        n_pairs = out.shape[1] if SWIGLU else (n_rows + 1) // 2
+        p = cuda.blockIdx.x * PAIRS + pair
+        live = p < n_pairs                          # dead pairs still reach the barriers
+        p = p if live else 0
+        if SWIGLU:
+            r0 = p
+            r1 = n_pairs + p
+            has1 = True
+        else:
+            r0 = 2 * p
+            has1 = r0 + 1 < n_rows
+            r1 = r0 + 1 if has1 else r0             # a lone last row: loaded, never stored
+        k_len = ((k_dim + WAYS * 256 - 1) // (WAYS * 256)) * 256
+        k_beg = sl * k_len
+        k_end = min(k_dim, k_beg + k_len)
+        a0 = float32(0.0)
+        a1 = float32(0.0)
+        ss = float32(0.0)
+        if live:
+            if NORMED:
+                a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0 * k_dim, r1 * k_dim, k_beg + lane * 8, k_end)
+            else:
+                z = float32(0.0)
+                acc = _stream_pair(x, w, r0 * k_dim, r1 * k_dim, k_beg + lane * 8, k_end, 0, k_dim,
+                                   False, False, False, (z, z, z, z, z, z, z, z))
+                a0 = acc[0]
+                a1 = acc[1]
+        grid_dependency_sync()                      # dead pairs too, before the stores
+        a0 = warp_sum(a0)
+        a1 = warp_sum(a1)
+        if NORMED:
+            ss = warp_sum(ss)
+        if WAYS > 1:                                # the slices' sums meet in a fixed order
+            if lane == 0:
+                red[warp, 0] = a0
+                red[warp, 1] = a1
+                red[warp, 2] = ss
+            cuda.syncthreads()
+            a0 = float32(0.0)
+            a1 = float32(0.0)
+            ss = float32(0.0)
+            for j in range(WAYS):
+                a0 += red[warp - sl + j, 0]
+                a1 += red[warp - sl + j, 1]
+                ss += red[warp - sl + j, 2]
+        if live and sl == 0 and lane == 0:
+            if NORMED:
+                inv = float32(1.0) / math.sqrt(ss / float32(k_dim) + eps)
+                a0 *= inv
+                a1 *= inv
+            if SWIGLU:
+                out[0, p] = a0 / (float32(1.0) + math.exp(-a0)) * a1
+            else:
+                out[0, r0] = a0 + (bias[r0] if has_bias != 0 else float32(0.0))
+                if has1:
+                    out[0, r1] = a1 + (bias[r1] if has_bias != 0 else float32(0.0))
+
+    gemv_bf16_one_token.__name__ = f"gemv_bf16_{mode}_w{ways}_b{min_blocks}_kernel"
+    return kernel((f32_2, f32_1, f32, u16_2, f32_1, f32_2, i32), sim=False, fastmath=True,
+                  launch_bounds=(256, min_blocks), self_sync=True)(gemv_bf16_one_token)
 
 
 BM = 64
@@ -543,3 +635,10 @@ def gemv_f32_kernel(x, w, bias, out, has_bias):
         acc = warp_sum(acc)
         if lane == 0:
             out[t, row] = acc + (bias[row] if has_bias else float32(0.0))
+
+
+# The one-token builds ops/cuda.py picks (one_token_build), registered at import so that the
+# compile tests see them; others are built on first use (scripts/gemv_probe.py).
+ONE_TOKEN_BUILDS = (("plain", 2, 4), ("plain", 4, 4), ("normed", 2, 4), ("swiglu", 1, 2))
+for _build in ONE_TOKEN_BUILDS:
+    gemv_one_token(*_build)

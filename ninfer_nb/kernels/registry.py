@@ -57,12 +57,6 @@ class KernelSpec:
                 self._disp = disp
         return self._disp
 
-    def variant(self, suffix: str, **options: Any) -> "KernelSpec":
-        """This kernel under the name `name + suffix` with some compile options replaced (say
-        `launch_bounds`), registered like the original: A/B runs of one body built two ways."""
-        return _register(KernelSpec(self.name + suffix, self.fn, self.sigs, {**self.options, **options}, self.sim,
-                                    self.dynamic_smem, self.self_sync))
-
     def __getitem__(self, cfg: Any) -> Any:
         return self.get()[cfg]
 
@@ -101,16 +95,13 @@ def _allow_dynamic_smem(disp: Any, nbytes: int) -> None:
 def kernel(*sigs: Any, sim: bool = True, dynamic_smem: int = 0, self_sync: bool = False,
            **options: Any) -> Callable[[Callable[..., None]], KernelSpec]:
     def deco(fn: Callable[..., None]) -> KernelSpec:
-        return _register(KernelSpec(fn.__name__, fn, tuple(sigs), options, sim, dynamic_smem, self_sync))
+        spec = KernelSpec(fn.__name__, fn, tuple(sigs), options, sim, dynamic_smem, self_sync)
+        if spec.name in _SPECS:
+            raise ValueError(f"duplicate kernel name {spec.name}")
+        _SPECS[spec.name] = spec
+        return spec
 
     return deco
-
-
-def _register(spec: KernelSpec) -> KernelSpec:
-    if spec.name in _SPECS:
-        raise ValueError(f"duplicate kernel name {spec.name}")
-    _SPECS[spec.name] = spec
-    return spec
 
 
 def all_specs() -> dict[str, KernelSpec]:

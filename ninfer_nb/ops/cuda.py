@@ -72,8 +72,7 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # 9.2 vs 8.7 at 512; 27B heads 19.5 vs 51.0 and 8.9 vs 10.2. Decode 35B 390.3 / 376.8 tok/s
 # at 512 / 8K (fp32 cache 389.8 / 354.0), 27B 70.6 / 68.9 (69.6 / 66.9).
 EXPERIMENTAL: dict[str, str] = {
-    "gemv_mb3": "decode GEMVs built for 3 blocks per SM (80 registers) instead of 2 (kernels/linear.py)",
-    "gemv_1tok": "one-token plain decode GEMVs built for 4 blocks per SM (64 registers)",
+    "gemv_1tok": "one-token decode GEMVs (kernels/linear.py gemv_one_token): 4 blocks per SM, K slices",
 }
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
@@ -112,6 +111,15 @@ ROUTER_CLUSTER = True
 GDN_DECODE_FUSED = True
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
+
+
+def one_token_build(mode: str, n: int, k: int) -> tuple[str, int, int]:
+    """(mode, K slices, blocks per SM) of the one-token decode GEMV for an [n, k] weight."""
+    if mode == "swiglu":
+        return mode, 1, 2
+    if mode == "plain":
+        return mode, (4 if k >= 6144 else 2), 4
+    return mode, 2, 4
 
 
 @dataclass(frozen=True)
@@ -468,9 +476,10 @@ class CudaOps:
         if isinstance(x, Normed):                       # one token, the RMSNorm fused in
             if gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0:
                 out = self.empty((1, two_i // 2))                                   # [1, I]
-                spec = (K_lin.gemv_bf16_swiglu_normed_kernel_mb3 if "gemv_mb3" in self.experimental
-                        else K_lin.gemv_bf16_swiglu_normed_kernel)
-                self._go(spec, (two_i // 2 + K_lin.GEMV_WARPS - 1) // K_lin.GEMV_WARPS,
+                if "gemv_1tok" in self.experimental:
+                    self._one_token("swiglu", x.x, x.weight, x.eps, gate_up, out, out.reshape(-1), False)
+                    return out.reshape(tuple(x.shape[:-1]) + (two_i // 2,))
+                self._go(K_lin.gemv_bf16_swiglu_normed_kernel, (two_i // 2 + K_lin.GEMV_WARPS - 1) // K_lin.GEMV_WARPS,
                          32 * K_lin.GEMV_WARPS, _rows(x.x, k), x.weight, np.float32(x.eps), gate_up, out)
                 return out.reshape(tuple(x.shape[:-1]) + (two_i // 2,))
             x = self.plain(x)
@@ -581,8 +590,10 @@ class CudaOps:
             if (weight.dtype == bfloat16 and k % 8 == 0 and _ptr(weight) % 16 == 0):
                 grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
                 b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
-                spec = K_lin.gemv_bf16_normed_kernel_mb3 if "gemv_mb3" in self.experimental else K_lin.gemv_bf16_normed_kernel
-                self._go(spec, grid, 32 * K_lin.GEMV_WARPS, _rows(x.x, k), x.weight,
+                if "gemv_1tok" in self.experimental:
+                    self._one_token("normed", x.x, x.weight, x.eps, weight, out2, b, bias is not None)
+                    return
+                self._go(K_lin.gemv_bf16_normed_kernel, grid, 32 * K_lin.GEMV_WARPS, _rows(x.x, k), x.weight,
                          np.float32(x.eps), weight, b, out2, np.int32(bias is not None))
                 return
             x = self.plain(x)
@@ -599,24 +610,17 @@ class CudaOps:
         elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
             ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
-            ways = ways if n <= SPLITK_MAX_N else 0
-            mb3 = "gemv_mb3" in self.experimental
             if vec and t == 1 and "gemv_1tok" in self.experimental:
-                rows_per_block = K_lin.splitk_rows_per_block(max(ways, 1))
-                self._go(K_lin.GEMV_1TOK[max(ways, 1)], (n + rows_per_block - 1) // rows_per_block,
-                         32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
-            elif vec and ways:
-                if ways == 4:
-                    spec = K_lin.gemv_bf16_splitk_kernel_mb3 if mb3 else K_lin.gemv_bf16_splitk_kernel
-                else:
-                    spec = K_lin.gemv_bf16_splitk2_kernel_mb3 if mb3 else K_lin.gemv_bf16_splitk2_kernel
+                self._one_token("plain", x2, x2.reshape(-1), 1.0, weight, out2, b, bias is not None)
+            elif vec and n <= SPLITK_MAX_N and ways:
+                spec = K_lin.gemv_bf16_splitk_kernel if ways == 4 else K_lin.gemv_bf16_splitk2_kernel
                 rows_per_block = K_lin.splitk_rows_per_block(ways)
                 grid = (n + rows_per_block - 1) // rows_per_block
                 self._go(spec, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
             else:
                 grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
-                self._go(K_lin.gemv_bf16_kernel_mb3 if mb3 else K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS,
-                         x2, weight, b, out2, has_bias, vec)
+                self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias,
+                         vec)
         elif (weight.dtype == bfloat16 and not SIM and k % K_mma.K_ALIGN == 0
               and _ptr(x2) % 16 == 0 and _ptr(weight) % 16 == 0 and _ptr(out2) % 16 == 0):
             # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy (unless x already is bf16
@@ -626,6 +630,18 @@ class CudaOps:
         else:
             grid = ((n + K_lin.BN - 1) // K_lin.BN, (t + K_lin.BM - 1) // K_lin.BM)
             self._go(K_lin.gemm_kernel, grid, 256, x2, weight, b, out2, has_bias)
+
+    def _one_token(self, mode: str, x: Any, nw: Any, eps: float, weight: Any, out: Any, bias: Any,
+                   has_bias: bool) -> None:
+        """kernels/linear.py gemv_one_token for one token: x [1, K], weight [N, K] bf16 (16-byte
+        aligned, K % 8 == 0), out [1, N] ([1, N / 2] for "swiglu"); nw / eps: the fused norm's
+        (ignored by "plain")."""
+        n, k = weight.shape
+        mode, ways, blocks = one_token_build(mode, n, k)
+        pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
+        per_block = K_lin.GEMV_WARPS // ways
+        self._go(K_lin.gemv_one_token(mode, ways, blocks), (pairs + per_block - 1) // per_block,
+                 32 * K_lin.GEMV_WARPS, _rows(x, k), nw, np.float32(eps), weight, bias, out, np.int32(has_bias))
 
     def _bf16_copy(self, x2: Any) -> Any:
         """x2 [M, K] fp32 -> a bf16 (uint16 bits, RNE) scratch copy, the tensor-core GEMMs' A."""

@@ -121,18 +121,16 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
     for ways in (2, 4):
         close(outs[ways], ref, TOL32 * 10)
         close(outs[ways], outs[0], TOL32 * 10)
-    for build in ("gemv_mb3", "gemv_1tok"):                          # the experimental builds
-        ops.experimental = frozenset({build})
-        for ways in (0, 2, 4):
-            monkeypatch.setattr(cuda_ops, "SPLITK_MIN_K", 2048 if ways == 4 else 1 << 30)
-            monkeypatch.setattr(cuda_ops, "SPLITK2_MIN_K", 2048 if ways == 2 else 1 << 30)
-            launched.clear()
-            close(env.host(ops.linear(X, W, B)), ref, TOL32 * 10)
-            expect = (f"gemv_bf16_1tok_w{max(ways, 1)}_kernel" if build == "gemv_1tok" and t == 1
-                      else ["gemv_bf16_kernel", "", "gemv_bf16_splitk2_kernel", "", "gemv_bf16_splitk_kernel"][ways]
-                      + ("_mb3" if build == "gemv_mb3" else ""))
-            assert launched == [expect], (build, ways, launched)
-    ops.experimental = frozenset()
+    if t == 1:                                          # the one-token builds, residual as bias
+        for ways, blocks in ((1, 4), (2, 4), (4, 4), (8, 4), (4, 2)):
+            R = env.up(b.reshape(1, n))
+            _one_token(ops, "plain", ways, blocks, X, X.reshape(-1), W, R.reshape(-1), R)
+            close(env.host(R), ref, TOL32 * 10)
+        ops.experimental = frozenset({"gemv_1tok"})
+        launched.clear()
+        close(env.host(ops.linear(X, W, B)), ref, TOL32 * 10)
+        ops.experimental = frozenset()
+        assert launched == ["gemv_bf16_plain_w%d_b%d_kernel" % cuda_ops.one_token_build("plain", n, k)[1:]]
     if t == 1:
         gbs = {s: w.nbytes / v / 1e9 for s, v in times.items()}
         print(f"\nGEMV {n}x{k} T=1: whole rows {times[0] * 1e6:.1f} us ({gbs[0]:.0f} GB/s), "
@@ -698,10 +696,14 @@ def test_linear_normed_and_residual(env, rng, n, k, monkeypatch):
     launched = _launched(ops, monkeypatch)
     close(env.host(ops.linear(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
     assert launched == ["gemv_bf16_normed_kernel"]
-    ops.experimental = frozenset({"gemv_mb3"})                      # the 3-blocks-per-SM build
+    for ways, blocks in ((1, 4), (2, 4), (4, 4), (8, 4), (2, 2)):   # the one-token builds
+        O = env.up(rnd(rng, 1, n))
+        _one_token(ops, "normed", ways, blocks, X, NW, W, O.reshape(-1), O, has_bias=False)
+        close(env.host(O), ref, TOL32 * 10)
+    ops.experimental = frozenset({"gemv_1tok"})
     close(env.host(ops.linear(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
     ops.experimental = frozenset()
-    assert launched[-1] == "gemv_bf16_normed_kernel_mb3"
+    assert launched[-1] == "gemv_bf16_normed_w%d_b%d_kernel" % cuda_ops.one_token_build("normed", n, k)[1:]
     R = env.up(r)
     assert ops.linear_add(X, W, R) is R
     close(env.host(R), r + cpu.linear(x, w.astype(np.float32)), TOL32 * 10)
@@ -723,7 +725,11 @@ def test_linear_swiglu_normed(env, rng, i, k):
     ref = cpu.linear_swiglu(cpu.rms_norm(x, nw, 1e-6), w.astype(np.float32))
     best, o = _best_time(env, lambda: ops.linear_swiglu(ops.normed(X, NW, 1e-6), W), reps=5, graph=True)
     close(env.host(o), ref, TOL32 * 10)
-    ops.experimental = frozenset({"gemv_mb3"})                      # the 3-blocks-per-SM build
+    for ways, blocks in ((1, 4), (2, 4), (1, 2)):                 # the one-token builds
+        O = env.up(rnd(rng, 1, i))
+        _one_token(ops, "swiglu", ways, blocks, X, NW, W, O.reshape(-1), O, has_bias=False)
+        close(env.host(O), ref, TOL32 * 10)
+    ops.experimental = frozenset({"gemv_1tok"})
     close(env.host(ops.linear_swiglu(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
     ops.experimental = frozenset()
     if i == 17408:
@@ -1014,6 +1020,17 @@ def _moe_path(ops, path, monkeypatch):
             pytest.skip(f"wgmma needs a cc 9.0 GPU (this is {cc})")
     monkeypatch.setattr(cuda_ops, "MOE_PIPELINED_MIN_PAIRS", 1 << 30 if path == "grouped" else 0)
     monkeypatch.setattr(ops, "use_wgmma", path == "wgmma")
+
+
+def _one_token(ops, mode: str, ways: int, blocks: int, X, NW, W, bias, out, has_bias: bool = True) -> None:
+    """Launch one build of kernels/linear.py gemv_one_token (as ops._one_token does, any build)."""
+    from ninfer_nb.kernels import linear as K_lin
+
+    n, k = W.shape
+    pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
+    per_block = K_lin.GEMV_WARPS // ways
+    ops._go(K_lin.gemv_one_token(mode, ways, blocks), (pairs + per_block - 1) // per_block, 32 * K_lin.GEMV_WARPS,
+            X, NW, np.float32(1e-6), W, bias, out, np.int32(has_bias))
 
 
 def _launched(ops, monkeypatch) -> list[str]:
