@@ -30,7 +30,8 @@ SHAPES = [("27B down", 5120, 17408, "plain"), ("27B out_proj", 5120, 6144, "plai
           ("35B out_proj", 2048, 4096, "plain"), ("27B qkv plain", 14336, 5120, "plain"),
           ("27B attn qkv", 14336, 5120, "normed"), ("27B GDN in", 16480, 5120, "normed"),
           ("35B GDN in", 12352, 2048, "normed"), ("35B attn qkv", 9216, 2048, "normed"),
-          ("27B gate_up", 34816, 5120, "swiglu"), ("35B lm_head", 248320, 2048, "plain")]
+          ("27B gate_up", 34816, 5120, "swiglu"), ("35B lm_head", 248320, 2048, "plain"),
+          ("27B lm_head", 248320, 5120, "plain")]
 WAYS = {"plain": (1, 2, 4, 8), "normed": (1, 2, 4, 8), "swiglu": (1, 2)}
 W = K_lin.GEMV_WARPS
 
@@ -58,16 +59,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--min-mb", type=float, default=600.0, help="weight bytes per graph, at least")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--only", default="", help="comma-separated substrings of the shape labels to run")
     args = ap.parse_args()
-    env = GpuEnv(arena_bytes=4 << 30, scratch_bytes=256 << 20)
+    env = GpuEnv(arena_bytes=6 << 30, scratch_bytes=256 << 20)
     ops = env.fresh()
     bw = copy_bandwidth("cuda")
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
-    pool = env.arena.empty((max(int(args.min_mb * 1e6 * 1.6), 1100 << 20) // 2,), bfloat16)   # sliced
+    pool = env.arena.empty((max(int(args.min_mb * 1e6 * 1.6), 2600 << 20) // 2,), bfloat16)   # sliced
     fill_uniform_bf16_kernel[4096, 256, env.stream.numba](pool, np.int64(7), np.float32(0.05), np.float32(0.0))
     rng = np.random.default_rng(0)
     print(f"{'shape':14s} {'N x K':>12s} {'build':12s} {'us':>7s} {'GB/s':>6s} {'of copy':>8s}")
+    only = [o for o in args.only.split(",") if o]
     for label, n, k, kind in SHAPES:
+        if only and not any(o in label for o in only):
+            continue
         per = n * k
         layers = max(4, int(np.ceil(args.min_mb * 1e6 / (2 * per))))
         stride = (per + 4095) // 4096 * 4096

@@ -12,11 +12,13 @@
   bandwidth, 2 slices take 5120x6144 from 20.4 to 19.9 us and 2048x4096 from 7.2 to 6.6 us).
 * `gemv_bf16_swiglu_kernel`: the MLP's gate_up GEMV with the SwiGLU applied as
   each warp finishes its gate and up row.
-* `gemv_bf16_normed_kernel` / `gemv_bf16_swiglu_normed_kernel`: one token of rms_norm(x) * w
-  as input, the norm fused in (`_stream_pair_normed`: x scaled by the norm weight as it is
-  read, x^2 summed over the same loads, 1 / rms applied to the dot products at the end).
-  H200, graph-timed against the norm kernel + GEMV: 12352x2048 20.3 -> 16.1 us, 16480x5120
-  50.3 -> 43.9 us.
+* `gemv_one_token(mode, ways, blocks)`: the one-token decode GEMVs (T = 1, the batch-1 decode
+  step), built per K-split and blocks per SM (ops/cuda.py one_token_build picks them per
+  shape): "plain", "normed" (one token of rms_norm(x) * w as input, the norm fused in:
+  `_stream_pair_normed` scales x by the norm weight as it is read, sums x^2 over the same
+  loads, applies 1 / rms to the dot products at the end; H200, against the norm kernel + GEMV:
+  12352x2048 20.3 -> 16.1 us, 16480x5120 50.3 -> 43.9 us) and "swiglu" (the MLP's normed
+  gate_up with the SwiGLU applied as each warp finishes its gate and up row).
 * All the GEMVs above are `self_sync` kernels: each pass issues its weight loads before
   `grid_dependency_sync()`, so under programmatic dependent launch the first ones overlap
   the previous kernel's tail.
@@ -320,48 +322,6 @@ def gemv_bf16_swiglu_kernel(x, w, h):
                 h[t0 + 3, j] = g3 / (float32(1.0) + math.exp(-g3)) * u3
 
 
-@kernel((f32_2, f32_1, f32, u16_2, f32_1, f32_2, i32), sim=False, fastmath=True, launch_bounds=(256, 2),
-        self_sync=True)
-def gemv_bf16_normed_kernel(x, nw, eps, w, bias, out, has_bias):
-    """out[0] = w @ rms_norm(x[0], nw, eps) (+ bias): the decode GEMV with the RMSNorm before it
-    fused in (one token, the vectorised path: K % 8 == 0, 16-byte aligned). grid ceil(N / 16),
-    block 256 as gemv_bf16_kernel. Each warp scales x by the norm weight as it streams its row
-    pair and sums x^2 over the same loads, so the statistic costs no extra pass and no barrier;
-    the 1 / rms factor is applied to the two dot products at the end. `bias` may be `out`
-    itself (the residual stream: out[0, n] += (w @ normed x)[n], read before written)."""
-    lane = cuda.threadIdx.x & 31
-    warp = cuda.threadIdx.x >> 5
-    n_rows = w.shape[0]
-    k_dim = w.shape[1]
-    n0 = (cuda.blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS
-    if n0 >= n_rows:
-        return
-    has1 = n0 + 1 < n_rows
-    n1 = n0 + 1 if has1 else n0
-    a0, a1, _ = normed_pair_dots(x, nw, eps, w, n0 * k_dim, n1 * k_dim, lane, k_dim)
-    if lane == 0:
-        out[0, n0] = a0 + (bias[n0] if has_bias != 0 else float32(0.0))
-        if has1:
-            out[0, n1] = a1 + (bias[n1] if has_bias != 0 else float32(0.0))
-
-
-@kernel((f32_2, f32_1, f32, u16_2, f32_2), sim=False, fastmath=True, launch_bounds=(256, 2),
-        self_sync=True)
-def gemv_bf16_swiglu_normed_kernel(x, nw, eps, w, h):
-    """gemv_bf16_swiglu_kernel for one token of rms_norm(x, nw, eps), the norm fused in as in
-    gemv_bf16_normed_kernel. grid ceil(I / 8), block 256; the vectorised path only."""
-    lane = cuda.threadIdx.x & 31
-    warp = cuda.threadIdx.x >> 5
-    inter = h.shape[1]
-    k_dim = w.shape[1]
-    j = cuda.blockIdx.x * GEMV_WARPS + warp
-    if j >= inter:
-        return
-    g, u, _ = normed_pair_dots(x, nw, eps, w, j * k_dim, (inter + j) * k_dim, lane, k_dim)
-    if lane == 0:
-        h[0, j] = g / (float32(1.0) + math.exp(-g)) * u
-
-
 def splitk_rows_per_block(ways: int) -> int:
     return GEMV_WARPS // ways * GEMV_ROWS
 
@@ -461,17 +421,19 @@ def gemv_one_token(mode: str, ways: int, min_blocks: int) -> Any:
 
     * "plain": out[0, n] = w[n] . x[0] (+ bias[n]; bias may alias out: the residual add).
     * "normed": the same for rms_norm(x[0], nw, eps), the norm fused in as in
-      gemv_bf16_normed_kernel (each slice also sums x^2 over its columns; the slices' sums meet
+      `_stream_pair_normed` (each slice also sums x^2 over its columns; the slices' sums meet
       with the dot products).
     * "swiglu": out [1, I] = silu(w[j] . xn) * (w[I + j] . xn) of the normed x (w = [gate; up]),
       the gate and up row of j streamed as a pair.
 
     Grid ceil(pairs / (8 / ways)), block 256 (8 warps); pairs = ceil(N / 2) (plain, normed) or I.
-    Without the token loop of gemv_bf16_kernel (up to 16 tokens, 8 accumulators) ptxas fits the
-    loop in 64 registers (sm_90a: 0-20 bytes of spills), so 4 blocks (32 warps) per SM keep
-    their loads in flight; the split slices also even out the last wave. H200, graph-timed
-    over distinct weights (scripts/gemv_probe.py): 27B 5120x17408 48.9 -> 45.7 us (4 slices),
-    5120x6144 19.5 -> 18.9 us, 14336x5120 42.7 -> 38.8 us (2 slices)."""
+    Without the token loop of gemv_bf16_kernel (up to 16 tokens, 8 accumulators) the plain
+    loop fits 80 registers without spills (ptxas, sm_90a), so 3 blocks (24 warps) per SM keep
+    their loads in flight, and the K slices even out the last wave of a few-row weight. H200,
+    graph-timed over distinct weights (scripts/gemv_probe.py), against the kernels it
+    replaced (gemv_bf16_splitk_kernel, gemv_bf16_normed_kernel): 27B 5120x17408 48.9 -> 46.1
+    us (2 slices, 3 blocks), 5120x6144 19.4 -> 18.1, 14336x5120 normed 39.9 -> 37.7 (whole
+    rows, 2 blocks); 4 blocks (64 registers) lost everywhere, 8 slices too."""
     key = (mode, ways, min_blocks)
     if key not in _ONE_TOKEN:
         if mode not in ONE_TOKEN_MODES or ways not in (1, 2, 4, 8) or min_blocks not in (1, 2, 3, 4):
@@ -638,7 +600,7 @@ def gemv_f32_kernel(x, w, bias, out, has_bias):
 
 
 # The one-token builds ops/cuda.py picks (one_token_build), registered at import so that the
-# compile tests see them; others are built on first use (scripts/gemv_probe.py).
+# compile tests see them; others are built on first use (scripts/gemv_probe.py sweeps them).
 ONE_TOKEN_BUILDS = (("plain", 2, 2), ("plain", 2, 3), ("normed", 1, 2), ("swiglu", 1, 2))
 for _build in ONE_TOKEN_BUILDS:
     gemv_one_token(*_build)

@@ -199,7 +199,7 @@ def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, s
                             gate_up, h):
     """Decode router in one launch, its RMSNorm fused in: logits = w [E + shared, H] @
     rms_norm(x[0], nw, eps) (bf16 weights, one token, H % 8 == 0, 16-byte aligned; the norm as
-    in linear.gemv_bf16_normed_kernel), then the top-k of `_route_row`, in the block that
+    in linear.gemv_one_token "normed"), then the top-k of `_route_row`, in the block that
     finishes last. grid ceil((E + shared) / 16), block ROUTE_BLOCK (8 warps, 2 rows each).
     Warp 0 of block 0 also writes the normed row xn [1, H] for the expert kernels that follow
     (which then need no norm of their own: the wide gate_up kernel keeps its registers).

@@ -71,9 +71,12 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # combine vs the SIMT kernel on the same bf16 cache: 35B heads 16.9 vs 34.8 us at 8K keys,
 # 9.2 vs 8.7 at 512; 27B heads 19.5 vs 51.0 and 8.9 vs 10.2. Decode 35B 390.3 / 376.8 tok/s
 # at 512 / 8K (fp32 cache 389.8 / 354.0), 27B 70.6 / 68.9 (69.6 / 66.9).
-EXPERIMENTAL: dict[str, str] = {
-    "gemv_1tok": "one-token decode GEMVs (kernels/linear.py gemv_one_token): 4 blocks per SM, K slices",
-}
+# Promoted after its H200 runs of 2026-11-30 (sixteenth session): the one-token decode GEMVs
+# (kernels/linear.py gemv_one_token, one_token_build below). Decode tok/s at 512 / 8K, one
+# machine: 35B 406.3 / 388.3 vs 395.8 / 380.2, 27B 72.8 / 71.8 vs 70.8 / 69.7. Dropped in the
+# same session: the general decode GEMVs built for 3 blocks per SM (80 registers; every shape
+# slower, 35B 359.0 / 363.9 vs 390.1 / 394.5 tok/s at 512).
+EXPERIMENTAL: dict[str, str] = {}
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
 # the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
@@ -86,8 +89,8 @@ MOE_PIPELINED_MIN_PAIRS = 1024
 # (8e-3 with the fp32 prepare kernel; one greedy token changed), against 6e-4 output error at the
 # 27B shape (Dk = 128) in the kernel test.
 GDN_PREPARE_MMA_MIN_DK = 64
-# Split-K decode GEMV (4 K slices per row pair) for weights with at most SPLITK_MAX_N rows and at
-# least SPLITK_MIN_K columns. H200, T = 1, in the 27B profile: 5120x17408 85 % -> 93 % of copy
+# Split-K decode GEMV (4 K slices per row pair) for 2-16 tokens (one token: one_token_build) and
+# weights with at most SPLITK_MAX_N rows and at least SPLITK_MIN_K columns. H200, T = 1, in the 27B profile: 5120x17408 85 % -> 93 % of copy
 # bandwidth; 5120x6144 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
 SPLITK_MAX_N = 8192
 SPLITK_MIN_K = 12288
@@ -130,7 +133,7 @@ class Normed:
     """rms_norm(x, weight, eps) of one token's residual row, left for the consumer to compute
     (`CudaOps.normed`): the decode GEMVs, the router and the MoE gate_up scale x by the norm
     weight as they stream it and apply 1 / rms at the end (kernels/linear.py
-    gemv_bf16_normed_kernel), so the norm costs no launch. Consumers without such a kernel
+    gemv_one_token "normed"), so the norm costs no launch. Consumers without such a kernel
     call `CudaOps.plain` first."""
     x: Any          # [1, H] fp32 device tensor (the residual stream)
     weight: Any     # [H] fp32
@@ -479,11 +482,7 @@ class CudaOps:
         if isinstance(x, Normed):                       # one token, the RMSNorm fused in
             if gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0:
                 out = self.empty((1, two_i // 2))                                   # [1, I]
-                if "gemv_1tok" in self.experimental:
-                    self._one_token("swiglu", x.x, x.weight, x.eps, gate_up, out, out.reshape(-1), False)
-                    return out.reshape(tuple(x.shape[:-1]) + (two_i // 2,))
-                self._go(K_lin.gemv_bf16_swiglu_normed_kernel, (two_i // 2 + K_lin.GEMV_WARPS - 1) // K_lin.GEMV_WARPS,
-                         32 * K_lin.GEMV_WARPS, _rows(x.x, k), x.weight, np.float32(x.eps), gate_up, out)
+                self._one_token("swiglu", x.x, x.weight, x.eps, gate_up, out, out.reshape(-1), False)
                 return out.reshape(tuple(x.shape[:-1]) + (two_i // 2,))
             x = self.plain(x)
         x2 = _rows(x, k)
@@ -591,13 +590,8 @@ class CudaOps:
         n, k = weight.shape
         if isinstance(x, Normed):
             if (weight.dtype == bfloat16 and k % 8 == 0 and _ptr(weight) % 16 == 0):
-                grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
                 b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
-                if "gemv_1tok" in self.experimental:
-                    self._one_token("normed", x.x, x.weight, x.eps, weight, out2, b, bias is not None)
-                    return
-                self._go(K_lin.gemv_bf16_normed_kernel, grid, 32 * K_lin.GEMV_WARPS, _rows(x.x, k), x.weight,
-                         np.float32(x.eps), weight, b, out2, np.int32(bias is not None))
+                self._one_token("normed", x.x, x.weight, x.eps, weight, out2, b, bias is not None)
                 return
             x = self.plain(x)
         x2 = _rows(x, k)
@@ -613,7 +607,7 @@ class CudaOps:
         elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
             ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
-            if vec and t == 1 and n <= SPLITK_MAX_N and "gemv_1tok" in self.experimental:
+            if vec and t == 1 and n <= SPLITK_MAX_N:
                 self._one_token("plain", x2, x2.reshape(-1), 1.0, weight, out2, b, bias is not None)
             elif vec and n <= SPLITK_MAX_N and ways:
                 spec = K_lin.gemv_bf16_splitk_kernel if ways == 4 else K_lin.gemv_bf16_splitk2_kernel

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ninfer_nb.kernels import gdn_decode as K_gdd
+from ninfer_nb.kernels import linear as K_lin
 from ninfer_nb.kernels import sampling as S
 from ninfer_nb.ops import cpu
 from ninfer_nb.ops import cuda as cuda_ops
@@ -99,43 +100,42 @@ def test_linear(env, rng, n, k, t):
 @pytest.mark.parametrize("n,k", [(5120, 17408), (5120, 6144), (2048, 4096), (257, 2048), (6, 2304), (3, 2048)])
 @pytest.mark.parametrize("t", [1, 5, 16])
 def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
-    """The split-K decode GEMVs (2 or 4 K slices per row pair, shared-memory sum): the 27B / 35B
-    few-row shapes, an uneven last slice (K = 2304: slices of 768, the fourth empty), blocks
-    with dead row pairs (N = 3, 6), and 1 / 2 / 4 passes over the tokens; against NumPy and the
-    whole-row kernel; prints both kernels' times at T = 1 (-s)."""
-
+    """The few-row decode GEMVs: the 27B / 35B shapes, an uneven last slice (K = 2304: slices of
+    768, the fourth empty), blocks with dead row pairs (N = 3, 6). T = 1: the one-token builds
+    (kernels/linear.py gemv_one_token, 1-8 K slices, 2-4 blocks per SM, the residual as bias)
+    and the one ops.linear picks; T = 5, 16 (1 and 4 passes over the tokens): the split-K
+    kernels (2 or 4 K slices per row pair) against the whole-row kernel; all against NumPy.
+    Prints the times at T = 1 (-s)."""
     ops = env.fresh()
     w = rnd_bf16(rng, n, k)
     x, b = rnd(rng, t, k), rnd(rng, n)
     W, X, B = env.up(w), env.up(x), env.up(b)
     ref = cpu.linear(x, w.astype(np.float32), b)
-    times = {}
-    outs = {}
     launched = _launched(ops, monkeypatch)
-    for ways in (0, 2, 4):                                          # whole rows, 2 or 4 K slices
-        monkeypatch.setattr(cuda_ops, "SPLITK_MIN_K", 2048 if ways == 4 else 1 << 30)
-        monkeypatch.setattr(cuda_ops, "SPLITK2_MIN_K", 2048 if ways == 2 else 1 << 30)
-        times[ways], o = _best_time(env, lambda: ops.linear(X, W, B), reps=5, graph=True)
-        outs[ways] = env.host(o)
-    assert {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_kernel"} <= set(launched)
-    for ways in (2, 4):
-        close(outs[ways], ref, TOL32 * 10)
-        close(outs[ways], outs[0], TOL32 * 10)
-    if t == 1:                                          # the one-token builds, residual as bias
-        for ways, blocks in ((1, 4), (2, 4), (4, 4), (8, 4), (4, 2)):
+    if t == 1:
+        times = {}
+        for ways, blocks in ((1, 2), (2, 2), (2, 3), (4, 3), (4, 4), (8, 4)):
             R = env.up(b.reshape(1, n))
             _one_token(ops, "plain", ways, blocks, X, X.reshape(-1), W, R.reshape(-1), R)
             close(env.host(R), ref, TOL32 * 10)
-        ops.experimental = frozenset({"gemv_1tok"})
+            times[ways, blocks], _ = _best_time(
+                env, lambda: _one_token(ops, "plain", ways, blocks, X, X.reshape(-1), W, B, R), reps=5, graph=True)
         launched.clear()
         close(env.host(ops.linear(X, W, B)), ref, TOL32 * 10)
-        ops.experimental = frozenset()
-        assert launched == ["gemv_bf16_plain_w%d_b%d_kernel" % cuda_ops.one_token_build("plain", n, k)[1:]]
-    if t == 1:
-        gbs = {s: w.nbytes / v / 1e9 for s, v in times.items()}
-        print(f"\nGEMV {n}x{k} T=1: whole rows {times[0] * 1e6:.1f} us ({gbs[0]:.0f} GB/s), "
-              f"split-K 2 {times[2] * 1e6:.1f} us ({gbs[2]:.0f} GB/s), split-K 4 {times[4] * 1e6:.1f} us "
-              f"({gbs[4]:.0f} GB/s)")
+        assert launched == [K_lin.gemv_one_token(*cuda_ops.one_token_build("plain", n, k)).name]
+        print(f"\nGEMV {n}x{k} T=1, us by (K slices, blocks per SM): "
+              + ", ".join(f"{key}: {v * 1e6:.1f}" for key, v in times.items()))
+        return
+    outs = {}
+    for ways in (0, 2, 4):                                          # whole rows, 2 or 4 K slices
+        monkeypatch.setattr(cuda_ops, "SPLITK_MIN_K", 2048 if ways == 4 else 1 << 30)
+        monkeypatch.setattr(cuda_ops, "SPLITK2_MIN_K", 2048 if ways == 2 else 1 << 30)
+        outs[ways] = env.host(ops.linear(X, W, B))
+    assert {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_kernel"} <= set(launched)
+    close(outs[0], ref, TOL32 * 10)
+    for ways in (2, 4):
+        close(outs[ways], ref, TOL32 * 10)
+        close(outs[ways], outs[0], TOL32 * 10)
 
 
 @pytest.mark.parametrize("t", [2048, 17, 3])
@@ -685,7 +685,7 @@ def test_moe_normed_residual(env, rng, e, k, i, h, monkeypatch):
 
 @pytest.mark.parametrize("n,k", [(12352, 2048), (16480, 5120), (77, 40 * 8), (5, 2056)])
 def test_linear_normed_and_residual(env, rng, n, k, monkeypatch):
-    """One decode token: linear of a Normed row (the norm inside gemv_bf16_normed_kernel)
+    """One decode token: linear of a Normed row (the norm inside gemv_one_token "normed")
     against rms_norm + linear and NumPy, and linear_add into a residual row in place (the GEMV
     adds it as its bias); prints the normed GEMV against the norm + GEMV pair at the big shapes."""
     ops = env.fresh()
@@ -695,15 +695,11 @@ def test_linear_normed_and_residual(env, rng, n, k, monkeypatch):
     ref = cpu.linear(cpu.rms_norm(x, nw, 1e-6), w.astype(np.float32))
     launched = _launched(ops, monkeypatch)
     close(env.host(ops.linear(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
-    assert launched == ["gemv_bf16_normed_kernel"]
-    for ways, blocks in ((1, 4), (2, 4), (4, 4), (8, 4), (2, 2)):   # the one-token builds
+    assert launched == [K_lin.gemv_one_token(*cuda_ops.one_token_build("normed", n, k)).name]
+    for ways, blocks in ((1, 3), (2, 2), (2, 4), (4, 4), (8, 4)):   # other one-token builds
         O = env.up(rnd(rng, 1, n))
         _one_token(ops, "normed", ways, blocks, X, NW, W, O.reshape(-1), O, has_bias=False)
         close(env.host(O), ref, TOL32 * 10)
-    ops.experimental = frozenset({"gemv_1tok"})
-    close(env.host(ops.linear(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
-    ops.experimental = frozenset()
-    assert launched[-1] == "gemv_bf16_normed_w%d_b%d_kernel" % cuda_ops.one_token_build("normed", n, k)[1:]
     R = env.up(r)
     assert ops.linear_add(X, W, R) is R
     close(env.host(R), r + cpu.linear(x, w.astype(np.float32)), TOL32 * 10)
@@ -725,13 +721,10 @@ def test_linear_swiglu_normed(env, rng, i, k):
     ref = cpu.linear_swiglu(cpu.rms_norm(x, nw, 1e-6), w.astype(np.float32))
     best, o = _best_time(env, lambda: ops.linear_swiglu(ops.normed(X, NW, 1e-6), W), reps=5, graph=True)
     close(env.host(o), ref, TOL32 * 10)
-    for ways, blocks in ((1, 4), (2, 4), (1, 2)):                 # the one-token builds
+    for ways, blocks in ((1, 4), (2, 2), (2, 4)):                 # other one-token builds
         O = env.up(rnd(rng, 1, i))
         _one_token(ops, "swiglu", ways, blocks, X, NW, W, O.reshape(-1), O, has_bias=False)
         close(env.host(O), ref, TOL32 * 10)
-    ops.experimental = frozenset({"gemv_1tok"})
-    close(env.host(ops.linear_swiglu(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
-    ops.experimental = frozenset()
     if i == 17408:
         pair, _ = _best_time(env, lambda: ops.linear_swiglu(ops.rms_norm(X, NW, 1e-6), W), reps=5, graph=True)
         print(f"\nnormed GEMV + SwiGLU {2 * i}x{k}: norm + GEMV {pair * 1e6:.1f} us, fused {best * 1e6:.1f} us")
@@ -1024,8 +1017,6 @@ def _moe_path(ops, path, monkeypatch):
 
 def _one_token(ops, mode: str, ways: int, blocks: int, X, NW, W, bias, out, has_bias: bool = True) -> None:
     """Launch one build of kernels/linear.py gemv_one_token (as ops._one_token does, any build)."""
-    from ninfer_nb.kernels import linear as K_lin
-
     n, k = W.shape
     pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
     per_block = K_lin.GEMV_WARPS // ways
