@@ -119,12 +119,15 @@ I32 = np.dtype(np.int32)
 def one_token_build(mode: str, n: int, k: int) -> tuple[str, int, int]:
     """(mode, K slices, blocks per SM) of the one-token decode GEMV (kernels/linear.py
     gemv_one_token) for an [n, k] weight. H200, scripts/gemv_probe.py (graph-timed over distinct
-    weights), best of 1 / 2 / 4 / 8 slices x 2 / 3 / 4 blocks: the plain few-row shapes want 2
-    slices, and 3 blocks from K = 6144 (27B 5120x17408 48.9 -> 46.1 us, 5120x6144 19.4 -> 18.1;
-    35B 2048x4096 at 2 blocks 5.9 -> 5.7); the normed and SwiGLU ones whole rows at 2 blocks
-    (27B 14336x5120 39.9 -> 37.7 us, 16480x5120 42.9 -> 42.0; 35B 12352x2048 15.2 -> 14.9)."""
+    weights), best of 1 / 2 / 4 / 8 slices x 2 / 3 / 4 blocks, against the kernels the family
+    replaced: plain weights want 2 slices, at 3 blocks per SM from 32 M weights up (27B
+    5120x17408 48.9 -> 46.1-46.4 us, lm_head 248320x5120 611 -> 585, 35B lm_head 248320x2048
+    273 -> 236) and 2 below (5120x6144 19.4 -> 17.9-18.2, 35B 2048x4096 5.9 -> 5.7; at 3
+    blocks its 256 blocks crowd onto 86 SMs: 7.2); normed and SwiGLU weights whole rows at 2
+    blocks (27B 14336x5120 39.9 -> 37.7 us, 16480x5120 42.9 -> 42.0; 35B 12352x2048 15.2 ->
+    14.9)."""
     if mode == "plain":
-        return mode, 2, (3 if k >= 6144 else 2)
+        return mode, 2, (3 if n * k >= 32 << 20 else 2)
     return mode, 1, 2
 
 
@@ -607,7 +610,7 @@ class CudaOps:
         elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
             ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
-            if vec and t == 1 and n <= SPLITK_MAX_N:
+            if vec and t == 1:
                 self._one_token("plain", x2, x2.reshape(-1), 1.0, weight, out2, b, bias is not None)
             elif vec and n <= SPLITK_MAX_N and ways:
                 spec = K_lin.gemv_bf16_splitk_kernel if ways == 4 else K_lin.gemv_bf16_splitk2_kernel
