@@ -1,15 +1,16 @@
 """Linear layers y[T, N] = x[T, K] @ W[N, K]^T (+ bias[N]); x, y fp32, W bf16 (uint16) or fp32.
 
-* `gemv_bf16_kernel` (T <= 16, decode): memory-bound. A warp owns 2 weight rows and streams them
-  with 16-byte inline-PTX loads (`ld.global.nc.L1::no_allocate.L2::256B.v4`), 4 chunks of 256
-  columns per row issued together (8 loads in flight per lane: with 2 in flight the kernel
-  averaged ~3.0 TB/s in the 27B decode profile; the design spike's 4-deep SIMT variant reached
-  ~4.0 TB/s, numba-kernels-measured.md section 3), 4 tokens per pass, fp32 FMA, warp-shuffle
-  reduction. `vec = 0` selects a scalar path (K % 8 != 0 or unaligned).
+* `gemv_bf16_kernel` (T <= 16, decode; T = 1 goes to gemv_one_token): memory-bound. A warp
+  owns 2 weight rows and streams them with 16-byte inline-PTX loads
+  (`ld.global.nc.L1::no_allocate.L2::256B.v4`), 4 chunks of 256 columns per row issued
+  together (8 loads in flight per lane: with 2 in flight the kernel averaged ~3.0 TB/s in the
+  27B decode profile; the design spike's 4-deep SIMT variant reached ~4.0 TB/s,
+  numba-kernels-measured.md section 3), 4 tokens per pass, fp32 FMA, warp-shuffle reduction. `vec = 0` selects a scalar path (K % 8 != 0 or unaligned).
 * `gemv_bf16_splitk_kernel` / `gemv_bf16_splitk2_kernel`: the same loop over 4 / 2 K slices
   per row pair, for weights with few, long rows (see the docstring); CudaOps picks them by
-  shape (ops/cuda.py SPLITK_*: on the H200 4 slices lift 5120x17408 from 85 % to 93 % of copy
-  bandwidth, 2 slices take 5120x6144 from 20.4 to 19.9 us and 2048x4096 from 7.2 to 6.6 us).
+  shape for 2-16 tokens (ops/cuda.py SPLITK_*: on the H200, at T = 1 before gemv_one_token
+  took that case, 4 slices lifted 5120x17408 from 85 % to 93 % of copy bandwidth, 2 slices
+  took 5120x6144 from 20.4 to 19.9 us and 2048x4096 from 7.2 to 6.6 us).
 * `gemv_bf16_swiglu_kernel`: the MLP's gate_up GEMV with the SwiGLU applied as
   each warp finishes its gate and up row.
 * `gemv_one_token(mode, ways, blocks)`: the one-token decode GEMVs (T = 1, the batch-1 decode
