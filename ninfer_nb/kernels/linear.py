@@ -22,7 +22,8 @@
   gate_up with the SwiGLU applied as each warp finishes its gate and up row).
 * All the GEMVs above are `self_sync` kernels: each pass issues its weight loads before
   `grid_dependency_sync()`, so under programmatic dependent launch the first ones overlap
-  the previous kernel's tail.
+  the previous kernel's tail. They also run in the CUDA simulator, on ptx_sim's stand-ins for
+  the 16-byte loads, shuffles and griddepcontrol (tests/kernels/sim_cases.py test_gemv_*).
 * `gemm_kernel` (prefill chunks, any dtype of W): 64x64x16 shared-memory tiles, 4x4 per thread.
   CUDA cores only (no tensor cores yet). Simulator-safe.
 """
@@ -35,7 +36,7 @@ from numba import cuda, float32
 
 from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, u16_2
-from ninfer_nb.kernels.ptx import as_f32, grid_dependency_sync, ldg_stream_v4_u32, ldg_v4_f32
+from ninfer_nb.kernels.ptx import as_f32, grid_dependency_sync, ldg_stream_v4_u32, ldg_v4_f32, prefetch_l2_bulk
 from ninfer_nb.kernels.registry import kernel
 from ninfer_nb.kernels.warp import warp_sum
 
@@ -202,7 +203,7 @@ def normed_pair_dots(x, nw, eps, w, r0, r1, lane, k_dim):
     return warp_sum(a0) * inv, warp_sum(a1) * inv, inv
 
 
-@kernel((f32_2, u16_2, f32_1, f32_2, i32, i32), sim=False, fastmath=True, launch_bounds=(256, 2),
+@kernel((f32_2, u16_2, f32_1, f32_2, i32, i32), sim=True, fastmath=True, launch_bounds=(256, 2),
         self_sync=True)
 def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
     """grid ceil(N / 16), block 256. x [T, K] fp32, w [N, K] bf16, out [T, N] fp32."""
@@ -281,7 +282,7 @@ def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
                     out[t0 + 3, n1] = a31 + b1
 
 
-@kernel((f32_2, u16_2, f32_2), sim=False, fastmath=True, launch_bounds=(256, 2),
+@kernel((f32_2, u16_2, f32_2), sim=True, fastmath=True, launch_bounds=(256, 2),
         self_sync=True)
 def gemv_bf16_swiglu_kernel(x, w, h):
     """grid ceil(I / 8), block 256: h[t, j] = silu(w[j] . x[t]) * (w[I + j] . x[t]) for every
@@ -402,7 +403,7 @@ def _make_splitk(ways: int, name: str):
             cuda.syncthreads()                           # red is rewritten by the next pass
 
     gemv_bf16_splitk.__name__ = name
-    return kernel((f32_2, u16_2, f32_1, f32_2, i32), sim=False, fastmath=True,
+    return kernel((f32_2, u16_2, f32_1, f32_2, i32), sim=True, fastmath=True,
                   launch_bounds=(256, 2), self_sync=True)(gemv_bf16_splitk)
 
 
@@ -414,7 +415,7 @@ ONE_TOKEN_MODES = ("plain", "normed", "swiglu")
 _ONE_TOKEN: dict[tuple[str, int, int], Any] = {}
 
 
-def gemv_one_token(mode: str, ways: int, min_blocks: int) -> Any:
+def gemv_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool = False) -> Any:
     """The one-token decode GEMV (T = 1, the vectorised path: K % 8 == 0, 16-byte aligned) built
     for `mode`, `ways` K slices per row pair and `min_blocks` resident blocks per SM (launch
     bounds: 2 -> up to 128 registers, 4 -> 64), registered on first use. One signature for
@@ -428,6 +429,11 @@ def gemv_one_token(mode: str, ways: int, min_blocks: int) -> Any:
       the gate and up row of j streamed as a pair.
 
     Grid ceil(pairs / (8 / ways)), block 256 (8 warps); pairs = ceil(N / 2) (plain, normed) or I.
+    `prefetch` (experimental, not yet timed on a GPU): before its first pass each warp asks the
+    copy engine (`cp.async.bulk.prefetch.L2`) for the next PREFETCH_PASSES passes of its two
+    rows, so the blocks that start while the previous kernel still runs (programmatic dependent
+    launch: a latency-bound GDN middle or attention combine before an output projection) pull
+    more than one pass of weights into L2 before their grid-dependency wait.
     Without the token loop of gemv_bf16_kernel (up to 16 tokens, 8 accumulators) the plain
     loop fits 80 registers without spills (ptxas, sm_90a), so 3 blocks (24 warps) per SM keep
     their loads in flight, and the K slices even out the last wave of a few-row weight. H200,
@@ -435,19 +441,24 @@ def gemv_one_token(mode: str, ways: int, min_blocks: int) -> Any:
     replaced (gemv_bf16_splitk_kernel, gemv_bf16_normed_kernel): 27B 5120x17408 48.9 -> 46.1
     us (2 slices, 3 blocks), 5120x6144 19.4 -> 18.1, 14336x5120 normed 39.9 -> 37.7 (whole
     rows, 2 blocks); 4 blocks (64 registers) lost everywhere, 8 slices too."""
-    key = (mode, ways, min_blocks)
+    key = (mode, ways, min_blocks, prefetch)
     if key not in _ONE_TOKEN:
         if mode not in ONE_TOKEN_MODES or ways not in (1, 2, 4, 8) or min_blocks not in (1, 2, 3, 4):
             raise ValueError(f"gemv_one_token: no build {key}")
-        _ONE_TOKEN[key] = _make_one_token(mode, ways, min_blocks)
+        _ONE_TOKEN[key] = _make_one_token(mode, ways, min_blocks, prefetch)
     return _ONE_TOKEN[key]
 
 
-def _make_one_token(mode: str, ways: int, min_blocks: int):
+PREFETCH_PASSES = 2     # gemv_one_token(prefetch=True): passes (of 1024 columns) per row asked for
+
+
+def _make_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool):
     WAYS = ways
     PAIRS = GEMV_WARPS // ways
     NORMED = mode != "plain"
     SWIGLU = mode == "swiglu"
+    PREFETCH = prefetch
+    PASS = UNROLL * 256
 
     def gemv_bf16_one_token(x, nw, eps, w, bias, out, has_bias):
         red = cuda.shared.array((GEMV_WARPS, 3), float32)
@@ -475,6 +486,11 @@ def _make_one_token(mode: str, ways: int, min_blocks: int):
         a0 = float32(0.0)
         a1 = float32(0.0)
         ss = float32(0.0)
+        if PREFETCH and live and lane < 2:        # lane 0: row r0, lane 1: row r1; past the first pass
+            pf = k_beg + PASS
+            if pf < k_end:
+                prefetch_l2_bulk(w, (r0 if lane == 0 else r1) * k_dim + pf,
+                                 min(k_end - pf, PREFETCH_PASSES * PASS) * 2)
         if live:
             if NORMED:
                 a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0 * k_dim, r1 * k_dim, k_beg + lane * 8, k_end)
@@ -514,8 +530,8 @@ def _make_one_token(mode: str, ways: int, min_blocks: int):
                 if has1:
                     out[0, r1] = a1 + (bias[r1] if has_bias != 0 else float32(0.0))
 
-    gemv_bf16_one_token.__name__ = f"gemv_bf16_{mode}_w{ways}_b{min_blocks}_kernel"
-    return kernel((f32_2, f32_1, f32, u16_2, f32_1, f32_2, i32), sim=False, fastmath=True,
+    gemv_bf16_one_token.__name__ = f"gemv_bf16_{mode}_w{ways}_b{min_blocks}{'_pf' if prefetch else ''}_kernel"
+    return kernel((f32_2, f32_1, f32, u16_2, f32_1, f32_2, i32), sim=True, fastmath=True,
                   launch_bounds=(256, min_blocks), self_sync=True)(gemv_bf16_one_token)
 
 
@@ -605,3 +621,4 @@ def gemv_f32_kernel(x, w, bias, out, has_bias):
 ONE_TOKEN_BUILDS = (("plain", 2, 2), ("plain", 2, 3), ("normed", 1, 2), ("swiglu", 1, 2))
 for _build in ONE_TOKEN_BUILDS:
     gemv_one_token(*_build)
+    gemv_one_token(*_build, prefetch=True)          # the experimental gemv_prefetch

@@ -76,7 +76,10 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # machine: 35B 406.3 / 388.3 vs 395.8 / 380.2, 27B 72.8 / 71.8 vs 70.8 / 69.7. Dropped in the
 # same session: the general decode GEMVs built for 3 blocks per SM (80 registers; every shape
 # slower, 35B 359.0 / 363.9 vs 390.1 / 394.5 tok/s at 512).
-EXPERIMENTAL: dict[str, str] = {}
+EXPERIMENTAL: dict[str, str] = {
+    "gemv_prefetch": "one-token decode GEMVs that ask for 2 more passes of their rows in L2 before their "
+                     "grid-dependency wait (kernels/linear.py gemv_one_token prefetch)",
+}
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
 # the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
@@ -640,7 +643,8 @@ class CudaOps:
         mode, ways, blocks = one_token_build(mode, n, k)
         pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
         per_block = K_lin.GEMV_WARPS // ways
-        self._go(K_lin.gemv_one_token(mode, ways, blocks), (pairs + per_block - 1) // per_block,
+        self._go(K_lin.gemv_one_token(mode, ways, blocks, "gemv_prefetch" in self.experimental),
+                 (pairs + per_block - 1) // per_block,
                  32 * K_lin.GEMV_WARPS, _rows(x, k), nw, np.float32(eps), weight, bias, out, np.int32(has_bias))
 
     def _bf16_copy(self, x2: Any) -> Any:

@@ -116,6 +116,70 @@ def test_linear_gemm(ops, wdtype):
     close(ops.linear(x, w, b), cpu.linear(x, wf, b))
 
 
+@pytest.mark.parametrize("mode,builds", [("plain", ((1, 2, False), (2, 3, True), (4, 3, False), (8, 4, False))),
+                                         ("normed", ((1, 2, True), (4, 2, False))),
+                                         ("swiglu", ((1, 2, False), (2, 2, True)))])
+def test_gemv_one_token(ops, mode, builds):
+    """kernels/linear.py gemv_one_token (the decode step's GEMVs; ptx_sim stands in for the
+    16-byte loads and shuffles) at several K splits vs NumPy. K = 2312: two full passes of
+    1024 columns, then the tail loop's 256-column chunk and, for lane 0 only, 8 columns; at 2, 4
+    and 8 slices uneven slices (8: the last three empty). N = 11 (a lone last row; swiglu: I =
+    5), so the last block has dead row pairs. plain adds into its bias, aliased as out (the
+    residual stream); normed and swiglu fuse the RMSNorm. One build per mode prefetches (its
+    ranges are checked to lie in w)."""
+    from ninfer_nb.kernels import linear as K_lin
+
+    rng = np.random.default_rng(31)
+    n, k = (10, 2312) if mode == "swiglu" else (11, 2312)
+    w = rnd(rng, n, k).astype(BF16)
+    x, nw, r = rnd(rng, 1, k), rnd(rng, k), rnd(rng, 1, n)
+    wf = w.astype(np.float32)
+    if mode == "plain":
+        ref = r + cpu.linear(x, wf)
+    elif mode == "normed":
+        ref = cpu.linear(cpu.rms_norm(x, nw, 1e-6), wf)
+    else:
+        ref = cpu.linear_swiglu(cpu.rms_norm(x, nw, 1e-6), wf)
+    for ways, blocks, prefetch in builds:
+        out = r.copy() if mode == "plain" else np.full((1, ref.shape[1]), np.nan, np.float32)
+        pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
+        per_block = K_lin.GEMV_WARPS // ways
+        ops._go(K_lin.gemv_one_token(mode, ways, blocks, prefetch), (pairs + per_block - 1) // per_block,
+                32 * K_lin.GEMV_WARPS, x, nw, np.float32(1e-6), w.view(np.uint16), out.reshape(-1), out,
+                np.int32(mode == "plain"))
+        close(out, ref, 1e-5)
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_gemv_multi_token(ops, t):
+    """kernels/linear.py's GEMVs for up to 16 tokens (4 per pass; T = 5: a full pass and a
+    one-token one) vs NumPy: gemv_bf16_kernel (vectorised and scalar paths), the split-K
+    kernels (2 and 4 slices, K = 2312 as in test_gemv_one_token: uneven slices, the last of 4
+    holding 8 columns) with the residual as bias, and the SwiGLU GEMV."""
+    from ninfer_nb.kernels import linear as K_lin
+
+    rng = np.random.default_rng(37)
+    n, k = 11, 2312
+    w = rnd(rng, n, k).astype(BF16)
+    wu = w.view(np.uint16)
+    x, b = rnd(rng, t, k), rnd(rng, n)
+    ref = cpu.linear(x, w.astype(np.float32), b)
+    g = K_lin.GEMV_WARPS * 32
+    for vec in (1, 0):
+        out = np.full((t, n), np.nan, np.float32)
+        ops._go(K_lin.gemv_bf16_kernel, -(-n // K_lin.GEMV_ROWS_PER_BLOCK), g, x, wu, b, out, np.int32(1),
+                np.int32(vec))
+        close(out, ref, 1e-5)
+    for spec, ways in ((K_lin.gemv_bf16_splitk2_kernel, 2), (K_lin.gemv_bf16_splitk_kernel, 4)):
+        out = np.full((t, n), np.nan, np.float32)
+        ops._go(spec, -(-n // K_lin.splitk_rows_per_block(ways)), g, x, wu, b, out, np.int32(1))
+        close(out, ref, 1e-5)
+    gu = rnd(rng, 10, k).astype(BF16)
+    h = np.full((t, 5), np.nan, np.float32)
+    ops._go(K_lin.gemv_bf16_swiglu_kernel, 1, g, x, gu.view(np.uint16), h)
+    close(h, cpu.linear_swiglu(x, gu.astype(np.float32)), 1e-5)
+
+
 def test_rope(ops):
     rng = np.random.default_rng(5)
     x = rnd(rng, 3, 2, 16)

@@ -17,7 +17,7 @@ import pytest
 from ninfer_nb.kernels.registry import all_specs
 
 SPECS = all_specs()
-NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_kernel", "gemm_mma_kernel", "gemm_wgmma_kernel", "attn_prefill_mma_kernel",
+NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_kernel", "gemv_bf16_swiglu_kernel", "gemm_mma_kernel", "gemm_wgmma_kernel", "attn_prefill_mma_kernel",
             "attn_split_kernel", "attn_split_mma_d64_kernel", "attn_split_mma_d256_kernel", "attn_combine_kernel", "moe_gate_up_unrolled_kernel",
             "moe_gate_up_wide_kernel", "moe_down_wide_kernel",
             "moe_grouped_gate_up_kernel", "moe_grouped_down_kernel", "moe_mma_grouped_kernel", "moe_router_fused_kernel",
@@ -26,7 +26,8 @@ NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_ke
             "conv1d_tokens_k4_kernel", "add_rms_norm_rows_kernel", "flash_attn_kernel",
             "add_rms_norm_kernel", "gdc_prepare_mma_kernel",
             "gemv_bf16_plain_w2_b2_kernel", "gemv_bf16_plain_w2_b3_kernel", "gemv_bf16_normed_w1_b2_kernel",
-            "gemv_bf16_swiglu_w1_b2_kernel"}
+            "gemv_bf16_swiglu_w1_b2_kernel", "gemv_bf16_plain_w2_b2_pf_kernel", "gemv_bf16_plain_w2_b3_pf_kernel",
+            "gemv_bf16_normed_w1_b2_pf_kernel", "gemv_bf16_swiglu_w1_b2_pf_kernel"}
 # simulator-safe kernels whose PTX intrinsics are emulated there (ptx_sim.py), assembled here too
 SIM_EMULATED_PTX = {"gdc_state_mma_kernel", "gdc_prepare_mma_kernel"}
 # the inline-PTX / shuffle ones, and the simulator-safe mma kernels (emulated there)
