@@ -21,8 +21,6 @@ from ninfer_nb.bench import copy_bandwidth  # noqa: E402
 from ninfer_nb.kernels import linear as K_lin  # noqa: E402
 from ninfer_nb.kernels.random_fill import fill_uniform_bf16_kernel  # noqa: E402
 from ninfer_nb.ops.cuda import one_token_build  # noqa: E402
-from ninfer_nb.runtime.events import Timer  # noqa: E402
-from ninfer_nb.runtime.graph import CudaGraph  # noqa: E402
 from ninfer_nb.runtime.tensor import bfloat16  # noqa: E402
 from tests.kernels.gpu_util import GpuEnv, rnd  # noqa: E402
 
@@ -92,22 +90,10 @@ def main() -> None:
         builds.append((f"w{ways} b{blocks} pf", one_token_launch(ops, kind, ways, blocks, x, nw, out, True)))
         for name, launch in builds:
             def body() -> None:
-                env.scratch.reset()
                 for _ in range(args.reps):
                     for w in ws:
                         launch(w)
-            with ops.programmatic_launches(True):
-                body()
-                g = CudaGraph(env.stream)
-                g.capture(body)
-            g.replay()
-            best = 1e9
-            for _ in range(5):
-                with Timer(env.stream) as t:
-                    g.replay()
-                best = min(best, t.ms)
-            g.close()
-            us = best * 1000.0 / (layers * args.reps)
+            us = env.graph_us(body, layers * args.reps)
             gbs = 2 * per / us / 1e3
             print(f"{label:14s} {f'{n}x{k}':>12s} {name:12s} {us:7.2f} {gbs:6.0f} {gbs * 1e9 / bw:7.0%}", flush=True)
 

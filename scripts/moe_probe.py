@@ -16,31 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_nb.kernels import moe as K_moe  # noqa: E402
 from ninfer_nb.kernels.random_fill import fill_uniform_bf16_kernel  # noqa: E402
-from ninfer_nb.runtime.events import Timer  # noqa: E402
-from ninfer_nb.runtime.graph import CudaGraph  # noqa: E402
 from ninfer_nb.runtime.tensor import bfloat16  # noqa: E402
 from tests.kernels.gpu_util import GpuEnv, rnd  # noqa: E402
 
 E, K, I, H = 256, 8, 512, 2048
-
-
-def timed(env: GpuEnv, ops: Any, fn: Callable[[], Any], n_layers: int, pdl: bool) -> float:
-    """us per layer of fn (which runs every layer once), best of 5 graph replays."""
-    def body() -> None:
-        env.scratch.reset()
-        fn()
-    with ops.programmatic_launches(pdl):
-        body()
-        g = CudaGraph(env.stream)
-        g.capture(body)
-    g.replay()
-    best = 1e9
-    for _ in range(5):
-        with Timer(env.stream) as t:
-            g.replay()
-        best = min(best, t.ms)
-    g.close()
-    return best * 1000.0 / n_layers
 
 
 def main() -> None:
@@ -152,7 +131,7 @@ def main() -> None:
           "gate_up + down": (8 * 2 + 9) * I * H * 2 / 1e6, "normed GEMV 14080x2048 (57.7 MB)": 14080 * H * 2 / 1e6}
     print(f"{'sequence':40s} {'PDL us':>8s} {'plain us':>9s}  GB/s (PDL)")
     for name, step in cases:
-        us = {pdl: timed(env, ops, each(step), n, pdl) for pdl in (True, False)}
+        us = {pdl: env.graph_us(each(step), n, pdl) for pdl in (True, False)}
         bw = f"{mb[name] / us[True] * 1e3:7.0f}" if name in mb else ""
         print(f"{name:40s} {us[True]:8.2f} {us[False]:9.2f}  {bw}")
 

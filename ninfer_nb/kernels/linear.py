@@ -189,6 +189,15 @@ def _stream_pair_normed(x, xr, nw, w, r0, r1, k, k_end):
 
 
 @cuda.jit(device=True, inline=True)
+def k_slice(sl, ways, k_dim):
+    """Columns [k_beg, k_end) of slice sl of `ways` K slices: each a multiple of 256 columns
+    (the lanes' 8-column chunks), so the last ones may be shorter or empty."""
+    k_len = ((k_dim + ways * 256 - 1) // (ways * 256)) * 256
+    k_beg = sl * k_len
+    return k_beg, min(k_dim, k_beg + k_len)
+
+
+@cuda.jit(device=True, inline=True)
 def inv_rms(ss_warp, k_dim, eps):
     """1 / rms from a warp's partial sums of squares over a whole k_dim-wide row."""
     return float32(1.0) / math.sqrt(warp_sum(ss_warp) / float32(k_dim) + eps)
@@ -359,9 +368,7 @@ def _make_splitk(ways: int, name: str):
         n0 = n0 if live else 0
         has1 = n0 + 1 < n_rows
         n1 = n0 + 1 if has1 else n0
-        k_len = ((k_dim + WAYS * 256 - 1) // (WAYS * 256)) * 256
-        k_beg = sl * k_len
-        k_end = min(k_dim, k_beg + k_len)
+        k_beg, k_end = k_slice(sl, WAYS, k_dim)
         for t0 in range(0, n_tok, 4):
             ok1 = t0 + 1 < n_tok
             ok2 = t0 + 2 < n_tok
@@ -480,9 +487,7 @@ def _make_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool):
             r0 = 2 * p
             has1 = r0 + 1 < n_rows
             r1 = r0 + 1 if has1 else r0             # a lone last row: loaded, never stored
-        k_len = ((k_dim + WAYS * 256 - 1) // (WAYS * 256)) * 256
-        k_beg = sl * k_len
-        k_end = min(k_dim, k_beg + k_len)
+        k_beg, k_end = k_slice(sl, WAYS, k_dim)
         a0 = float32(0.0)
         a1 = float32(0.0)
         ss = float32(0.0)

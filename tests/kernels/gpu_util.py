@@ -37,6 +37,29 @@ class GpuEnv:
         check(driver().cuMemsetD32Async(self.scratch.base, 0x7FC00000, self.scratch.capacity // 4, self.stream.cu))
         return self.ops
 
+    def graph_us(self, fn: Any, calls: int, pdl: bool = True, replays: int = 5) -> float:
+        """us per call of whatever fn launches `calls` times (the probes: one call per layer of
+        distinct weights), from a CUDA graph of fn (programmatic dependent launch on or off),
+        best of `replays` replays after a warm-up; the scratch is reset before each capture."""
+        from ninfer_nb.runtime.events import Timer
+        from ninfer_nb.runtime.graph import CudaGraph
+
+        def body() -> None:
+            self.scratch.reset()
+            fn()
+        with self.ops.programmatic_launches(pdl):
+            body()
+            g = CudaGraph(self.stream)
+            g.capture(body)
+        g.replay()
+        best = float("inf")
+        for _ in range(replays):
+            with Timer(self.stream) as t:
+                g.replay()
+            best = min(best, t.ms)
+        g.close()
+        return best * 1000.0 / calls
+
     def up(self, a: np.ndarray, dtype: Any = None) -> Any:
         return self.ops.from_numpy(a, dtype=dtype, persistent=True)
 
