@@ -92,7 +92,7 @@ case "${1:-check}" in
         -k "linear_splitk_gemv or linear_normed or linear_swiglu_normed" 2>&1 | tail -2
       python3 scripts/gemv_probe.py 2>&1
     fi
-    for m in ${MODELS:-qwen3.6-35b-a3b}; do for i in $(seq ${REPS:-2}); do for e in "" ${EXP:-gemv_prefetch}; do
+    for m in ${MODELS:-qwen3.6-35b-a3b}; do for i in $(seq ${REPS:-2}); do for e in "" ${EXP:-gemv_prefetch gemv_tail}; do
       python3 -m ninfer_nb bench --random $m --prompt-len ${PROMPTS:-512,8192} --gen 64 ${e:+--experimental $e} 2>&1 \
         | grep -E "^ninfer_nb |Error|error" | sed "s/^/$m ${e:-default} /"
     done; done; done ;;

@@ -5,7 +5,8 @@
   (`ld.global.nc.L1::no_allocate.L2::256B.v4`), 4 chunks of 256 columns per row issued
   together (8 loads in flight per lane: with 2 in flight the kernel averaged ~3.0 TB/s in the
   27B decode profile; the design spike's 4-deep SIMT variant reached ~4.0 TB/s,
-  numba-kernels-measured.md section 3), 4 tokens per pass, fp32 FMA, warp-shuffle reduction. `vec = 0` selects a scalar path (K % 8 != 0 or unaligned).
+  numba-kernels-measured.md section 3), 4 tokens per pass, fp32 FMA, warp-shuffle reduction.
+  `vec = 0` selects a scalar path (K % 8 != 0 or unaligned).
 * `gemv_bf16_splitk_kernel` / `gemv_bf16_splitk2_kernel`: the same loop over 4 / 2 K slices
   per row pair, for weights with few, long rows (see the docstring); CudaOps picks them by
   shape for 2-16 tokens (ops/cuda.py SPLITK_*: on the H200, at T = 1 before gemv_one_token
@@ -104,11 +105,13 @@ def pass_loads(w, r0, r1, k):
 
 
 @cuda.jit(device=True)
-def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc):
+def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc, tail_at_once):
     """This lane's share of two weight rows (flat offsets r0, r1) times up to 4 tokens of x
     over columns k, k + 256, ... < k_end (k = first column + lane * 8). UNROLL chunks of 256
     columns per pass: all 2 * UNROLL weight loads are issued before any math, so each lane
-    keeps 8 x 16 B in flight (latency hiding); then the last < UNROLL chunks.
+    keeps 8 x 16 B in flight (latency hiding); then the last < UNROLL chunks: one chunk per
+    round trip, or (`tail_at_once`, a compile-time constant at every call site) all of them
+    issued together, predicated (experimental: gemv_one_token's `tail`).
     Each pass calls ptx.grid_dependency_sync() after its weight loads, before the first read of
     x: a kernel registered with self_sync=True thus streams its first weights while the kernel
     before it (which wrote x) finishes; later calls return at once."""
@@ -121,14 +124,46 @@ def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc):
         acc = _chunk(x, xi + 512, k_dim, w02, w12, ok1, ok2, ok3, acc)
         acc = _chunk(x, xi + 768, k_dim, w03, w13, ok1, ok2, ok3, acc)
         k += UNROLL * 256
-    while k < k_end:
-        w00 = ldg_stream_v4_u32(w, r0 + k)
-        w10 = ldg_stream_v4_u32(w, r1 + k)
-        grid_dependency_sync()
-        acc = _chunk(x, t0 * k_dim + k, k_dim, w00, w10, ok1, ok2, ok3, acc)
-        k += 256
+    if tail_at_once:
+        if k < k_end:               # at most 3 chunks are left: k, k + 256, k + 512
+            more1 = k + 256 < k_end
+            more2 = k + 512 < k_end
+            w00, w10, w01, w11, w02, w12 = tail_loads(w, r0, r1, k, more1, more2)
+            grid_dependency_sync()
+            xi = t0 * k_dim + k
+            acc = _chunk(x, xi, k_dim, w00, w10, ok1, ok2, ok3, acc)
+            if more1:
+                acc = _chunk(x, xi + 256, k_dim, w01, w11, ok1, ok2, ok3, acc)
+            if more2:
+                acc = _chunk(x, xi + 512, k_dim, w02, w12, ok1, ok2, ok3, acc)
+    else:
+        while k < k_end:
+            w00 = ldg_stream_v4_u32(w, r0 + k)
+            w10 = ldg_stream_v4_u32(w, r1 + k)
+            grid_dependency_sync()
+            acc = _chunk(x, t0 * k_dim + k, k_dim, w00, w10, ok1, ok2, ok3, acc)
+            k += 256
     grid_dependency_sync()          # a lane with no columns has waited too (returns at once)
     return acc
+
+
+@cuda.jit(device=True, inline=True)
+def tail_loads(w, r0, r1, k, more1, more2):
+    """The last (< UNROLL) chunks' weight loads of two rows, issued together: chunk k always,
+    k + 256 if more1, k + 512 if more2 (else chunk k's words again, unused)."""
+    w00 = ldg_stream_v4_u32(w, r0 + k)
+    w10 = ldg_stream_v4_u32(w, r1 + k)
+    w01 = w00
+    w11 = w10
+    w02 = w00
+    w12 = w10
+    if more1:
+        w01 = ldg_stream_v4_u32(w, r0 + k + 256)
+        w11 = ldg_stream_v4_u32(w, r1 + k + 256)
+    if more2:
+        w02 = ldg_stream_v4_u32(w, r0 + k + 512)
+        w12 = ldg_stream_v4_u32(w, r1 + k + 512)
+    return w00, w10, w01, w11, w02, w12
 
 
 @cuda.jit(device=True, inline=True)
@@ -147,11 +182,12 @@ def _normed8(x, xi, nw, ki):
 
 
 @cuda.jit(device=True)
-def _stream_pair_normed(x, xr, nw, w, r0, r1, k, k_end):
+def _stream_pair_normed(x, xr, nw, w, r0, r1, k, k_end, tail_at_once):
     """_stream_pair for one token of a normed input: two weight rows (flat offsets r0, r1) times
     x[xr + j] * nw[j] over this lane's columns j = k, k + 256, ... < k_end. Returns the two
     partial dot products and this lane's partial sum of x^2 over the same columns; a warp that
-    covers every column thus has the whole row's statistic (rms_norm(x) . w = (x * nw) . w / rms)."""
+    covers every column thus has the whole row's statistic (rms_norm(x) . w = (x * nw) . w / rms).
+    tail_at_once: as in _stream_pair."""
     a0 = float32(0.0)
     a1 = float32(0.0)
     ss = float32(0.0)
@@ -175,15 +211,36 @@ def _stream_pair_normed(x, xr, nw, w, r0, r1, k, k_end):
         a1 += _dot8(w13, ya, yb)
         ss += s
         k += UNROLL * 256
-    while k < k_end:
-        w00 = ldg_stream_v4_u32(w, r0 + k)
-        w10 = ldg_stream_v4_u32(w, r1 + k)
-        grid_dependency_sync()
-        ya, yb, s = _normed8(x, xr + k, nw, k)
-        a0 += _dot8(w00, ya, yb)
-        a1 += _dot8(w10, ya, yb)
-        ss += s
-        k += 256
+    if tail_at_once:
+        if k < k_end:               # at most 3 chunks are left: k, k + 256, k + 512
+            more1 = k + 256 < k_end
+            more2 = k + 512 < k_end
+            w00, w10, w01, w11, w02, w12 = tail_loads(w, r0, r1, k, more1, more2)
+            grid_dependency_sync()
+            ya, yb, s = _normed8(x, xr + k, nw, k)
+            a0 += _dot8(w00, ya, yb)
+            a1 += _dot8(w10, ya, yb)
+            ss += s
+            if more1:
+                ya, yb, s = _normed8(x, xr + k + 256, nw, k + 256)
+                a0 += _dot8(w01, ya, yb)
+                a1 += _dot8(w11, ya, yb)
+                ss += s
+            if more2:
+                ya, yb, s = _normed8(x, xr + k + 512, nw, k + 512)
+                a0 += _dot8(w02, ya, yb)
+                a1 += _dot8(w12, ya, yb)
+                ss += s
+    else:
+        while k < k_end:
+            w00 = ldg_stream_v4_u32(w, r0 + k)
+            w10 = ldg_stream_v4_u32(w, r1 + k)
+            grid_dependency_sync()
+            ya, yb, s = _normed8(x, xr + k, nw, k)
+            a0 += _dot8(w00, ya, yb)
+            a1 += _dot8(w10, ya, yb)
+            ss += s
+            k += 256
     grid_dependency_sync()          # a lane with no columns has waited too (returns at once)
     return a0, a1, ss
 
@@ -207,7 +264,7 @@ def inv_rms(ss_warp, k_dim, eps):
 def normed_pair_dots(x, nw, eps, w, r0, r1, lane, k_dim):
     """(w[r0] . rms_norm(x[0], nw, eps), w[r1] . rms_norm(x[0], nw, eps), 1 / rms) for one
     token, summed over the warp (every lane gets them): the normed GEMVs' row pair."""
-    a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0, r1, lane * 8, k_dim)
+    a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0, r1, lane * 8, k_dim, False)
     inv = inv_rms(ss, k_dim, eps)
     return warp_sum(a0) * inv, warp_sum(a1) * inv, inv
 
@@ -241,7 +298,8 @@ def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
         acc = (a00, a01, a10, a11, a20, a21, a30, a31)
         if vec != 0:
             # r1 = r0 for a lone last row: loaded, never stored
-            acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, lane * 8, k_dim, t0, k_dim, ok1, ok2, ok3, acc)
+            acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, lane * 8, k_dim, t0, k_dim, ok1, ok2, ok3, acc,
+                               False)
             a00, a01, a10, a11, a20, a21, a30, a31 = acc
         else:
             grid_dependency_sync()
@@ -314,7 +372,7 @@ def gemv_bf16_swiglu_kernel(x, w, h):
         ok2 = t0 + 2 < n_tok
         ok3 = t0 + 3 < n_tok
         acc = _stream_pair(x, w, j * k_dim, (inter + j) * k_dim, lane * 8, k_dim, t0, k_dim, ok1, ok2, ok3,
-                           (z, z, z, z, z, z, z, z))
+                           (z, z, z, z, z, z, z, z), False)
         g0 = warp_sum(acc[0])
         u0 = warp_sum(acc[1])
         g1 = warp_sum(acc[2])
@@ -377,7 +435,7 @@ def _make_splitk(ways: int, name: str):
                    float32(0.0), float32(0.0), float32(0.0), float32(0.0))
             if live:
                 acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, k_beg + lane * 8, k_end, t0, k_dim, ok1, ok2, ok3,
-                                   acc)
+                                   acc, False)
             grid_dependency_sync()                   # dead pairs too, before the shared sums and stores
             a00, a01, a10, a11, a20, a21, a30, a31 = acc
             a00 = warp_sum(a00)
@@ -422,7 +480,7 @@ ONE_TOKEN_MODES = ("plain", "normed", "swiglu")
 _ONE_TOKEN: dict[tuple[str, int, int], Any] = {}
 
 
-def gemv_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool = False) -> Any:
+def gemv_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool = False, tail: bool = False) -> Any:
     """The one-token decode GEMV (T = 1, the vectorised path: K % 8 == 0, 16-byte aligned) built
     for `mode`, `ways` K slices per row pair and `min_blocks` resident blocks per SM (launch
     bounds: 2 -> up to 128 registers, 4 -> 64), registered on first use. One signature for
@@ -440,7 +498,10 @@ def gemv_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool = False
     copy engine (`cp.async.bulk.prefetch.L2`) for the next PREFETCH_PASSES passes of its two
     rows, so the blocks that start while the previous kernel still runs (programmatic dependent
     launch: a latency-bound GDN middle or attention combine before an output projection) pull
-    more than one pass of weights into L2 before their grid-dependency wait.
+    more than one pass of weights into L2 before their grid-dependency wait. `tail`
+    (experimental, not yet timed): the last < 4 chunks of a row slice (a 27B down projection
+    slice of 8704 columns ends with 512; a 248320x5120 lm_head slice of 2560 too) go out in one
+    round trip instead of one per chunk.
     Without the token loop of gemv_bf16_kernel (up to 16 tokens, 8 accumulators) the plain
     loop fits 80 registers without spills (ptxas, sm_90a), so 3 blocks (24 warps) per SM keep
     their loads in flight, and the K slices even out the last wave of a few-row weight. H200,
@@ -448,23 +509,24 @@ def gemv_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool = False
     replaced (gemv_bf16_splitk_kernel, gemv_bf16_normed_kernel): 27B 5120x17408 48.9 -> 46.1
     us (2 slices, 3 blocks), 5120x6144 19.4 -> 18.1, 14336x5120 normed 39.9 -> 37.7 (whole
     rows, 2 blocks); 4 blocks (64 registers) lost everywhere, 8 slices too."""
-    key = (mode, ways, min_blocks, prefetch)
+    key = (mode, ways, min_blocks, prefetch, tail)
     if key not in _ONE_TOKEN:
         if mode not in ONE_TOKEN_MODES or ways not in (1, 2, 4, 8) or min_blocks not in (1, 2, 3, 4):
             raise ValueError(f"gemv_one_token: no build {key}")
-        _ONE_TOKEN[key] = _make_one_token(mode, ways, min_blocks, prefetch)
+        _ONE_TOKEN[key] = _make_one_token(mode, ways, min_blocks, prefetch, tail)
     return _ONE_TOKEN[key]
 
 
 PREFETCH_PASSES = 2     # gemv_one_token(prefetch=True): passes (of 1024 columns) per row asked for
 
 
-def _make_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool):
+def _make_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool, tail: bool):
     WAYS = ways
     PAIRS = GEMV_WARPS // ways
     NORMED = mode != "plain"
     SWIGLU = mode == "swiglu"
     PREFETCH = prefetch
+    TAIL = tail
     PASS = UNROLL * 256
 
     def gemv_bf16_one_token(x, nw, eps, w, bias, out, has_bias):
@@ -498,11 +560,11 @@ def _make_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool):
                                  min(k_end - pf, PREFETCH_PASSES * PASS) * 2)
         if live:
             if NORMED:
-                a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0 * k_dim, r1 * k_dim, k_beg + lane * 8, k_end)
+                a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0 * k_dim, r1 * k_dim, k_beg + lane * 8, k_end, TAIL)
             else:
                 z = float32(0.0)
                 acc = _stream_pair(x, w, r0 * k_dim, r1 * k_dim, k_beg + lane * 8, k_end, 0, k_dim,
-                                   False, False, False, (z, z, z, z, z, z, z, z))
+                                   False, False, False, (z, z, z, z, z, z, z, z), TAIL)
                 a0 = acc[0]
                 a1 = acc[1]
         grid_dependency_sync()                      # dead pairs too, before the stores
@@ -535,7 +597,8 @@ def _make_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool):
                 if has1:
                     out[0, r1] = a1 + (bias[r1] if has_bias != 0 else float32(0.0))
 
-    gemv_bf16_one_token.__name__ = f"gemv_bf16_{mode}_w{ways}_b{min_blocks}{'_pf' if prefetch else ''}_kernel"
+    gemv_bf16_one_token.__name__ = (f"gemv_bf16_{mode}_w{ways}_b{min_blocks}{'_pf' if prefetch else ''}"
+                                    f"{'_t1' if tail else ''}_kernel")
     return kernel((f32_2, f32_1, f32, u16_2, f32_1, f32_2, i32), sim=True, fastmath=True,
                   launch_bounds=(256, min_blocks), self_sync=True)(gemv_bf16_one_token)
 
@@ -627,3 +690,4 @@ ONE_TOKEN_BUILDS = (("plain", 2, 2), ("plain", 2, 3), ("normed", 1, 2), ("swiglu
 for _build in ONE_TOKEN_BUILDS:
     gemv_one_token(*_build)
     gemv_one_token(*_build, prefetch=True)          # the experimental gemv_prefetch
+    gemv_one_token(*_build, tail=True)              # the experimental gemv_tail

@@ -79,6 +79,8 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 EXPERIMENTAL: dict[str, str] = {
     "gemv_prefetch": "one-token decode GEMVs that ask for 2 more passes of their rows in L2 before their "
                      "grid-dependency wait (kernels/linear.py gemv_one_token prefetch)",
+    "gemv_tail": "one-token decode GEMVs that issue a row slice's last < 4 chunks in one round trip "
+                 "(kernels/linear.py gemv_one_token tail)",
 }
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
@@ -643,7 +645,8 @@ class CudaOps:
         mode, ways, blocks = one_token_build(mode, n, k)
         pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
         per_block = K_lin.GEMV_WARPS // ways
-        self._go(K_lin.gemv_one_token(mode, ways, blocks, "gemv_prefetch" in self.experimental),
+        self._go(K_lin.gemv_one_token(mode, ways, blocks, "gemv_prefetch" in self.experimental,
+                                      "gemv_tail" in self.experimental),
                  (pairs + per_block - 1) // per_block,
                  32 * K_lin.GEMV_WARPS, _rows(x, k), nw, np.float32(eps), weight, bias, out, np.int32(has_bias))
 
