@@ -95,8 +95,9 @@ MOE_PIPELINED_MIN_PAIRS = 1024
 # 27B shape (Dk = 128) in the kernel test.
 GDN_PREPARE_MMA_MIN_DK = 64
 # Split-K decode GEMV (4 K slices per row pair) for 2-16 tokens (one token: one_token_build) and
-# weights with at most SPLITK_MAX_N rows and at least SPLITK_MIN_K columns. H200, T = 1, in the 27B profile: 5120x17408 85 % -> 93 % of copy
-# bandwidth; 5120x6144 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
+# weights with at most SPLITK_MAX_N rows and at least SPLITK_MIN_K columns. H200, T = 1 (before
+# the one-token GEMVs), in the 27B profile: 5120x17408 85 % -> 93 % of copy bandwidth; 5120x6144
+# 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
 SPLITK_MAX_N = 8192
 SPLITK_MIN_K = 12288
 # The 2-slice variant (8 rows per block) for K from SPLITK2_MIN_K up to SPLITK_MIN_K. H200, T = 1,
