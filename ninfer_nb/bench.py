@@ -243,7 +243,7 @@ def main(argv: Sequence[str]) -> int:
                         "simt (always the per-q-head CUDA-core kernel, for A/B runs)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on opt-in CUDA kernels not yet validated on a GPU, by name (ops/cuda.py "
-                        "EXPERIMENTAL; none at present)")
+                        "EXPERIMENTAL; an unknown name lists them)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")
