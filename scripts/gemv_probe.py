@@ -1,9 +1,8 @@
 """How fast each decode GEMV build runs at the models' weight shapes (GPU, not a test): for every
 shape, a graph of L launches over L distinct weights (no L2 reuse, as in the model; PDL on),
 each kernel build and K-split timed as us per launch and GB/s, against the device copy
-bandwidth. The builds: what ops/cuda.py launches by default, kernels/linear.py gemv_one_token
-with 1-8 K slices per row pair and 2-4 blocks per SM, and the default build with the
-experimental options: L2 prefetch (pf, gemv_prefetch), tail chunks at once (t1, gemv_tail).
+bandwidth. The builds: what ops/cuda.py launches by default, and kernels/linear.py
+gemv_one_token with 1-8 K slices per row pair and 2-4 blocks per SM.
 Usage: python3 scripts/gemv_probe.py [--min-mb 600] [--reps 2]"""
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ninfer_nb.bench import copy_bandwidth  # noqa: E402
 from ninfer_nb.kernels import linear as K_lin  # noqa: E402
 from ninfer_nb.kernels.random_fill import fill_uniform_bf16_kernel  # noqa: E402
-from ninfer_nb.ops.cuda import one_token_build  # noqa: E402
 from ninfer_nb.runtime.tensor import bfloat16  # noqa: E402
 from tests.kernels.gpu_util import GpuEnv, rnd  # noqa: E402
 
@@ -45,13 +43,12 @@ def default_build(ops: Any, mode: str, x: Any, nw: Any, out: Any) -> Callable[[A
     return lambda w: ops.linear_swiglu(ops.normed(x, nw, 1e-6), w)
 
 
-def one_token_launch(ops: Any, mode: str, ways: int, blocks: int, x: Any, nw: Any, out: Any,
-                     prefetch: bool = False, tail: bool = False) -> Callable[[Any], None]:
+def one_token_launch(ops: Any, mode: str, ways: int, blocks: int, x: Any, nw: Any, out: Any) -> Callable[[Any], None]:
     def launch(w: Any) -> None:
         n, k = w.shape
         pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
         per_block = W // ways
-        ops._go(K_lin.gemv_one_token(mode, ways, blocks, prefetch, tail), (pairs + per_block - 1) // per_block, 32 * W,
+        ops._go(K_lin.gemv_one_token(mode, ways, blocks), (pairs + per_block - 1) // per_block, 32 * W,
                 x, nw, np.float32(1e-6), w, out.reshape(-1), out, np.int32(mode == "plain"))
     return launch
 
@@ -86,10 +83,6 @@ def main() -> None:
         builds = [("default", default_build(ops, kind, x, nw, out))]
         builds += [(f"w{ways} b{blocks}", one_token_launch(ops, kind, ways, blocks, x, nw, out))
                    for ways in WAYS[kind] for blocks in (2, 3, 4)]
-        _, ways, blocks = one_token_build(kind, n, k)              # the default build, experimental options
-        builds += [(f"w{ways} b{blocks}{' pf' * pf}{' t1' * tail}", one_token_launch(ops, kind, ways, blocks, x, nw,
-                                                                                   out, pf, tail))
-                   for pf, tail in ((True, False), (False, True), (True, True))]
         for name, launch in builds:
             def body() -> None:
                 for _ in range(args.reps):

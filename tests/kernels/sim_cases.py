@@ -116,21 +116,17 @@ def test_linear_gemm(ops, wdtype):
     close(ops.linear(x, w, b), cpu.linear(x, wf, b))
 
 
-@pytest.mark.parametrize("mode,builds", [("plain", ((1, 2, False, False), (2, 3, True, False), (4, 3, False, True),
-                                                   (8, 4, False, False), (2, 2, False, True))),
-                                         ("normed", ((1, 2, True, False), (4, 2, False, False), (1, 2, False, True))),
-                                         ("swiglu", ((1, 2, False, True), (2, 2, True, False)))])
+@pytest.mark.parametrize("mode,builds", [("plain", ((1, 2, 8), (2, 3, 8), (8, 4, 8), (1, 5, 4), (2, 6, 4), (4, 6, 4))),
+                                         ("normed", ((1, 2, 8), (4, 2, 8), (1, 4, 4), (2, 8, 2))),
+                                         ("swiglu", ((2, 2, 8), (1, 4, 4)))])
 def test_gemv_one_token(ops, mode, builds):
     """kernels/linear.py gemv_one_token (the decode step's GEMVs; ptx_sim stands in for the
     16-byte loads and shuffles) at several K splits vs NumPy. K = 2312: two full passes of
     1024 columns, then the tail loop's 256-column chunk and, for lane 0 only, 8 columns; at 2, 4
     and 8 slices uneven slices (8: the last three empty). N = 11 (a lone last row; swiglu: I =
     5), so the last block has dead row pairs. plain adds into its bias, aliased as out (the
-    residual stream); normed and swiglu fuse the RMSNorm. Builds (K slices, blocks per SM, L2
-    prefetch, tail at once): one per mode prefetches (its ranges are checked to lie in w), and
-    one or two issue a slice's last chunks in one round trip: whole rows end with 2 chunks for
-    lane 0 and 1 for the others; 2 slices (1280 and 1032 columns) with 1 chunk each; 4 slices
-    (768, 768, 768, 8 columns) with all 3 chunks and no full pass, and lane 0's one."""
+    residual stream); normed and swiglu fuse the RMSNorm. Builds: (K slices, blocks per SM,
+    warps per block)."""
     from ninfer_nb.kernels import linear as K_lin
 
     rng = np.random.default_rng(31)
@@ -144,12 +140,12 @@ def test_gemv_one_token(ops, mode, builds):
         ref = cpu.linear(cpu.rms_norm(x, nw, 1e-6), wf)
     else:
         ref = cpu.linear_swiglu(cpu.rms_norm(x, nw, 1e-6), wf)
-    for ways, blocks, prefetch, tail in builds:
+    for ways, blocks, warps in builds:
         out = r.copy() if mode == "plain" else np.full((1, ref.shape[1]), np.nan, np.float32)
         pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
-        per_block = K_lin.GEMV_WARPS // ways
-        ops._go(K_lin.gemv_one_token(mode, ways, blocks, prefetch, tail), (pairs + per_block - 1) // per_block,
-                32 * K_lin.GEMV_WARPS, x, nw, np.float32(1e-6), w.view(np.uint16), out.reshape(-1), out,
+        per_block = warps // ways
+        ops._go(K_lin.gemv_one_token(mode, ways, blocks, warps), (pairs + per_block - 1) // per_block,
+                32 * warps, x, nw, np.float32(1e-6), w.view(np.uint16), out.reshape(-1), out,
                 np.int32(mode == "plain"))
         close(out, ref, 1e-5)
 

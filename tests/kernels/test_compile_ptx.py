@@ -70,7 +70,6 @@ def _assert_no_float64(ptx: str, name: str) -> None:
 
 
 WEIGHT_STREAM_LOAD = "ld.global.nc.L1::no_allocate"    # ptx.ldg_stream_v4_u32: weights only
-WEIGHT_PREFETCH = "cp.async.bulk.prefetch.L2"          # ptx.prefetch_l2_bulk: weights only, a hint
 # self_sync kernels that also read, before the wait, data written two or more launches back
 # (their docstrings say why that is complete): any global load, still no store or shared access
 EARLY_READERS = {"moe_down_wide_kernel", "gdn_decode_kernel"}
@@ -113,7 +112,7 @@ def _basic_blocks(body: str) -> tuple[list[list[str]], list[list[int]]]:
 def _assert_waits_before_memory(ptx: str, name: str) -> None:
     """Programmatic dependent launch is safe only if the kernel waits (griddepcontrol.wait)
     before its first global memory access on every path from the entry: the previous kernel
-    may still run. A self_sync kernel may stream (or prefetch to L2) weights, and only weights,
+    may still run. A self_sync kernel may stream weights, and only weights,
     before it waits.
     Paths, not text order: LLVM may place a later block before the wait in the text (it put a
     down-projection kernel's epilogue there for sm_120). Every thread must wait, also one
@@ -122,7 +121,7 @@ def _assert_waits_before_memory(ptx: str, name: str) -> None:
     assert "griddepcontrol.wait;" in body, name
     self_sync = SPECS[name].self_sync
     if self_sync:
-        body = body.replace(WEIGHT_STREAM_LOAD, "weight-stream-load").replace(WEIGHT_PREFETCH, "weight-prefetch")
+        body = body.replace(WEIGHT_STREAM_LOAD, "weight-stream-load")
         if name in EARLY_READERS:
             body = body.replace("ld.global", "early-load")
     blocks, succ = _basic_blocks(body[body.index("{") + 1:])     # past the parameter list

@@ -102,7 +102,8 @@ def test_linear(env, rng, n, k, t):
 def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
     """The few-row decode GEMVs: the 27B / 35B shapes, an uneven last slice (K = 2304: slices of
     768, the fourth empty), blocks with dead row pairs (N = 3, 6). T = 1: the one-token builds
-    (kernels/linear.py gemv_one_token, 1-8 K slices, 2-4 blocks per SM, the residual as bias)
+    (kernels/linear.py gemv_one_token, 1-8 K slices, 2-6 blocks per SM, 8 or 4 warps per block,
+    the residual as bias)
     and the one ops.linear picks; T = 5, 16 (1 and 4 passes over the tokens): the split-K
     kernels (2 or 4 K slices per row pair) against the whole-row kernel; all against NumPy.
     Prints the times at T = 1 (-s)."""
@@ -114,20 +115,18 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
     launched = _launched(ops, monkeypatch)
     if t == 1:
         times = {}
-        for ways, blocks, pf, tail in ((1, 2, False, False), (2, 2, False, False), (2, 3, False, False),
-                                       (4, 3, False, False), (4, 4, False, False), (8, 4, False, False),
-                                       (2, 2, True, False), (2, 3, True, False), (2, 2, False, True),
-                                       (2, 3, False, True)):
+        for ways, blocks, warps in ((1, 2, 8), (2, 3, 8), (4, 4, 8), (8, 4, 8), (1, 5, 4), (1, 6, 4), (2, 4, 4),
+                                    (2, 6, 4), (4, 6, 4)):
             R = env.up(b.reshape(1, n))
-            _one_token(ops, "plain", ways, blocks, X, X.reshape(-1), W, R.reshape(-1), R, prefetch=pf, tail=tail)
+            _one_token(ops, "plain", ways, blocks, X, X.reshape(-1), W, R.reshape(-1), R, warps=warps)
             close(env.host(R), ref, TOL32 * 10)
-            times[ways, blocks, pf, tail], _ = _best_time(
-                env, lambda: _one_token(ops, "plain", ways, blocks, X, X.reshape(-1), W, B, R, prefetch=pf,
-                                        tail=tail), reps=5, graph=True)
+            times[ways, blocks, warps], _ = _best_time(
+                env, lambda: _one_token(ops, "plain", ways, blocks, X, X.reshape(-1), W, B, R, warps=warps), reps=5,
+                graph=True)
         launched.clear()
         close(env.host(ops.linear(X, W, B)), ref, TOL32 * 10)
-        assert launched == [K_lin.gemv_one_token(*cuda_ops.one_token_build("plain", n, k)).name]
-        print(f"\nGEMV {n}x{k} T=1, us by (K slices, blocks per SM, L2 prefetch, tail at once): "
+        assert launched == [K_lin.gemv_one_token(*cuda_ops.one_token_build("plain", n, k, ops.sm_count)).name]
+        print(f"\nGEMV {n}x{k} T=1, us by (K slices, blocks per SM, warps): "
               + ", ".join(f"{key}: {v * 1e6:.1f}" for key, v in times.items()))
         return
     outs = {}
@@ -699,12 +698,11 @@ def test_linear_normed_and_residual(env, rng, n, k, monkeypatch):
     ref = cpu.linear(cpu.rms_norm(x, nw, 1e-6), w.astype(np.float32))
     launched = _launched(ops, monkeypatch)
     close(env.host(ops.linear(ops.normed(X, NW, 1e-6), W)), ref, TOL32 * 10)
-    assert launched == [K_lin.gemv_one_token(*cuda_ops.one_token_build("normed", n, k)).name]
-    for ways, blocks, pf, tail in ((1, 3, False, False), (2, 2, False, False), (2, 4, False, False),
-                                   (4, 4, False, False), (8, 4, False, False), (1, 2, True, False),
-                                   (1, 2, False, True), (4, 2, False, True)):   # other one-token builds
+    assert launched == [K_lin.gemv_one_token(*cuda_ops.one_token_build("normed", n, k, ops.sm_count)).name]
+    for ways, blocks, warps in ((1, 2, 8), (2, 4, 8), (4, 2, 8), (8, 4, 8), (2, 4, 4), (4, 8, 4),
+                                (1, 8, 2)):                       # other one-token builds
         O = env.up(rnd(rng, 1, n))
-        _one_token(ops, "normed", ways, blocks, X, NW, W, O.reshape(-1), O, has_bias=False, prefetch=pf, tail=tail)
+        _one_token(ops, "normed", ways, blocks, X, NW, W, O.reshape(-1), O, has_bias=False, warps=warps)
         close(env.host(O), ref, TOL32 * 10)
     R = env.up(r)
     assert ops.linear_add(X, W, R) is R
@@ -727,10 +725,9 @@ def test_linear_swiglu_normed(env, rng, i, k):
     ref = cpu.linear_swiglu(cpu.rms_norm(x, nw, 1e-6), w.astype(np.float32))
     best, o = _best_time(env, lambda: ops.linear_swiglu(ops.normed(X, NW, 1e-6), W), reps=5, graph=True)
     close(env.host(o), ref, TOL32 * 10)
-    for ways, blocks, pf, tail in ((1, 4, False, False), (2, 2, False, False), (2, 4, False, False),
-                                   (1, 2, True, False), (1, 2, False, True)):   # other builds
+    for ways, blocks, warps in ((1, 2, 8), (2, 2, 8), (2, 4, 4), (1, 8, 2)):   # other builds
         O = env.up(rnd(rng, 1, i))
-        _one_token(ops, "swiglu", ways, blocks, X, NW, W, O.reshape(-1), O, has_bias=False, prefetch=pf, tail=tail)
+        _one_token(ops, "swiglu", ways, blocks, X, NW, W, O.reshape(-1), O, has_bias=False, warps=warps)
         close(env.host(O), ref, TOL32 * 10)
     if i == 17408:
         pair, _ = _best_time(env, lambda: ops.linear_swiglu(ops.rms_norm(X, NW, 1e-6), W), reps=5, graph=True)
@@ -1023,13 +1020,13 @@ def _moe_path(ops, path, monkeypatch):
 
 
 def _one_token(ops, mode: str, ways: int, blocks: int, X, NW, W, bias, out, has_bias: bool = True,
-               prefetch: bool = False, tail: bool = False) -> None:
+               warps: int = K_lin.GEMV_WARPS) -> None:
     """Launch one build of kernels/linear.py gemv_one_token (as ops._one_token does, any build)."""
     n, k = W.shape
     pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
-    per_block = K_lin.GEMV_WARPS // ways
-    ops._go(K_lin.gemv_one_token(mode, ways, blocks, prefetch, tail), (pairs + per_block - 1) // per_block,
-            32 * K_lin.GEMV_WARPS, X, NW, np.float32(1e-6), W, bias, out, np.int32(has_bias))
+    per_block = warps // ways
+    ops._go(K_lin.gemv_one_token(mode, ways, blocks, warps), (pairs + per_block - 1) // per_block,
+            32 * warps, X, NW, np.float32(1e-6), W, bias, out, np.int32(has_bias))
 
 
 def _launched(ops, monkeypatch) -> list[str]:

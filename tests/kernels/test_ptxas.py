@@ -26,9 +26,8 @@ NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_ke
             "conv1d_tokens_k4_kernel", "add_rms_norm_rows_kernel", "flash_attn_kernel",
             "add_rms_norm_kernel", "gdc_prepare_mma_kernel",
             "gemv_bf16_plain_w2_b2_kernel", "gemv_bf16_plain_w2_b3_kernel", "gemv_bf16_normed_w1_b2_kernel",
-            "gemv_bf16_swiglu_w1_b2_kernel", "gemv_bf16_plain_w2_b2_pf_kernel", "gemv_bf16_plain_w2_b3_pf_kernel",
-            "gemv_bf16_normed_w1_b2_pf_kernel", "gemv_bf16_swiglu_w1_b2_pf_kernel", "gemv_bf16_plain_w2_b2_t1_kernel",
-            "gemv_bf16_plain_w2_b3_t1_kernel", "gemv_bf16_normed_w1_b2_t1_kernel", "gemv_bf16_swiglu_w1_b2_t1_kernel"}
+            "gemv_bf16_swiglu_w1_b2_kernel", "gemv_bf16_plain_w2_b4_x4_kernel", "gemv_bf16_plain_w2_b6_x4_kernel", "gemv_bf16_plain_w1_b5_x4_kernel",
+            "gemv_bf16_normed_w1_b4_x4_kernel", "gemv_bf16_swiglu_w1_b4_x4_kernel"}
 # simulator-safe kernels whose PTX intrinsics are emulated there (ptx_sim.py), assembled here too
 SIM_EMULATED_PTX = {"gdc_state_mma_kernel", "gdc_prepare_mma_kernel"}
 # the inline-PTX / shuffle ones, and the simulator-safe mma kernels (emulated there)
