@@ -2,7 +2,9 @@
 shape, a graph of L launches over L distinct weights (no L2 reuse, as in the model; PDL on),
 each kernel build and K-split timed as us per launch and GB/s, against the device copy
 bandwidth. The builds: what ops/cuda.py launches by default, and kernels/linear.py
-gemv_one_token with 1-8 K slices per row pair and 2-4 blocks per SM.
+gemv_one_token with 1-8 K slices per row pair, blocks of 8 warps (2-4 per SM) or 4 warps (4-6
+per SM). A shape's GEMV repeated is not the model's sequence of different GEMVs: for that, see
+scripts/chain_probe.py.
 Usage: python3 scripts/gemv_probe.py [--min-mb 600] [--reps 2]"""
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ SHAPES = [("27B down", 5120, 17408, "plain"), ("27B out_proj", 5120, 6144, "plai
           ("27B gate_up", 34816, 5120, "swiglu"), ("35B lm_head", 248320, 2048, "plain"),
           ("27B lm_head", 248320, 5120, "plain")]
 WAYS = {"plain": (1, 2, 4, 8), "normed": (1, 2, 4, 8), "swiglu": (1, 2)}
-W = K_lin.GEMV_WARPS
+BLOCKS = {8: (2, 3, 4), 4: (4, 5, 6)}      # blocks per SM by warps per block
 
 
 def default_build(ops: Any, mode: str, x: Any, nw: Any, out: Any) -> Callable[[Any], None]:
@@ -43,12 +45,13 @@ def default_build(ops: Any, mode: str, x: Any, nw: Any, out: Any) -> Callable[[A
     return lambda w: ops.linear_swiglu(ops.normed(x, nw, 1e-6), w)
 
 
-def one_token_launch(ops: Any, mode: str, ways: int, blocks: int, x: Any, nw: Any, out: Any) -> Callable[[Any], None]:
+def one_token_launch(ops: Any, mode: str, ways: int, blocks: int, warps: int, x: Any, nw: Any,
+                     out: Any) -> Callable[[Any], None]:
     def launch(w: Any) -> None:
         n, k = w.shape
         pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
-        per_block = W // ways
-        ops._go(K_lin.gemv_one_token(mode, ways, blocks), (pairs + per_block - 1) // per_block, 32 * W,
+        per_block = warps // ways
+        ops._go(K_lin.gemv_one_token(mode, ways, blocks, warps), (pairs + per_block - 1) // per_block, 32 * warps,
                 x, nw, np.float32(1e-6), w, out.reshape(-1), out, np.int32(mode == "plain"))
     return launch
 
@@ -81,8 +84,8 @@ def main() -> None:
         nw = env.up(rnd(rng, k))
         out = env.up(rnd(rng, 1, n if kind != "swiglu" else n // 2))
         builds = [("default", default_build(ops, kind, x, nw, out))]
-        builds += [(f"w{ways} b{blocks}", one_token_launch(ops, kind, ways, blocks, x, nw, out))
-                   for ways in WAYS[kind] for blocks in (2, 3, 4)]
+        builds += [(f"w{ways} b{blocks} x{warps}", one_token_launch(ops, kind, ways, blocks, warps, x, nw, out))
+                   for warps in (8, 4) for ways in WAYS[kind] if ways <= warps for blocks in BLOCKS[warps]]
         for name, launch in builds:
             def body() -> None:
                 for _ in range(args.reps):
