@@ -422,7 +422,7 @@ gemv_bf16_splitk2_kernel = _make_splitk(2, "gemv_bf16_splitk2_kernel")   # 2 K s
 
 
 ONE_TOKEN_MODES = ("plain", "normed", "swiglu")
-_ONE_TOKEN: dict[tuple[str, int, int], Any] = {}
+_ONE_TOKEN: dict[tuple[str, int, int, int], Any] = {}
 
 
 def gemv_one_token(mode: str, ways: int, min_blocks: int, warps: int = GEMV_WARPS) -> Any:

@@ -85,9 +85,8 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # registers, no spills) instead of 4: chain 192.7 vs 186.6 us per layer, 27B 72.5 / 72.5 vs
 # 74.7 / 74.6 tok/s at 512.
 EXPERIMENTAL: dict[str, str] = {
-    "gemv_x8": "the one-token decode GEMVs in 8-warp blocks at every shape, for A/B runs (one_token_build's "
-               "short-row builds: plain 2 K slices at 3 blocks per SM from 32 M weights up, else 2; normed / "
-               "SwiGLU whole rows at 2)",
+    "gemv_x8": "the one-token decode GEMVs in 8-warp blocks at every shape, for A/B runs "
+               "(ops/cuda.py one_token_build_x8)",
 }
 # Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
@@ -154,15 +153,22 @@ def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str
     session, scripts/gemv_probe.py, best of 1 / 2 / 4 / 8 slices x 2 / 3 / 4 blocks): 27B
     5120x17408 48.9 -> 46.1 us against the split-K kernel, 35B lm_head 248320x2048 273 -> 236."""
     if k <= 4096:
-        if mode == "plain":
-            return mode, 2, (3 if n * k >= 32 << 20 else 2), 8
-        return mode, 1, 2, 8
+        return one_token_build_x8(mode, n, k)
     warps = 4
     if mode == "plain":
         if 4 * sm_count <= -(-((n + 1) // 2) // warps) <= 5 * sm_count:     # one wave of whole rows
             return mode, 1, 5, warps
         return mode, 2, (6 if n * k >= 32 << 20 else 4), warps
     return mode, 1, 4, warps
+
+
+def one_token_build_x8(mode: str, n: int, k: int) -> tuple[str, int, int, int]:
+    """one_token_build's 8-warp builds (short rows; every shape under bench --experimental
+    gemv_x8): plain 2 K slices at 3 blocks per SM from 32 M weights up, else 2; normed and
+    SwiGLU whole rows at 2."""
+    if mode == "plain":
+        return mode, 2, (3 if n * k >= 32 << 20 else 2), 8
+    return mode, 1, 2, 8
 
 
 @dataclass(frozen=True)
@@ -673,7 +679,7 @@ class CudaOps:
         n, k = weight.shape
         mode, ways, blocks, warps = one_token_build(mode, n, k, self.sm_count)
         if "gemv_x8" in self.experimental:
-            mode, ways, blocks, warps = one_token_build(mode, n, min(k, 4096), self.sm_count)
+            mode, ways, blocks, warps = one_token_build_x8(mode, n, k)
         pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
         per_block = warps // ways
         self._go(K_lin.gemv_one_token(mode, ways, blocks, warps), (pairs + per_block - 1) // per_block,
