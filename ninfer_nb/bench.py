@@ -242,8 +242,9 @@ def main(argv: Sequence[str]) -> int:
                    help="decode attention: auto (tensor cores on bf16 KV caches, else CUDA cores) or "
                         "simt (always the per-q-head CUDA-core kernel, for A/B runs)")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
-                   help="turn on opt-in CUDA kernels not yet validated on a GPU, by name (ops/cuda.py "
-                        "EXPERIMENTAL; an unknown name lists them)")
+                   help="turn on opt-in CUDA kernel choices by name: kernels not yet validated on a GPU, "
+                        "or earlier builds kept for A/B runs (ops/cuda.py EXPERIMENTAL; an unknown name lists "
+                        "them)")
     p.add_argument("--profile", action="store_true", help="time one decode step kernel family by kernel family")
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt-len", default="512", help="comma-separated prompt lengths")

@@ -51,8 +51,8 @@ SIM = bool(config.ENABLE_CUDASIM)
 DECODE_MAX_T = 4          # attention: split-K decode kernel up to this many query tokens
 ATTENTION_KINDS = ("flash", "gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block stay under this
-# Opt-in kernels (name: what), off until a GPU run shows they win (bench --experimental NAME;
-# list a new entry in bench's --experimental help too). Promoted after the
+# Opt-in kernels (name: what), off until a GPU run shows they win, or earlier builds kept for
+# A/B runs (bench --experimental NAME; an unknown name lists them). Promoted after the
 # H200 run of 2026-11-29 (fifth session): the one-launch decode router
 # (moe_router_fused_kernel, 10.6 -> 10.3 us and one launch less per 35B layer) and the
 # SwiGLU-epilogue GEMV (gemv_bf16_swiglu_kernel, 89.2 -> 86.3 us per 27B MLP). Promoted after
