@@ -49,12 +49,13 @@ class LLM:
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
                  kv_cache: str = "auto", show_progress: bool = False, prefill_gemm: str = "auto",
                  prefill_attention: str = "flash", pdl: bool = True, device_argmax: bool = True,
-                 config: EngineConfig | None = None) -> None:
+                 decode_ahead: bool = True, config: EngineConfig | None = None) -> None:
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
                                      cuda_graphs=cuda_graphs, kv_cache=kv_cache,
                                      show_progress=show_progress, prefill_gemm=prefill_gemm,
-                                     prefill_attention=prefill_attention, pdl=pdl, device_argmax=device_argmax)
+                                     prefill_attention=prefill_attention, pdl=pdl, device_argmax=device_argmax,
+                                     decode_ahead=decode_ahead)
         if cfg.kv_cache not in KV_CACHE_KINDS:
             raise InvalidRequestError(f"kv_cache must be auto, fp32, bf16 or int8, got {cfg.kv_cache!r}")
         if cfg.max_context < 2:
@@ -177,6 +178,7 @@ class LLM:
         n = 0
         # greedy without penalties: the next token straight from the device (Generator.decode_argmax)
         argmax_only = self.engine_config.device_argmax and sampler.argmax_only()
+        ahead = self.engine_config.decode_ahead
         nxt: int | None = None
         try:
             while True:
@@ -199,8 +201,8 @@ class LLM:
                 if cancel is not None and cancel.is_set():
                     finish = "cancelled"
                     break
-                if argmax_only:
-                    nxt = gen.decode_argmax(token, self._valid_vocab)
+                if argmax_only:   # the step after the next token queued too, unless that token is the last
+                    nxt = gen.decode_argmax(token, self._valid_vocab, ahead=ahead and n + 1 < budget)
                 else:
                     logits = gen.decode(token)
         except GeneratorExit:

@@ -111,6 +111,32 @@ def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3) -> dict[str, 
             "decode_tok_s": t.decode_tok_s, "generated": t.completion_tokens}
 
 
+def device_step_us(llm: Any, replays: int = 16) -> float | None:
+    """The decode step on the device alone: the captured decode graph replayed `replays` times
+    back to back between two events, ending at the current context (its argmax feeds each
+    replay the next token and position). None without a captured graph. Leaves the state
+    past what the generator's tokens say, so the generator forgets its prefix afterwards."""
+    from .runtime.events import Event
+
+    gen = llm._generator
+    backend = gen.backend
+    graph = getattr(backend, "_graph", None)
+    if graph is None or getattr(backend, "_inputs", None) is None or not getattr(backend, "argmax_vocab", 0):
+        return None
+    ids, pos = backend._inputs
+    start = max(0, len(gen.tokens) - replays - 1)
+    ids.copy_from_numpy(np.array([1], np.int32), backend.stream)
+    pos.copy_from_numpy(np.array([start], np.int32), backend.stream)
+    graph.replay()                                     # warm
+    e0 = Event().record(backend.stream)
+    for _ in range(replays):
+        graph.replay()
+    e1 = Event().record(backend.stream)
+    us = e0.elapsed_ms(e1) * 1e3 / replays
+    gen.forget()
+    return us
+
+
 PROFILE_REPEAT = 8      # copies of one op per captured graph (bench --profile)
 PROFILE_REPLAYS = 4
 
@@ -238,6 +264,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--host-argmax", action="store_true",
                    help="greedy decode copies the logits row back and takes np.argmax, instead of "
                         "the decode graph's argmax kernel (4 bytes back per token; the default)")
+    p.add_argument("--no-decode-ahead", action="store_true",
+                   help="greedy decode waits for each token on the host before queueing the next step "
+                        "(the default queues it first: the graph's argmax feeds the next step)")
     p.add_argument("--decode-attention", choices=["auto", "simt"], default="auto",
                    help="decode attention: auto (tensor cores on bf16 KV caches, else CUDA cores) or "
                         "simt (always the per-q-head CUDA-core kernel, for A/B runs)")
@@ -272,7 +301,7 @@ def main(argv: Sequence[str]) -> int:
     llm = LLM(model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
               prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph,
               kv_cache=args.kv_cache, prefill_gemm=args.gemm, prefill_attention=args.attention,
-              pdl=not args.no_pdl, device_argmax=not args.host_argmax)
+              pdl=not args.no_pdl, device_argmax=not args.host_argmax, decode_ahead=not args.no_decode_ahead)
     load_s = time.perf_counter() - t_load
     if experimental or args.decode_attention != "auto":
         if llm.backend.name != "cuda":
@@ -294,6 +323,10 @@ def main(argv: Sequence[str]) -> int:
         limit = bw / nbytes                # HBM/DRAM bandwidth is shared by reads and writes
         row: dict[str, Any] = {"engine": "ninfer_nb", **ours, "bytes_per_token": nbytes,
                                "limit_tok_s": limit, "fraction_of_limit": ours["decode_tok_s"] / limit}
+        step_us = device_step_us(llm)
+        if step_us is not None and ours["decode_tok_s"] > 0:   # what the host adds to a token
+            row["device_step_us"] = step_us
+            row["host_gap_us"] = 1e6 / ours["decode_tok_s"] - step_us
         rows.append(row)
         if args.peer == "hf":
             if args.random:
@@ -321,6 +354,7 @@ def main(argv: Sequence[str]) -> int:
               "kv_cache": llm.kv_cache, "decode_attention": args.decode_attention,
               "decode_graph_pdl": bool(getattr(llm.backend, "pdl", False)) and not args.no_cuda_graph,
               "device_argmax": bool(getattr(llm.backend, "argmax_vocab", 0)),
+              "decode_ahead": llm.engine_config.decode_ahead and bool(getattr(llm.backend, "argmax_vocab", 0)),
               "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
@@ -337,11 +371,17 @@ def main(argv: Sequence[str]) -> int:
     print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
           f"command to first token {start_to_first_token:.1f} s; {llm.kv_cache} KV cache; decode graph "
           f"{'with' if report['decode_graph_pdl'] else 'without'} programmatic dependent launch"
-          f"{', greedy tokens by device argmax' if report['device_argmax'] else ''}")
+          f"{', greedy tokens by device argmax' if report['device_argmax'] else ''}"
+          f"{', each step queued before the last token is read' if report['decode_ahead'] else ''}")
     print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
-          f"{'limit t/s':>10}{'of limit':>9}{'vs peer':>8}")
+          f"{'limit t/s':>10}{'of limit':>9}{'vs peer':>8}{'step us':>9}{'host us':>8}")
+    nan = float("nan")
     for r in rows:
         print(f"{r['engine']:<13}{r['prompt_tokens']:>7}{r['ttft_ms']:>9.1f}{r['prefill_tok_s']:>12.1f}"
-              f"{r['decode_tok_s']:>11.1f}{r.get('limit_tok_s', float('nan')):>10.1f}"
-              f"{r.get('fraction_of_limit', float('nan')):>9.2f}{r.get('decode_vs_peer', float('nan')):>8.2f}")
+              f"{r['decode_tok_s']:>11.1f}{r.get('limit_tok_s', nan):>10.1f}"
+              f"{r.get('fraction_of_limit', nan):>9.2f}{r.get('decode_vs_peer', nan):>8.2f}"
+              f"{r.get('device_step_us', nan):>9.1f}{r.get('host_gap_us', nan):>8.1f}")
+    if any("device_step_us" in r for r in rows):
+        print("step us: the decode graph replayed back to back (the device alone); host us: what a token "
+              "took beyond it, end to end")
     return 0

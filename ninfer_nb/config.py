@@ -179,6 +179,10 @@ class EngineConfig:
     # decode graph: 4 bytes come back per token instead of the logits row (~1 MB at a 248K vocab)
     # and no host argmax. On: +6.5 % decode on the 35B (H200, bench --host-argmax to compare).
     device_argmax: bool = True
+    # with device_argmax: each greedy step is queued before the host reads the token it consumes
+    # (the graph's argmax feeds the next step's input), so the device never waits for the host
+    # between tokens; a stop leaves the stop token fed (Generator.decode_argmax(ahead=True))
+    decode_ahead: bool = True
     enable_thinking: bool = True
     show_progress: bool = True
     seed: int | None = None

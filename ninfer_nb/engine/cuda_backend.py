@@ -6,6 +6,7 @@ allocates the same addresses each time (graph-capturable). Knows nothing about r
 """
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 from typing import Any, Callable
@@ -18,6 +19,7 @@ from ..models.weights import ModelWeights, map_arrays
 ARENA_FRACTION = 0.90
 SCRATCH_FRACTION = 0.25
 SCRATCH_MAX = 24 << 30
+GREEDY_RING = 4                 # token slots of the pipelined greedy decode (2 are ever in flight)
 
 
 def bf16_exact(a: np.ndarray) -> bool:
@@ -80,7 +82,14 @@ class CudaBackend:
         # > 0: the decode graph ends with an argmax over the first argmax_vocab logits
         # (decode_step_argmax); set before the first decode step (EngineConfig.device_argmax)
         self.argmax_vocab = 0
+        self._argmax_counter: Any = None   # [1] int32, the graph argmax's block counter (kept 0)
         self._warmed = False            # the first decode step runs eagerly (compiles kernels)
+        # Pipelined greedy decode (greedy_launch / greedy_collect): each launched step's token
+        # comes back through its own slot of a pinned ring, signalled by that slot's event.
+        self._ring: Any = None          # PinnedBuffer of GREEDY_RING int32 slots
+        self._ring_events: list[Any] = []
+        self._pending: collections.deque[int] = collections.deque()   # launched, uncollected slots
+        self._launches = 0
 
     def _bind_calling_thread(self) -> None:
         from ..runtime._drv import check, driver
@@ -145,17 +154,70 @@ class CudaBackend:
         return self._graph_out
 
     def _forward_argmax(self, forward: Callable[[Any, Any], Any], ids: Any, pos: Any) -> Callable[[], tuple[Any, Any]]:
-        """forward, then (argmax_vocab > 0) the argmax of the last row's first argmax_vocab logits."""
+        """forward, then (argmax_vocab > 0) the argmax of the last row's first argmax_vocab
+        logits, fed back into ids / pos (ops.argmax_feed) for a replay the host has not fed."""
         vocab = self.argmax_vocab
+        if vocab and self._argmax_counter is None:
+            self._argmax_counter = self.ops.zeros((1,), np.int32, persistent=True)
 
         def step() -> tuple[Any, Any]:
             logits = forward(ids, pos)
             if not vocab:
                 return logits, None
             row = logits[logits.shape[0] - 1:].reshape(-1)[:vocab].reshape(1, vocab)   # [1, argmax_vocab]
-            return logits, self.ops.argmax(row)
+            return logits, self.ops.argmax_feed(row, self._argmax_counter, ids, pos)
 
         return step
+
+    # --- pipelined greedy decode ---------------------------------------------------------
+    @property
+    def graph_ready(self) -> bool:
+        """The decode graph is captured: a step can be replayed on the inputs the last one fed."""
+        return self._graph is not None and self.argmax_vocab > 0
+
+    @_on_calling_thread
+    def greedy_launch(self, forward: Callable[[Any, Any], Any], token: int | None, position: int) -> None:
+        """Enqueue one greedy decode step and the copy of its token into a pinned slot; does not
+        wait for it. token None: the step reads the token and position the previous step's
+        argmax left in the graph inputs (needs graph_ready), so it can be queued while that
+        step still runs and the device never waits for the host between tokens. Else the
+        host writes token / position (this syncs the stream) and the step may be the eager
+        warm-up or the capture. Collect each launch's token, in order, with greedy_collect."""
+        from ..runtime._drv import check, driver
+        from ..runtime.events import Event
+        from ..runtime.pinned import PinnedBuffer
+
+        if self._ring is None:
+            self._ring = PinnedBuffer(4 * GREEDY_RING)
+            self._ring_events = [Event(timing=False) for _ in range(GREEDY_RING)]
+        if len(self._pending) >= GREEDY_RING:
+            raise RuntimeError("greedy_launch: every token slot is in flight (collect first)")
+        if token is None:
+            if not self.graph_ready:
+                raise RuntimeError("greedy_launch: a device-fed step needs the captured decode graph")
+            self._graph.replay()
+            top = self._graph_out[1]
+        else:
+            _, top = self._step(forward, token, position)
+            if top is None:
+                raise RuntimeError("greedy_launch: argmax_vocab was not set before the first decode step")
+        slot = self._launches % GREEDY_RING
+        self._launches += 1
+        check(driver().cuMemcpyDtoHAsync(self._ring.ptr + 4 * slot, top.ptr, 4, self.stream.cu))
+        self._ring_events[slot].record(self.stream)
+        self._pending.append(slot)
+
+    @_on_calling_thread
+    def greedy_collect(self) -> int:
+        """The token of the oldest uncollected greedy_launch (waits for that step alone)."""
+        slot = self._pending.popleft()
+        self._ring_events[slot].synchronize()
+        return int(self._ring.array(4 * GREEDY_RING).view(np.int32)[slot])
+
+    def greedy_discard(self) -> None:
+        """Forget uncollected launches (a run that stopped with a step ahead in flight: its
+        token is not wanted; the stream orders everything after it)."""
+        self._pending.clear()
 
     @_on_calling_thread
     def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:

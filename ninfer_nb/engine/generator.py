@@ -43,6 +43,7 @@ class Generator:
         self.prefill_chunk = max(1, prefill_chunk)
         self.state: SequenceState = new_state(cfg, max_context, backend.zeros, kv_dtype)
         self.tokens: list[int] = []           # ids whose effects are in `state`
+        self._fed_ahead = False               # decode_argmax(ahead=True) queued a step for tokens[-1]
         self._has_gdn = any(isinstance(l, GDNState) for l in self.state.layers)
         # Two GDN snapshots: the start of the last turn and the end of the last prompt.
         self._snapshots: list[_Snapshot] = []
@@ -98,6 +99,7 @@ class Generator:
                 f"prompt has {len(prompt)} tokens; the context holds {self.max_context} "
                 f"(including at least one generated token)"
             )
+        self._fed_ahead = False                # a queued step's token is in `tokens`, like any other
         start, cached = self._reuse(prompt)
         self.tokens = self.tokens[:start]
         if cached is not None:
@@ -123,30 +125,55 @@ class Generator:
             self._take_snapshot(1, last)
         return last, start
 
-    def decode_argmax(self, token: int, valid_vocab: int) -> int:
+    def decode_argmax(self, token: int, valid_vocab: int, ahead: bool = False) -> int:
         """Feed one sampled token; returns the next token by greedy argmax over ids <
         valid_vocab (lowest id on ties, as np.argmax). From the decode graph's own argmax kernel
         when the backend captured one for this vocabulary (`argmax_vocab`): 4 bytes come back,
-        not the logits row; else np.argmax over `decode`'s logits."""
-        if self.use_graphs and getattr(self.backend, "argmax_vocab", 0) == valid_vocab:
+        not the logits row; else np.argmax over `decode`'s logits.
+
+        ahead=True (the caller will feed the returned token next unless it stops): the step
+        that consumes the returned token is queued on the device before this one's token is
+        read back, so the device runs step after step without waiting for the host. The
+        caller's next call must then pass that token. If the caller stops instead, the queued
+        step still runs: the state then holds the returned token too (it is in `tokens`), which
+        is a consistent state (the next prompt reuses it, or diverges before it)."""
+        b = self.backend
+        if not (self.use_graphs and getattr(b, "argmax_vocab", 0) == valid_vocab):
+            return int(np.argmax(self.decode(token)[:valid_vocab]))
+        forward = self._forward_fn()
+        if self._fed_ahead:                   # the last call queued the step consuming `token`
+            self._fed_ahead = False
+            if token != self.tokens[-1]:
+                raise RuntimeError(f"decode_argmax: token {token} after a step that was queued for "
+                                   f"{self.tokens[-1]}")
+        else:
             if len(self.tokens) >= self.max_context:
                 raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
-            ops = self.backend.ops
-            nxt = self.backend.decode_step_argmax(  # type: ignore[attr-defined]
-                lambda ids, pos: self.decoder.forward(ops, ids, pos, self.state), token, len(self.tokens))
+            b.greedy_discard()
+            b.greedy_launch(forward, token, len(self.tokens))   # type: ignore[attr-defined]
             self.tokens.append(token)
-            return nxt
-        return int(np.argmax(self.decode(token)[:valid_vocab]))
+        queued = ahead and b.graph_ready and len(self.tokens) < self.max_context   # type: ignore[attr-defined]
+        if queued:
+            b.greedy_launch(forward, None, len(self.tokens))    # type: ignore[attr-defined]
+        nxt = b.greedy_collect()                                # type: ignore[attr-defined]
+        if queued:
+            self.tokens.append(nxt)
+            self._fed_ahead = True
+        return nxt
+
+    def _forward_fn(self) -> Any:
+        ops = self.backend.ops
+        return lambda ids, pos: self.decoder.forward(ops, ids, pos, self.state)
 
     def decode(self, token: int) -> np.ndarray:
         """Feed one sampled token; returns the next logits [V]."""
+        if self._fed_ahead:
+            raise RuntimeError("decode: decode_argmax(ahead=True) already fed the last token")
         if len(self.tokens) >= self.max_context:
             raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
         position = len(self.tokens)
         if self.use_graphs:
-            ops = self.backend.ops
-            logits = self.backend.decode_step(  # type: ignore[attr-defined]
-                lambda ids, pos: self.decoder.forward(ops, ids, pos, self.state), token, position)
+            logits = self.backend.decode_step(self._forward_fn(), token, position)  # type: ignore[attr-defined]
             self.tokens.append(token)
             return logits
         self.backend.begin_step()
@@ -176,5 +203,6 @@ class Generator:
     def forget(self) -> None:
         """Drop the cached prefix (after an error left the state half-written)."""
         self.tokens = []
+        self._fed_ahead = False
         for snap in self._snapshots:
             snap.invalidate()

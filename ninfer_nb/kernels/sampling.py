@@ -3,6 +3,10 @@
 Kernels (one block per row of logits [B, V] fp32; per-row parameters read from device memory,
 so one captured graph serves every request mix):
 * `argmax_kernel`: greedy, ties -> lower id.
+* `argmax_feed_kernel`: the decode graph's argmax of one row, over many blocks (a single block
+  streaming 248K logits waits on ~240 dependent L2 round trips per thread); the last block to
+  finish reduces the blocks' partials and feeds the token back: ids[0] = argmax, pos[0] += 1,
+  so the next step can be replayed before the host has read this one's token.
 * `penalties_kernel`: in place; for tokens with count c > 0: repetition (HF style: divide
   positive logits / multiply negative ones by `rep`), then `- freq * c - pres`.
   `count_tokens_kernel` adds the sampled token of each row to `counts` [B, V] int32.
@@ -21,6 +25,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint64
 
 from ninfer_nb.kernels.bf16 import bits_f32, f32_bits
+from ninfer_nb.kernels.ptx import shfl_xor
 from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32_1, i32_2, i64_1
 from ninfer_nb.kernels.registry import kernel
 
@@ -123,6 +128,93 @@ def argmax_kernel(logits, out):
     bv, bi = _bargmax(red, redi, bv, bi)
     if cuda.threadIdx.x == 0:
         out[b] = bi
+
+
+ARGMAX_FEED_THREADS = 256
+ARGMAX_FEED_PER_THREAD = 8                   # logits per thread, all loads issued before the compares
+ARGMAX_FEED_SPAN = ARGMAX_FEED_THREADS * ARGMAX_FEED_PER_THREAD    # logits per block
+ARGMAX_FEED_MAX_BLOCKS = 1024                # partials the last block reduces (4 per thread)
+
+
+@cuda.jit(device=True, inline=True)
+def _better(ov, oi, v, i):
+    """(ov, oi) beats (v, i): larger value, ties -> lower index."""
+    return ov > v or (ov == v and oi < i)
+
+
+@cuda.jit(device=True, inline=True)
+def _warp_argmax(v, i):
+    for off in (16, 8, 4, 2, 1):
+        ov = shfl_xor(v, off)
+        oi = shfl_xor(i, off)
+        if _better(ov, oi, v, i):
+            v = ov
+            i = oi
+    return v, i
+
+
+@cuda.jit(device=True, inline=True)
+def _block_argmax256(v, i, sv, si):
+    """Arg-max of a 256-thread block's (v, i) pairs; the result is valid in warp 0."""
+    tid = cuda.threadIdx.x
+    v, i = _warp_argmax(v, i)
+    if (tid & 31) == 0:
+        sv[tid >> 5] = v
+        si[tid >> 5] = i
+    cuda.syncthreads()
+    if tid < 32:
+        v = sv[tid & 7]
+        i = si[tid & 7]
+        v, i = _warp_argmax(v, i)
+    return v, i
+
+
+@kernel((f32_2, f32_1, i32_1, i32_1, i32_1, i32_1, i32_1))
+def argmax_feed_kernel(logits, part_v, part_i, counter, out, ids, pos):
+    """logits [1, V]; grid ceil(V / ARGMAX_FEED_SPAN) <= ARGMAX_FEED_MAX_BLOCKS, block 256.
+    part_v / part_i [grid] scratch; counter [1] int32, 0 on entry and left 0 (persistent).
+    out[0] = argmax (ties -> lower id), ids[0] = the same, pos[0] += 1."""
+    sv = cuda.shared.array(8, float32)
+    si = cuda.shared.array(8, int32)
+    is_last = cuda.shared.array(1, int32)
+    tid = cuda.threadIdx.x
+    n = logits.shape[1]
+    base = cuda.blockIdx.x * ARGMAX_FEED_SPAN + tid
+    xs = cuda.local.array(ARGMAX_FEED_PER_THREAD, float32)
+    for j in range(ARGMAX_FEED_PER_THREAD):         # unrolled: eight independent loads in flight
+        xs[j] = logits[0, min(base + j * ARGMAX_FEED_THREADS, n - 1)]
+    bv = NEG_BIG
+    bi = int32(n)
+    for j in range(ARGMAX_FEED_PER_THREAD):         # ascending ids: strict > keeps the lowest on ties
+        v = base + j * ARGMAX_FEED_THREADS
+        if v < n and xs[j] > bv:
+            bv = xs[j]
+            bi = int32(v)
+    bv, bi = _block_argmax256(bv, bi, sv, si)
+    if tid == 0:
+        part_v[cuda.blockIdx.x] = bv
+        part_i[cuda.blockIdx.x] = bi
+        cuda.threadfence()
+        is_last[0] = int32(cuda.atomic.add(counter, 0, 1) == cuda.gridDim.x - 1)
+    cuda.syncthreads()
+    if is_last[0] == 0:
+        return
+    cuda.threadfence()
+    bv = NEG_BIG
+    bi = int32(n)
+    for b in range(tid, cuda.gridDim.x, ARGMAX_FEED_THREADS):   # block order = id order
+        ov = part_v[b]
+        oi = part_i[b]
+        if _better(ov, oi, bv, bi):
+            bv = ov
+            bi = oi
+    cuda.syncthreads()                               # sv / si are reused
+    bv, bi = _block_argmax256(bv, bi, sv, si)
+    if tid == 0:
+        out[0] = bi
+        ids[0] = bi
+        pos[0] += 1
+        counter[0] = 0
 
 
 @kernel((f32_2, i32_2, f32_1, f32_1, f32_1))

@@ -67,13 +67,15 @@ def test_device_argmax_option_keeps_greedy_tokens(llm: LLM, tiny_qwen35_dir: Pat
     fast = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32)  # the default
     plain = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32, device_argmax=False)
     plain_calls = []
-    plain._generator.decode_argmax = lambda *a: plain_calls.append(a)  # type: ignore[method-assign]
+    plain._generator.decode_argmax = lambda *a, **kw: plain_calls.append(a)  # type: ignore[method-assign]
     calls = []
     decode_argmax = fast._generator.decode_argmax
-    fast._generator.decode_argmax = lambda *a: (calls.append(a[0]), decode_argmax(*a))[1]  # type: ignore[method-assign]
+    fast._generator.decode_argmax = lambda *a, **kw: (calls.append((a[0], kw["ahead"])), decode_argmax(*a, **kw))[1]  # type: ignore[method-assign]
     assert fast.generate("Hello world", GREEDY).token_ids == plain.generate("Hello world", GREEDY).token_ids
     assert not plain_calls                                              # off: the logits row
     assert len(calls) == GREEDY.max_tokens - 1                          # every token after the first
+    # each call queues the step after it too, but the one whose token is the last of the budget
+    assert [ahead for _, ahead in calls] == [True] * (GREEDY.max_tokens - 2) + [False]
     calls.clear()
     for p in (SamplingParams(max_tokens=6, temperature=0.8, seed=3, ignore_eos=True),
               GREEDY.replace(presence_penalty=0.5)):

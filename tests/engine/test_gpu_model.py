@@ -171,6 +171,37 @@ def test_device_argmax_decode_equals_host_argmax(name: str, tiny_checkpoints) ->
             assert top == int(np.argmax(logits[: fast._valid_vocab]))
 
 
+@pytest.mark.parametrize("name", ["qwen35_moe", "llama"])
+def test_pipelined_greedy_decode_keeps_a_consistent_state(name: str, tiny_checkpoints) -> None:
+    """Greedy generation queues each step before the host reads the token it consumes (the
+    graph's argmax feeds ids / pos; Generator.decode_argmax(ahead=True)). Tokens equal the
+    logits-row path's; a budget stop feeds nothing extra; a stop token is fed by the step
+    queued for it, and a follow-up prompt reusing that state continues exactly as from a
+    state that took the same token by an ordinary decode step."""
+    path = gpu_checkpoint(tiny_checkpoints, name)
+    rng = np.random.default_rng(17)
+    prompt = [int(t) for t in rng.integers(0, 248000, 9)]
+    p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    fast = LLM(str(path), device="cuda", max_context=128)
+    plain = LLM(str(path), device="cuda", max_context=128, device_argmax=False)
+    base = fast.generate(prompt, p)
+    assert base.token_ids == plain.generate(prompt, p).token_ids
+    assert fast._generator.tokens == prompt + base.token_ids[:-1]      # the budget's last token: not fed
+    k = max(i for i in range(15) if base.token_ids[i] not in base.token_ids[:i])   # a first occurrence
+    assert k >= 2, base.token_ids
+    stop = base.token_ids[k]
+    cuts = [llm.generate(prompt, p.replace(stop_token_ids=(stop,))) for llm in (fast, plain)]
+    for cut in cuts:
+        assert cut.finish_reason == "stop" and cut.token_ids == base.token_ids[: k + 1]
+    assert fast._generator.tokens == prompt + base.token_ids[: k + 1]  # the queued step fed the stop token
+    assert plain._generator.tokens == prompt + base.token_ids[:k]
+    plain._generator.decode(stop)                                       # the same state, the ordinary way
+    follow = prompt + base.token_ids[: k + 1] + [int(t) for t in rng.integers(0, 248000, 5)]
+    got, want = fast.generate(follow, p.replace(max_tokens=8)), plain.generate(follow, p.replace(max_tokens=8))
+    assert got.timings.cached_tokens == want.timings.cached_tokens == len(prompt) + k + 1
+    assert got.token_ids == want.token_ids
+
+
 # The 35B's MoE layout at a small depth (H = 2048, the shared expert as wide as the routed ones,
 # so it is a slot): decode takes the fused router with the norm and its extra blocks for the
 # shared slot, the wide gate_up over the routed slots, the down kernel's loads before its wait.

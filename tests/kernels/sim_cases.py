@@ -383,6 +383,26 @@ def test_sampling(ops):
     np.testing.assert_array_equal(counts2, exp)
 
 
+def test_argmax_feed(ops):
+    """Multi-block argmax of one row with the token fed back (ids, pos), the block counter left
+    zero; the winner in the first, a middle and the partial last block; ties -> lower id."""
+    rng = np.random.default_rng(10)
+    n = 2 * S.ARGMAX_FEED_SPAN + 300                 # three blocks, the last partial
+    counter = np.zeros(1, np.int32)
+    ids, pos = np.array([7], np.int32), np.array([41], np.int32)
+    for step, (hot, twin) in enumerate(((5, None), (S.ARGMAX_FEED_SPAN + 777, 2 * S.ARGMAX_FEED_SPAN + 5),
+                                        (n - 1, None))):
+        row = rnd(rng, 1, n, scale=2.0)
+        row[0, hot] = row.max() + 1.0
+        if twin is not None:
+            row[0, twin] = row[0, hot]
+        out = ops.argmax_feed(row, counter, ids, pos)
+        want = min(hot, twin) if twin is not None else hot
+        assert int(np.argmax(row)) == want
+        assert out[0] == want and ids[0] == want, (step, out[0], want)
+        assert pos[0] == 42 + step and counter[0] == 0
+
+
 def test_int8_kv_store_and_prefill_attention(ops):
     rng = np.random.default_rng(7)
     s, hkv, hq, d, t = 30, 2, 4, 128, 17

@@ -774,6 +774,32 @@ def test_moe_experts(env, rng, t, e, k, i, h, kind, monkeypatch):
               f"{best * 1e6:.1f} us")
 
 
+@pytest.mark.parametrize("v", [248320, 151643, 2048, 37])
+def test_argmax_feed(env, rng, v):
+    """The decode graph's argmax: np.argmax of fresh random rows (a tie across blocks -> the
+    lower id), the token and position fed back, the counter left zero over repeated calls;
+    timed against the one-block argmax_kernel at the Qwen vocabularies."""
+    ops = env.fresh()
+    counter = env.up(np.zeros(1, np.int32))
+    ids, pos = env.up(np.array([3], np.int32)), env.up(np.array([100], np.int32))
+    for step in range(3):
+        row = rnd(rng, 1, v, scale=3.0)
+        hot = int(rng.integers(0, v))
+        row[0, hot] = row.max() + 1.0
+        if step == 1 and v > 3000:
+            row[0, hot // 2] = row[0, hot] = row.max() + 1.0      # a tie, maybe across blocks
+        want = int(np.argmax(row))
+        out = env.host(ops.argmax_feed(env.up(row), counter, ids, pos))
+        assert out[0] == want and env.host(ids)[0] == want, (step, out[0], want)
+        assert env.host(pos)[0] == 101 + step and env.host(counter)[0] == 0
+    if v > 100000:
+        L = env.up(rnd(rng, 1, v, scale=3.0))
+        t_feed, _ = _best_time(env, lambda: ops.argmax_feed(L, counter, ids, pos), graph=True)
+        t_one, _ = _best_time(env, lambda: ops.argmax(L), graph=True)
+        assert env.host(counter)[0] == 0
+        print(f"\nargmax of {v} logits: argmax_feed {t_feed * 1e6:.1f} us, one-block argmax {t_one * 1e6:.1f} us")
+
+
 @pytest.mark.parametrize("b,v", [(4, 248320), (3, 1000)])
 def test_sampling(env, rng, b, v):
     ops = env.fresh()
