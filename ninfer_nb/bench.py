@@ -339,9 +339,12 @@ def main(argv: Sequence[str]) -> int:
                 peer = time_model(checkpoint_model(llm.engine_config.model, dev), n, args.gen, dev)
             rows.append({"engine": "transformers", **peer})
             row["decode_vs_peer"] = ours["decode_tok_s"] / peer["decode_tok_s"]
-    profile = profile_step(llm) if args.profile else []
+    # at the last prompt's context after its decode (the KV rows up to there hold that run's
+    # keys; device_step_us made the generator forget the token ids, not the cache)
+    context = max(lens) + args.gen - 1
+    profile = profile_step(llm, start=context) if args.profile else []
     chunk = min(args.prefill_chunk, max(lens))
-    prefill_profile = profile_step(llm, chunk) if args.profile else []
+    prefill_profile = profile_step(llm, chunk, start=max(0, context + 1 - chunk)) if args.profile else []
     step_gap = {}
     if profile:   # the profile runs at the last prompt's context, like that prompt's decode
         last = [r for r in rows if r["engine"] == "ninfer_nb"][-1]
