@@ -176,8 +176,11 @@ class LLM:
         timings.prefill_s = t_first - t0
         finish = "length"
         n = 0
-        # greedy without penalties: the next token straight from the device (Generator.decode_argmax)
-        argmax_only = self.engine_config.device_argmax and sampler.argmax_only()
+        # greedy, or temperature alone, without penalties: the next token is picked on the device
+        # (Generator.decode_token: argmax / Gumbel-max); else the host samples the logits row
+        pick = sampler.device_pick() if self.engine_config.device_argmax else None
+        if pick is not None and pick[0] > 0.0 and not gen.picks_on_device(self._valid_vocab):
+            pick = None                          # no decode graph (CPU): the host samples
         ahead = self.engine_config.decode_ahead
         nxt: int | None = None
         try:
@@ -201,8 +204,9 @@ class LLM:
                 if cancel is not None and cancel.is_set():
                     finish = "cancelled"
                     break
-                if argmax_only:   # the step after the next token queued too, unless that token is the last
-                    nxt = gen.decode_argmax(token, self._valid_vocab, ahead=ahead and n + 1 < budget)
+                if pick is not None:   # the step after the next token queued too, unless that token is the last
+                    nxt = gen.decode_token(token, self._valid_vocab, ahead=ahead and n + 1 < budget,
+                                           temperature=pick[0], seed=pick[1], offset=n)
                 else:
                     logits = gen.decode(token)
         except GeneratorExit:

@@ -83,7 +83,7 @@ def decode_bytes(llm: Any, context: int) -> int:
     return total + kv + 2 * gdn
 
 
-def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3) -> dict[str, Any]:
+def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3, temperature: float = 0.0) -> dict[str, Any]:
     """Warm-up, then `repeat` cold prefills of prompts that differ in their first token (no
     prefix reuse), the last one followed by `gen` greedy tokens. TTFT and prefill tok/s are
     the medians over the prefills (single runs of the same code varied by +-30 %); decode
@@ -91,7 +91,7 @@ def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3) -> dict[str, 
     rng = np.random.default_rng(prompt_len)
     vocab = llm._valid_vocab
     ids = [int(t) for t in rng.integers(100, vocab - 1, prompt_len)]
-    params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=gen, temperature=temperature, ignore_eos=True, seed=0)
     # Warm-up on another prompt of the same length: every kernel the timed run takes (the
     # tensor-core GEMM, the grouped MoE, the chunked GDN start at longer chunks) is compiled
     # or read from the cache outside the timing; a different first token defeats prefix reuse.
@@ -262,8 +262,12 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--no-pdl", action="store_true",
                    help="decode graph without programmatic dependent launch (cc >= 9.0 uses it by default)")
     p.add_argument("--host-argmax", action="store_true",
-                   help="greedy decode copies the logits row back and takes np.argmax, instead of "
-                        "the decode graph's argmax kernel (4 bytes back per token; the default)")
+                   help="decode copies the logits row back and the host picks the token (np.argmax, or the "
+                        "host sampler), instead of the decode graph's pick kernel (4 bytes back per token; "
+                        "the default)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="decode by sampling at this temperature (default 0: greedy); temperature alone "
+                        "is sampled in the decode graph (Gumbel-max), --host-argmax samples on the host")
     p.add_argument("--no-decode-ahead", action="store_true",
                    help="greedy decode waits for each token on the host before queueing the next step "
                         "(the default queues it first: the graph's argmax feeds the next step)")
@@ -318,7 +322,7 @@ def main(argv: Sequence[str]) -> int:
     rows = []
     for n in lens:
         sys.stderr.write(f"bench: prompt {n}, generate {args.gen} ...\n")
-        ours = run_ours(llm, n, args.gen, max(1, args.repeat))
+        ours = run_ours(llm, n, args.gen, max(1, args.repeat), args.temperature)
         nbytes = decode_bytes(llm, n + args.gen // 2)
         limit = bw / nbytes                # HBM/DRAM bandwidth is shared by reads and writes
         row: dict[str, Any] = {"engine": "ninfer_nb", **ours, "bytes_per_token": nbytes,
@@ -354,7 +358,7 @@ def main(argv: Sequence[str]) -> int:
     report = {"model": llm.model_id, "profile": profile, "prefill_profile": prefill_profile, **step_gap,
               "load_s": load_s,
               "start_to_first_token_s": start_to_first_token, "device": llm.device_name,
-              "kv_cache": llm.kv_cache, "decode_attention": args.decode_attention,
+              "kv_cache": llm.kv_cache, "decode_attention": args.decode_attention, "temperature": args.temperature,
               "decode_graph_pdl": bool(getattr(llm.backend, "pdl", False)) and not args.no_cuda_graph,
               "device_argmax": bool(getattr(llm.backend, "argmax_vocab", 0)),
               "decode_ahead": llm.engine_config.decode_ahead and bool(getattr(llm.backend, "argmax_vocab", 0)),
@@ -374,7 +378,8 @@ def main(argv: Sequence[str]) -> int:
     print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
           f"command to first token {start_to_first_token:.1f} s; {llm.kv_cache} KV cache; decode graph "
           f"{'with' if report['decode_graph_pdl'] else 'without'} programmatic dependent launch"
-          f"{', greedy tokens by device argmax' if report['device_argmax'] else ''}"
+          f"{f', sampling at temperature {args.temperature}' if args.temperature > 0 else ''}"
+          f"{', tokens picked on the device' if report['device_argmax'] else ''}"
           f"{', each step queued before the last token is read' if report['decode_ahead'] else ''}")
     print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
           f"{'limit t/s':>10}{'of limit':>9}{'vs peer':>8}{'step us':>9}{'host us':>8}")

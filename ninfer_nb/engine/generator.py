@@ -43,7 +43,7 @@ class Generator:
         self.prefill_chunk = max(1, prefill_chunk)
         self.state: SequenceState = new_state(cfg, max_context, backend.zeros, kv_dtype)
         self.tokens: list[int] = []           # ids whose effects are in `state`
-        self._fed_ahead = False               # decode_argmax(ahead=True) queued a step for tokens[-1]
+        self._fed_ahead = False               # decode_token(ahead=True) queued a step for tokens[-1]
         self._has_gdn = any(isinstance(l, GDNState) for l in self.state.layers)
         # Two GDN snapshots: the start of the last turn and the end of the last prompt.
         self._snapshots: list[_Snapshot] = []
@@ -125,37 +125,47 @@ class Generator:
             self._take_snapshot(1, last)
         return last, start
 
-    def decode_argmax(self, token: int, valid_vocab: int, ahead: bool = False) -> int:
-        """Feed one sampled token; returns the next token by greedy argmax over ids <
-        valid_vocab (lowest id on ties, as np.argmax). From the decode graph's own argmax kernel
-        when the backend captured one for this vocabulary (`argmax_vocab`): 4 bytes come back,
-        not the logits row; else np.argmax over `decode`'s logits.
+    def picks_on_device(self, valid_vocab: int) -> bool:
+        """decode_token can pick (argmax or sample) in the decode graph for this vocabulary."""
+        return self.use_graphs and getattr(self.backend, "argmax_vocab", 0) == valid_vocab
+
+    def decode_token(self, token: int, valid_vocab: int, *, ahead: bool = False, temperature: float = 0.0,
+                     seed: int = 0, offset: int = 0) -> int:
+        """Feed one token; returns the next one, picked over ids < valid_vocab: the argmax
+        (temperature 0; lowest id on ties, as np.argmax) or a sample from softmax(logits / T)
+        by the Gumbel-max trick with noise from Philox(seed, (offset, id)) (kernels/sampling.py
+        pick_feed_kernel). From the decode graph's own pick kernel when the backend captured
+        one for this vocabulary (`argmax_vocab`): 4 bytes come back, not the logits row. Else
+        (CPU, no graphs) the argmax of `decode`'s logits; temperature > 0 needs the graph.
 
         ahead=True (the caller will feed the returned token next unless it stops): the step
         that consumes the returned token is queued on the device before this one's token is
         read back, so the device runs step after step without waiting for the host. The
-        caller's next call must then pass that token. If the caller stops instead, the queued
-        step still runs: the state then holds the returned token too (it is in `tokens`), which
-        is a consistent state (the next prompt reuses it, or diverges before it)."""
+        caller's next call must then pass that token (its offset is the device's: one more).
+        If the caller stops instead, the queued step still runs: the state then holds the
+        returned token too (it is in `tokens`), a consistent state (the next prompt reuses it,
+        or diverges before it)."""
         b = self.backend
-        if not (self.use_graphs and getattr(b, "argmax_vocab", 0) == valid_vocab):
+        if not self.picks_on_device(valid_vocab):
+            if temperature > 0.0:
+                raise RuntimeError("decode_token: sampling on the device needs the decode graph's pick")
             return int(np.argmax(self.decode(token)[:valid_vocab]))
         forward = self._forward_fn()
         if self._fed_ahead:                   # the last call queued the step consuming `token`
             self._fed_ahead = False
             if token != self.tokens[-1]:
-                raise RuntimeError(f"decode_argmax: token {token} after a step that was queued for "
+                raise RuntimeError(f"decode_token: token {token} after a step that was queued for "
                                    f"{self.tokens[-1]}")
         else:
             if len(self.tokens) >= self.max_context:
                 raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
-            b.greedy_discard()
-            b.greedy_launch(forward, token, len(self.tokens))   # type: ignore[attr-defined]
+            b.discard_tokens()                                                    # type: ignore[attr-defined]
+            b.launch_token_step(forward, token, len(self.tokens), (temperature, seed, offset))  # type: ignore[attr-defined]
             self.tokens.append(token)
         queued = ahead and b.graph_ready and len(self.tokens) < self.max_context   # type: ignore[attr-defined]
         if queued:
-            b.greedy_launch(forward, None, len(self.tokens))    # type: ignore[attr-defined]
-        nxt = b.greedy_collect()                                # type: ignore[attr-defined]
+            b.launch_token_step(forward, None, len(self.tokens))                  # type: ignore[attr-defined]
+        nxt = b.collect_token()                                                   # type: ignore[attr-defined]
         if queued:
             self.tokens.append(nxt)
             self._fed_ahead = True
@@ -168,7 +178,7 @@ class Generator:
     def decode(self, token: int) -> np.ndarray:
         """Feed one sampled token; returns the next logits [V]."""
         if self._fed_ahead:
-            raise RuntimeError("decode: decode_argmax(ahead=True) already fed the last token")
+            raise RuntimeError("decode: decode_token(ahead=True) already fed the last token")
         if len(self.tokens) >= self.max_context:
             raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
         position = len(self.tokens)

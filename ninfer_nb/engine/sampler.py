@@ -12,18 +12,33 @@ import numpy as np
 from ..params import SamplingParams
 
 
+DEVICE_SEED_SALT = 0x5EED_D0       # the device pick's key is not the host generator's stream
+
+
 class Sampler:
     def __init__(self, params: SamplingParams, valid_vocab: int, seed: int | None = None) -> None:
         self.params = params
         self.valid_vocab = valid_vocab
-        self.rng = np.random.default_rng(params.seed if params.seed is not None else seed)
+        self.seed = params.seed if params.seed is not None else seed
+        self.rng = np.random.default_rng(self.seed)
         self.counts: dict[int, int] = {}
 
-    def argmax_only(self) -> bool:
-        """Whether `sample` is the argmax over the valid ids (greedy, no penalties): the
-        engine may then take the next token from the device instead of the logits row."""
+    def device_pick(self) -> tuple[float, int] | None:
+        """(temperature, seed) when the decode graph's pick kernel can choose this request's
+        tokens: greedy without penalties -> (0.0, 0), the argmax; temperature alone (no top-k,
+        top-p, min-p or penalties) -> a sample from softmax(logits / T) by the Gumbel-max trick,
+        keyed by a 63-bit seed derived from the request's (or the engine's) seed, so a seed
+        reproduces the tokens; random without one. The host generator is left untouched.
+        None: the host samples from the logits row."""
         p = self.params
-        return p.greedy and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+        if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+            return None
+        if p.greedy:
+            return 0.0, 0
+        if p.top_k == 0 and p.top_p >= 1.0 and p.min_p <= 0.0:
+            key = np.random.default_rng(None if self.seed is None else [self.seed, DEVICE_SEED_SALT])
+            return float(p.temperature), int(key.integers(0, 2**63 - 1))
+        return None
 
     def observe(self, token: int) -> None:
         self.counts[token] = self.counts.get(token, 0) + 1

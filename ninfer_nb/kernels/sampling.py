@@ -3,10 +3,13 @@
 Kernels (one block per row of logits [B, V] fp32; per-row parameters read from device memory,
 so one captured graph serves every request mix):
 * `argmax_kernel`: greedy, ties -> lower id.
-* `argmax_feed_kernel`: the decode graph's argmax of one row, over many blocks (a single block
-  streaming 248K logits waits on ~240 dependent L2 round trips per thread); the last block to
-  finish reduces the blocks' partials and feeds the token back: ids[0] = argmax, pos[0] += 1,
-  so the next step can be replayed before the host has read this one's token.
+* `pick_feed_kernel`: the decode graph's next token from one row, over many blocks (a single
+  block streaming 248K logits waits on ~240 dependent L2 round trips per thread): the argmax
+  of x (temperature 0) or of x / T + Gumbel noise g_i = -log(-log(u_i)), u_i from
+  Philox4x32-10(key = seed, counter = (offset, i)) (temperature T > 0: an exact sample from
+  softmax(x / T), the Gumbel-max trick). The last block to finish reduces the blocks'
+  partials and feeds the token back: ids[0] = token, pos[0] += 1, offset[0] += 1, so the next
+  step can be replayed before the host has read this one's token.
 * `penalties_kernel`: in place; for tokens with count c > 0: repetition (HF style: divide
   positive logits / multiply negative ones by `rep`), then `- freq * c - pres`.
   `count_tokens_kernel` adds the sampled token of each row to `counts` [B, V] int32.
@@ -15,7 +18,8 @@ so one captured graph serves every request mix):
   (smallest threshold set whose mass >= top_p * mass), min-p (keep p >= min_p), each a
   threshold found by bisection on the fp32 bit pattern; then inverse-CDF sampling in token
   order with u = Philox4x32-10(key = seed[b], counter = (offset[b], b)); offset[b] += 1.
-The NumPy functions `philox_uniform_ref`, `sample_filter_ref`, `sample_ref` mirror them.
+The NumPy functions `philox_uniform_ref`, `sample_filter_ref`, `sample_ref`, `pick_scores_ref`
+mirror them.
 """
 from __future__ import annotations
 
@@ -130,10 +134,18 @@ def argmax_kernel(logits, out):
         out[b] = bi
 
 
-ARGMAX_FEED_THREADS = 256
-ARGMAX_FEED_PER_THREAD = 8                   # logits per thread, all loads issued before the compares
-ARGMAX_FEED_SPAN = ARGMAX_FEED_THREADS * ARGMAX_FEED_PER_THREAD    # logits per block
-ARGMAX_FEED_MAX_BLOCKS = 1024                # partials the last block reduces (4 per thread)
+PICK_THREADS = 256
+PICK_PER_THREAD = 8                          # logits per thread, all loads issued before the compares
+PICK_SPAN = PICK_THREADS * PICK_PER_THREAD   # logits per block
+PICK_MAX_BLOCKS = 1024                       # partials the last block reduces (4 per thread)
+U_MID = np.float32(2.0 ** -25)               # u + U_MID is in (0, 1): log(-log(u)) stays finite
+
+
+@cuda.jit(device=True, inline=True)
+def gumbel(seed, offset, i):
+    """-log(-log(u)) with u = Philox(seed, (offset, i)) in (0, 1), fp32."""
+    u = philox_uniform(seed, offset, i) + U_MID
+    return -math.log(-math.log(u))
 
 
 @cuda.jit(device=True, inline=True)
@@ -169,24 +181,33 @@ def _block_argmax256(v, i, sv, si):
     return v, i
 
 
-@kernel((f32_2, f32_1, i32_1, i32_1, i32_1, i32_1, i32_1))
-def argmax_feed_kernel(logits, part_v, part_i, counter, out, ids, pos):
-    """logits [1, V]; grid ceil(V / ARGMAX_FEED_SPAN) <= ARGMAX_FEED_MAX_BLOCKS, block 256.
-    part_v / part_i [grid] scratch; counter [1] int32, 0 on entry and left 0 (persistent).
-    out[0] = argmax (ties -> lower id), ids[0] = the same, pos[0] += 1."""
+@kernel((f32_2, f32_1, i64_1, i64_1, f32_1, i32_1, i32_1, i32_1, i32_1, i32_1))
+def pick_feed_kernel(logits, temperature, seed, offset, part_v, part_i, counter, out, ids, pos):
+    """logits [1, V]; grid ceil(V / PICK_SPAN) <= PICK_MAX_BLOCKS, block PICK_THREADS.
+    temperature / seed / offset [1] (device memory: one captured graph serves greedy and
+    sampled requests). part_v / part_i [grid] scratch; counter [1] int32, 0 on entry and left
+    0 (persistent). out[0] = the token (ties -> lower id), ids[0] = the same, pos[0] += 1,
+    offset[0] += 1."""
     sv = cuda.shared.array(8, float32)
     si = cuda.shared.array(8, int32)
     is_last = cuda.shared.array(1, int32)
     tid = cuda.threadIdx.x
     n = logits.shape[1]
-    base = cuda.blockIdx.x * ARGMAX_FEED_SPAN + tid
-    xs = cuda.local.array(ARGMAX_FEED_PER_THREAD, float32)
-    for j in range(ARGMAX_FEED_PER_THREAD):         # unrolled: eight independent loads in flight
-        xs[j] = logits[0, min(base + j * ARGMAX_FEED_THREADS, n - 1)]
+    base = cuda.blockIdx.x * PICK_SPAN + tid
+    xs = cuda.local.array(PICK_PER_THREAD, float32)
+    for j in range(PICK_PER_THREAD):                # unrolled: eight independent loads in flight
+        xs[j] = logits[0, min(base + j * PICK_THREADS, n - 1)]
+    temp = temperature[0]
+    if temp > float32(0.0):                         # Gumbel-max: argmax of x / T + g
+        inv_t = float32(1.0) / temp
+        sd = seed[0]
+        off = offset[0]
+        for j in range(PICK_PER_THREAD):
+            xs[j] = xs[j] * inv_t + gumbel(sd, off, base + j * PICK_THREADS)
     bv = NEG_BIG
     bi = int32(n)
-    for j in range(ARGMAX_FEED_PER_THREAD):         # ascending ids: strict > keeps the lowest on ties
-        v = base + j * ARGMAX_FEED_THREADS
+    for j in range(PICK_PER_THREAD):                # ascending ids: strict > keeps the lowest on ties
+        v = base + j * PICK_THREADS
         if v < n and xs[j] > bv:
             bv = xs[j]
             bi = int32(v)
@@ -202,18 +223,18 @@ def argmax_feed_kernel(logits, part_v, part_i, counter, out, ids, pos):
     cuda.threadfence()
     bv = NEG_BIG
     bi = int32(n)
-    for b in range(tid, cuda.gridDim.x, ARGMAX_FEED_THREADS):   # block order = id order
+    for b in range(tid, cuda.gridDim.x, PICK_THREADS):   # block order = id order
         ov = part_v[b]
         oi = part_i[b]
         if _better(ov, oi, bv, bi):
             bv = ov
             bi = oi
-    cuda.syncthreads()                               # sv / si are reused
     bv, bi = _block_argmax256(bv, bi, sv, si)
     if tid == 0:
         out[0] = bi
         ids[0] = bi
         pos[0] += 1
+        offset[0] += 1
         counter[0] = 0
 
 
@@ -375,6 +396,37 @@ def philox_uniform_ref(seed: int, counter: int, row: int) -> np.float32:
         p1 = 0xCD9E8D57 * c2
         c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & m, p1 & m, ((p0 >> 32) ^ c3 ^ k1) & m, p0 & m
     return np.float32(c0 >> 8) * TWO_M24
+
+
+def philox_uniform_rows_ref(seed: int, counter: int, rows: np.ndarray) -> np.ndarray:
+    """`philox_uniform_ref` for many rows at once (uint64 NumPy arithmetic), fp32."""
+    m = np.uint64(0xFFFFFFFF)
+    s = int(seed) & 0xFFFFFFFFFFFFFFFF
+    n = int(counter) & 0xFFFFFFFFFFFFFFFF
+    c2 = np.asarray(rows, dtype=np.int64).astype(np.uint64) & m
+    c0 = np.full_like(c2, n & 0xFFFFFFFF)
+    c1 = np.full_like(c2, (n >> 32) & 0xFFFFFFFF)
+    c3 = np.zeros_like(c2)
+    k0, k1 = s & 0xFFFFFFFF, (s >> 32) & 0xFFFFFFFF
+    for i in range(10):
+        if i > 0:
+            k0 = (k0 + 0x9E3779B9) & 0xFFFFFFFF
+            k1 = (k1 + 0xBB67AE85) & 0xFFFFFFFF
+        p0 = PH_M0 * c0
+        p1 = PH_M1 * c2
+        c0, c1, c2, c3 = ((p1 >> SH32) ^ c1 ^ np.uint64(k0)) & m, p1 & m, ((p0 >> SH32) ^ c3 ^ np.uint64(k1)) & m, p0 & m
+    return (c0 >> SH8).astype(np.float32) * TWO_M24
+
+
+def pick_scores_ref(logits: np.ndarray, temperature: float, seed: int, offset: int) -> np.ndarray:
+    """The scores `pick_feed_kernel` takes the argmax of, for one row [V] (fp32; the device's
+    logf may differ in the last bit)."""
+    x = np.asarray(logits, dtype=np.float32).reshape(-1)
+    if temperature <= 0.0:
+        return x
+    u = philox_uniform_rows_ref(seed, offset, np.arange(x.size)) + U_MID
+    g = -np.log(-np.log(u))
+    return (x * (np.float32(1.0) / np.float32(temperature)) + g).astype(np.float32)
 
 
 def sample_filter_ref(logits: np.ndarray, temperature: float, top_k: int, top_p: float,

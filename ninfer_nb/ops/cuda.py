@@ -1240,19 +1240,22 @@ class CudaOps:
         self._go(K_smp.argmax_kernel, logits.shape[0], threads, logits, out)
         return out
 
-    def argmax_feed(self, row: Any, counter: Any, ids: Any, pos: Any) -> Any:
-        """The decode graph's greedy token: argmax of row [1, V] into out [1] int32 (ties ->
-        lower id), over ceil(V / 2048) blocks, and fed back for the next step: ids[0] = out[0],
-        pos[0] += 1 (ids, pos: the graph's [1] int32 inputs). counter: [1] int32, zero, kept
-        by the caller across steps (the kernel leaves it zero)."""
-        _need(row.shape[0] == 1 and row.dtype == F32, "argmax_feed: one fp32 row")
-        blocks = -(-row.shape[1] // K_smp.ARGMAX_FEED_SPAN)
-        _need(0 < blocks <= K_smp.ARGMAX_FEED_MAX_BLOCKS, f"argmax_feed: {row.shape[1]} logits")
+    def pick_feed(self, row: Any, temperature: Any, seed: Any, offset: Any, counter: Any, ids: Any,
+                  pos: Any) -> Any:
+        """The decode graph's next token from row [1, V] into out [1] int32, over ceil(V / 2048)
+        blocks: the argmax (temperature[0] == 0; ties -> lower id) or a sample from
+        softmax(row / T) by the Gumbel-max trick (kernels/sampling.py pick_feed_kernel); fed
+        back for the next step: ids[0] = out[0], pos[0] += 1, offset[0] += 1 (ids, pos: the
+        graph's [1] int32 inputs; temperature [1] fp32, seed / offset [1] int64). counter: [1]
+        int32, zero, kept by the caller across steps (the kernel leaves it zero)."""
+        _need(row.shape[0] == 1 and row.dtype == F32, "pick_feed: one fp32 row")
+        blocks = -(-row.shape[1] // K_smp.PICK_SPAN)
+        _need(0 < blocks <= K_smp.PICK_MAX_BLOCKS, f"pick_feed: {row.shape[1]} logits")
         part_v = self.empty((blocks,))                                   # [blocks] fp32
         part_i = self.empty((blocks,), np.int32)                         # [blocks]
         out = self.empty((1,), np.int32)
-        self._go(K_smp.argmax_feed_kernel, blocks, K_smp.ARGMAX_FEED_THREADS, row, part_v, part_i, counter,
-                 out, ids, pos)
+        self._go(K_smp.pick_feed_kernel, blocks, K_smp.PICK_THREADS, row, temperature, seed, offset,
+                 part_v, part_i, counter, out, ids, pos)
         return out
 
     def apply_penalties(self, logits: Any, counts: Any, rep: Any, freq: Any, pres: Any) -> None:

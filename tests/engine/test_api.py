@@ -61,16 +61,17 @@ def test_logits_equal_incremental_decode(llm: LLM) -> None:
 
 def test_device_argmax_option_keeps_greedy_tokens(llm: LLM, tiny_qwen35_dir: Path) -> None:
     """EngineConfig.device_argmax: greedy requests without penalties feed
-    Generator.decode_argmax (on the CPU backend its np.argmax fallback; the CUDA graph's
-    argmax kernel is tested in test_gpu_model.py), which must give the sampler's tokens;
-    sampled and penalised requests keep the logits path."""
+    Generator.decode_token (on the CPU backend its np.argmax fallback; the CUDA graph's
+    pick kernel is tested in test_gpu_model.py), which must give the sampler's tokens;
+    sampled requests (no decode graph to sample in on the CPU) and penalised ones keep the
+    logits path."""
     fast = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32)  # the default
     plain = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32, device_argmax=False)
     plain_calls = []
-    plain._generator.decode_argmax = lambda *a, **kw: plain_calls.append(a)  # type: ignore[method-assign]
+    plain._generator.decode_token = lambda *a, **kw: plain_calls.append(a)  # type: ignore[method-assign]
     calls = []
-    decode_argmax = fast._generator.decode_argmax
-    fast._generator.decode_argmax = lambda *a, **kw: (calls.append((a[0], kw["ahead"])), decode_argmax(*a, **kw))[1]  # type: ignore[method-assign]
+    decode_token = fast._generator.decode_token
+    fast._generator.decode_token = lambda *a, **kw: (calls.append((a[0], kw["ahead"])), decode_token(*a, **kw))[1]  # type: ignore[method-assign]
     assert fast.generate("Hello world", GREEDY).token_ids == plain.generate("Hello world", GREEDY).token_ids
     assert not plain_calls                                              # off: the logits row
     assert len(calls) == GREEDY.max_tokens - 1                          # every token after the first

@@ -165,7 +165,7 @@ def test_device_argmax_decode_equals_host_argmax(name: str, tiny_checkpoints) ->
     gen.prefill(prompt)
     feed = [int(t) for t in rng.integers(0, fast._valid_vocab, 6)]
     for t in feed:                                  # eager step, capture, replays
-        top = gen.decode_argmax(t, fast._valid_vocab)
+        top = gen.decode_token(t, fast._valid_vocab)
         logits = fast.backend.to_host(fast.backend._graph_out[0])[-1] if fast.backend._graph else None
         if logits is not None:
             assert top == int(np.argmax(logits[: fast._valid_vocab]))
@@ -174,7 +174,7 @@ def test_device_argmax_decode_equals_host_argmax(name: str, tiny_checkpoints) ->
 @pytest.mark.parametrize("name", ["qwen35_moe", "llama"])
 def test_pipelined_greedy_decode_keeps_a_consistent_state(name: str, tiny_checkpoints) -> None:
     """Greedy generation queues each step before the host reads the token it consumes (the
-    graph's argmax feeds ids / pos; Generator.decode_argmax(ahead=True)). Tokens equal the
+    graph's argmax feeds ids / pos; Generator.decode_token(ahead=True)). Tokens equal the
     logits-row path's; a budget stop feeds nothing extra; a stop token is fed by the step
     queued for it, and a follow-up prompt reusing that state continues exactly as from a
     state that took the same token by an ordinary decode step."""
@@ -200,6 +200,29 @@ def test_pipelined_greedy_decode_keeps_a_consistent_state(name: str, tiny_checkp
     got, want = fast.generate(follow, p.replace(max_tokens=8)), plain.generate(follow, p.replace(max_tokens=8))
     assert got.timings.cached_tokens == want.timings.cached_tokens == len(prompt) + k + 1
     assert got.token_ids == want.token_ids
+
+
+@pytest.mark.parametrize("name", ["qwen35_moe", "llama"])
+def test_device_sampling_is_seeded_and_leaves_greedy_alone(name: str, tiny_checkpoints) -> None:
+    """Temperature-only requests are sampled in the decode graph (Gumbel-max, steps queued
+    ahead): the same seed gives the same tokens, another seed others; a greedy request after
+    them gives the logits-row path's tokens (the graph's temperature went back to 0)."""
+    path = gpu_checkpoint(tiny_checkpoints, name)
+    rng = np.random.default_rng(19)
+    prompt = [int(t) for t in rng.integers(0, 248000, 7)]
+    fast = LLM(str(path), device="cuda", max_context=128)
+    plain = LLM(str(path), device="cuda", max_context=128, device_argmax=False)
+    temps = []
+    decode_token = fast._generator.decode_token
+    fast._generator.decode_token = lambda *a, **kw: (temps.append(kw["temperature"]), decode_token(*a, **kw))[1]  # type: ignore[method-assign]
+    p = SamplingParams(max_tokens=24, temperature=1.0, seed=7, ignore_eos=True)
+    a, b, c = fast.generate(prompt, p), fast.generate(prompt, p), fast.generate(prompt, p.replace(seed=8))
+    assert temps and set(temps) == {1.0} and len(temps) == 3 * 23     # every token after the first
+    assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
+    assert all(0 <= t < fast._valid_vocab for t in a.token_ids + c.token_ids)
+    g = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert fast.generate(prompt, g).token_ids == plain.generate(prompt, g).token_ids
+    assert temps[-1] == 0.0
 
 
 # The 35B's MoE layout at a small depth (H = 2048, the shared expert as wide as the routed ones,

@@ -383,24 +383,30 @@ def test_sampling(ops):
     np.testing.assert_array_equal(counts2, exp)
 
 
-def test_argmax_feed(ops):
-    """Multi-block argmax of one row with the token fed back (ids, pos), the block counter left
-    zero; the winner in the first, a middle and the partial last block; ties -> lower id."""
+def test_pick_feed(ops):
+    """The decode graph's token pick over three blocks (the last partial): the argmax at
+    temperature 0 (a tie across blocks -> the lower id; the winner in the last block), the
+    Gumbel-max sample at T > 0 (the argmax of pick_scores_ref); the token fed back (ids, pos,
+    offset), the block counter left zero."""
     rng = np.random.default_rng(10)
-    n = 2 * S.ARGMAX_FEED_SPAN + 300                 # three blocks, the last partial
+    n = 2 * S.PICK_SPAN + 300
     counter = np.zeros(1, np.int32)
     ids, pos = np.array([7], np.int32), np.array([41], np.int32)
-    for step, (hot, twin) in enumerate(((5, None), (S.ARGMAX_FEED_SPAN + 777, 2 * S.ARGMAX_FEED_SPAN + 5),
-                                        (n - 1, None))):
+    seed, offset = np.array([2**40 + 3], np.int64), np.array([5], np.int64)
+    for step, (temp, hot, twin) in enumerate(((0.0, S.PICK_SPAN + 777, 2 * S.PICK_SPAN + 5),
+                                              (0.0, n - 1, None), (0.8, None, None))):
         row = rnd(rng, 1, n, scale=2.0)
-        row[0, hot] = row.max() + 1.0
+        if hot is not None:
+            row[0, hot] = row.max() + 1.0
         if twin is not None:
             row[0, twin] = row[0, hot]
-        out = ops.argmax_feed(row, counter, ids, pos)
-        want = min(hot, twin) if twin is not None else hot
-        assert int(np.argmax(row)) == want
-        assert out[0] == want and ids[0] == want, (step, out[0], want)
-        assert pos[0] == 42 + step and counter[0] == 0
+        scores = S.pick_scores_ref(row, temp, int(seed[0]), int(offset[0]))
+        out = ops.pick_feed(row, np.array([temp], np.float32), seed, offset, counter, ids, pos)
+        want = int(np.argmax(scores))
+        if temp == 0.0:
+            assert want == (min(hot, twin) if twin is not None else hot)
+        assert scores[out[0]] >= scores[want] - 1e-5 * abs(scores[want]), (step, out[0], want)
+        assert ids[0] == out[0] and pos[0] == 42 + step and offset[0] == 6 + step and counter[0] == 0
 
 
 def test_int8_kv_store_and_prefill_attention(ops):

@@ -775,29 +775,63 @@ def test_moe_experts(env, rng, t, e, k, i, h, kind, monkeypatch):
 
 
 @pytest.mark.parametrize("v", [248320, 151643, 2048, 37])
-def test_argmax_feed(env, rng, v):
-    """The decode graph's argmax: np.argmax of fresh random rows (a tie across blocks -> the
-    lower id), the token and position fed back, the counter left zero over repeated calls;
-    timed against the one-block argmax_kernel at the Qwen vocabularies."""
+def test_pick_feed(env, rng, v):
+    """The decode graph's token pick on fresh random rows: at temperature 0 np.argmax (a tie,
+    maybe across blocks -> the lower id), at T > 0 the argmax of pick_scores_ref (Gumbel-max:
+    x / T + Philox noise; the device's logf may differ in the last bit); token, position and
+    offset fed back, the counter left zero over repeated calls. Timed against the one-block
+    argmax_kernel at the Qwen vocabularies."""
     ops = env.fresh()
     counter = env.up(np.zeros(1, np.int32))
     ids, pos = env.up(np.array([3], np.int32)), env.up(np.array([100], np.int32))
-    for step in range(3):
+    seed, offset = env.up(np.array([int(rng.integers(0, 2**62))], np.int64)), env.up(np.array([9], np.int64))
+    for step, temp in enumerate((0.0, 0.0, 0.7, 1.0, 0.3)):
         row = rnd(rng, 1, v, scale=3.0)
         hot = int(rng.integers(0, v))
         row[0, hot] = row.max() + 1.0
         if step == 1 and v > 3000:
             row[0, hot // 2] = row[0, hot] = row.max() + 1.0      # a tie, maybe across blocks
-        want = int(np.argmax(row))
-        out = env.host(ops.argmax_feed(env.up(row), counter, ids, pos))
-        assert out[0] == want and env.host(ids)[0] == want, (step, out[0], want)
-        assert env.host(pos)[0] == 101 + step and env.host(counter)[0] == 0
+        scores = S.pick_scores_ref(row, temp, int(env.host(seed)[0]), int(env.host(offset)[0]))
+        want = int(np.argmax(scores))
+        out = int(env.host(ops.pick_feed(env.up(row), env.up(np.array([temp], np.float32)), seed, offset,
+                                         counter, ids, pos))[0])
+        if temp == 0.0:
+            assert out == want, (step, out, want)
+        else:
+            assert scores[out] >= scores[want] - 1e-5 * abs(scores[want]), (step, out, want)
+        assert env.host(ids)[0] == out and env.host(pos)[0] == 101 + step
+        assert env.host(offset)[0] == 10 + step and env.host(counter)[0] == 0
     if v > 100000:
         L = env.up(rnd(rng, 1, v, scale=3.0))
-        t_feed, _ = _best_time(env, lambda: ops.argmax_feed(L, counter, ids, pos), graph=True)
+        times = {}
+        for temp in (0.0, 0.7):
+            T = env.up(np.array([temp], np.float32))
+            times[temp], _ = _best_time(env, lambda: ops.pick_feed(L, T, seed, offset, counter, ids, pos), graph=True)
         t_one, _ = _best_time(env, lambda: ops.argmax(L), graph=True)
         assert env.host(counter)[0] == 0
-        print(f"\nargmax of {v} logits: argmax_feed {t_feed * 1e6:.1f} us, one-block argmax {t_one * 1e6:.1f} us")
+        print(f"\nargmax of {v} logits: pick_feed {times[0.0] * 1e6:.1f} us (T = 0.7: {times[0.7] * 1e6:.1f} us), "
+              f"one-block argmax {t_one * 1e6:.1f} us")
+
+
+def test_pick_feed_samples_the_softmax(env, rng):
+    """Gumbel-max at T > 0 draws from softmax(x / T): 4,000 picks of one 50-logit row (the
+    offset advancing on the device) against the expected counts, chi-square at p ~ 1e-4."""
+    ops = env.fresh()
+    v, n, temp = 50, 4000, 0.8
+    row = rnd(rng, 1, v, scale=0.5)
+    p = np.exp(row[0] / temp - (row[0] / temp).max())
+    p /= p.sum()
+    assert (n * p).min() >= 5.0                 # the chi-square approximation holds
+    counter = env.up(np.zeros(1, np.int32))
+    ids, pos = env.up(np.array([0], np.int32)), env.up(np.array([0], np.int32))
+    seed, offset = env.up(np.array([12345], np.int64)), env.up(np.array([0], np.int64))
+    L, T = env.up(row), env.up(np.array([temp], np.float32))
+    picks = np.array([int(env.host(ops.pick_feed(L, T, seed, offset, counter, ids, pos))[0]) for _ in range(n)])
+    counts = np.bincount(picks, minlength=v)
+    expected = n * p
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 100.0, chi2                  # 49 degrees of freedom: P(chi2 > 100) ~ 2e-5
+    assert env.host(offset)[0] == n
 
 
 @pytest.mark.parametrize("b,v", [(4, 248320), (3, 1000)])
