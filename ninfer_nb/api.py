@@ -187,8 +187,9 @@ class LLM:
             while True:
                 token = sampler.sample(logits) if nxt is None else nxt
                 n += 1
-                if n == 1:
-                    timings.ttft_s = time.perf_counter() - t0
+                if n == 1:                    # decode time runs from the first token on
+                    t_first = time.perf_counter()
+                    timings.ttft_s = t_first - t0
                 sampler.observe(token)
                 if token in stop_ids:
                     finish = "stop"
