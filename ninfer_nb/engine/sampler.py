@@ -1,9 +1,11 @@
 """Host-side sampling from one row of logits: penalties, temperature, top-k/top-p/min-p.
 
 A `Sampler` is made per request (it owns the seeded RNG and the counts of generated tokens).
-Ids at or above `valid_vocab` (padding rows of the LM head) are never sampled. Exactness: the
+Ids at or above `valid_vocab` (padding rows of the LM head) are never sampled. Exactness: top-k
+partitions only the values at or above a bound that provably holds the top k (`top_k_ids`); the
 top-p nucleus is computed on a partial sort that is widened until it provably contains the
-nucleus. Knows nothing about models or tokenizers.
+nucleus. Requests the decode graph can serve (greedy, temperature alone) never get here on
+CUDA (`device_pick`). Knows nothing about models or tokenizers.
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ class Sampler:
         z = logits / np.float32(p.temperature)
         ids: np.ndarray | None = None
         if 0 < p.top_k < z.shape[0]:
-            ids = np.argpartition(-z, p.top_k - 1)[: p.top_k]
+            ids = top_k_ids(z, p.top_k)
             z = z[ids]
         probs = np.exp(z - z.max())
         probs /= probs.sum()
@@ -74,6 +76,29 @@ class Sampler:
         pick = int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"))
         pick = min(pick, len(probs) - 1)
         return int(ids[pick]) if ids is not None else pick
+
+
+TOP_K_SUBSAMPLE = 4096    # logits a top-k threshold is first estimated from
+
+
+def top_k_ids(z: np.ndarray, k: int) -> np.ndarray:
+    """Ascending ids of the k largest values of z [V] (0 < k < V; which of several values
+    tied at the k-th is kept is arbitrary but deterministic). Exact and ~7x faster than an
+    argpartition of the whole row at a 248K vocabulary: the k-th largest value of a strided
+    subsample is at most the k-th largest of z, so the values at or above it hold the top k,
+    and only those are partitioned."""
+    n = z.shape[0]
+    cand: np.ndarray | None = None
+    if n >= 8 * TOP_K_SUBSAMPLE and k <= TOP_K_SUBSAMPLE // 8:
+        sub = z[:: n // TOP_K_SUBSAMPLE]
+        threshold = np.partition(sub, sub.size - k)[sub.size - k]
+        cand = np.flatnonzero(z >= threshold)
+        if cand.size < k:                     # NaN in the subsample: no usable bound
+            cand = None
+    if cand is None:
+        cand = np.arange(n)
+    vals = z[cand]
+    return np.sort(cand[np.argpartition(vals, vals.size - k)[vals.size - k:]])
 
 
 def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
