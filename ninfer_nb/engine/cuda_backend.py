@@ -79,8 +79,8 @@ class CudaBackend:
         self._inputs: tuple[Any, Any] | None = None
         self._graph: Any = None
         self._graph_out: tuple[Any, Any] = (None, None)   # the captured step's (logits, argmax)
-        # > 0: the decode graph ends with an argmax over the first argmax_vocab logits
-        # (decode_step_argmax); set before the first decode step (EngineConfig.device_argmax)
+        # > 0: the decode graph ends with the token pick over the first argmax_vocab logits
+        # (launch_token_step); set before the first decode step (EngineConfig.device_argmax)
         self.argmax_vocab = 0
         self._argmax_counter: Any = None   # [1] int32, the graph's token pick's block counter (kept 0)
         # the token pick's parameters in device memory (the graph reads them): temperature [1]
@@ -124,16 +124,6 @@ class CudaBackend:
         has completed."""
         logits, _ = self._step(forward, token, position)
         return self.to_host(logits)[-1]
-
-    @_on_calling_thread
-    def decode_step_argmax(self, forward: Callable[[Any, Any], Any], token: int, position: int) -> int:
-        """`decode_step`, returning the argmax over the first `argmax_vocab` logits (computed in
-        the graph by ops.argmax; 4 bytes come back instead of the row). argmax_vocab must be
-        set before the first decode step."""
-        _, top = self._step(forward, token, position)
-        if top is None:
-            raise RuntimeError("decode_step_argmax: argmax_vocab was not set before the first decode step")
-        return int(self.to_host(top)[0])
 
     def _step(self, forward: Callable[[Any, Any], Any], token: int, position: int,
               pick: tuple[float, int, int] = (0.0, 0, 0)) -> tuple[Any, Any]:
