@@ -149,8 +149,8 @@ def test_pdl_decode_graph_logits_equal_plain_graph(name: str, tiny_checkpoints) 
 
 @pytest.mark.parametrize("name", ["qwen35_moe", "llama"])
 def test_device_argmax_decode_equals_host_argmax(name: str, tiny_checkpoints) -> None:
-    """EngineConfig.device_argmax (the default): the decode graph ends with ops.pick_feed (the argmax at temperature 0) over the valid ids and
-    4 bytes come back per token. Greedy generation gives the same tokens as the logits-row
+    """EngineConfig.device_argmax (the default): the decode graph ends with ops.pick_feed (the
+    argmax at temperature 0) over the valid ids and 4 bytes come back per token. Greedy generation gives the same tokens as the logits-row
     path, and each step's device argmax is np.argmax of that step's logits."""
     path = gpu_checkpoint(tiny_checkpoints, name)
     rng = np.random.default_rng(13)
