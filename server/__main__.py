@@ -1,4 +1,4 @@
-"""`ninfer-serve` / `python -m server`: load the model, warm up, listen, drain on SIGINT/SIGTERM.
+"""`ninfer-serve` / `python -m ninfer_nb.server`: load the model, warm up, listen, drain on SIGINT/SIGTERM.
 
 Start-up order: parse flags → load (with progress) → one short warm-up generation → bind and
 print the URL. On a signal the listener closes, in-flight requests finish (up to

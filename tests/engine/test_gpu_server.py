@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server import ServerConfig
+from ninfer_nb.server import ServerConfig
 from tests.engine.test_gpu_model import gpu_checkpoint
 from tests.server.harness import LiveServer
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from ninfer_nb.chat import Tokenizer
-from server import ServerConfig
+from ninfer_nb.server import ServerConfig
 from tests.server.harness import LiveServer
 from tests.server.scripted_engine import ScriptedEngine
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from server import ServerConfig, create_app
+from ninfer_nb.server import ServerConfig, create_app
 
 
 class LiveServer:

@@ -1,4 +1,4 @@
-"""`python -m server` as a real process: start-up, the README's curl examples run verbatim,
+"""`python -m ninfer_nb.server` as a real process: start-up, the README's curl examples run verbatim,
 and SIGTERM draining an in-flight stream before a clean exit."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.cli import parse_args
+from ninfer_nb.server.cli import parse_args
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "server" / "README.md"
@@ -40,7 +40,7 @@ def served(tiny_qwen35_dir: Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
     log = tmp_path_factory.mktemp("cli") / "requests.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server", str(tiny_qwen35_dir), "--port", "0", "--device", "cpu",
+        [sys.executable, "-m", "ninfer_nb.server", str(tiny_qwen35_dir), "--port", "0", "--device", "cpu",
          "--model-id", "local", "--api-key", "sk-local", "--max-context", "384",
          "--default-max-tokens", "8", "--request-log", str(log)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_default_model_is_served_and_answers() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "--port", "0", "--device", "cpu"],
+        [sys.executable, "-m", "ninfer_nb.server", "--port", "0", "--device", "cpu"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )

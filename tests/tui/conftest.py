@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.app import NinferApp
-from tui.client import EngineClient
-from tui.inprocess import InProcessClient
-from tui.settings import ChatSettings, TuiConfig
+from ninfer_nb.tui.app import NinferApp
+from ninfer_nb.tui.client import EngineClient
+from ninfer_nb.tui.inprocess import InProcessClient
+from ninfer_nb.tui.settings import ChatSettings, TuiConfig
 
 
 def _tiny(request: pytest.FixtureRequest, factory: pytest.TempPathFactory, kind: str) -> Path:

@@ -9,11 +9,11 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from tui.client import ClientError
-from tui.events import ChatEvent, EngineStats, ModelInfo
-from tui.settings import ChatSettings
-from tui.sysmon import GpuStats, SystemStats
-from tui.turn import Turn
+from ninfer_nb.tui.client import ClientError
+from ninfer_nb.tui.events import ChatEvent, EngineStats, ModelInfo
+from ninfer_nb.tui.settings import ChatSettings
+from ninfer_nb.tui.sysmon import GpuStats, SystemStats
+from ninfer_nb.tui.turn import Turn
 
 
 class FixedProbe:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tui.settings import ChatSettings
-from tui.widgets.chat_log import ChatLog
-from tui.widgets.messages import AssistantMessage, NoteMessage, UserMessage
-from tui.widgets.perf import PerfPanel
-from tui.widgets.prompt import PromptArea
+from ninfer_nb.tui.settings import ChatSettings
+from ninfer_nb.tui.widgets.chat_log import ChatLog
+from ninfer_nb.tui.widgets.messages import AssistantMessage, NoteMessage, UserMessage
+from ninfer_nb.tui.widgets.perf import PerfPanel
+from ninfer_nb.tui.widgets.prompt import PromptArea
 
 from .conftest import GREEDY, MakeApp
 from .helpers import type_text, wait_for
@@ -116,7 +116,7 @@ async def test_perf_panel_toggles_and_shows_engine_numbers(
 
 
 def _rows(panel: PerfPanel) -> list[tuple[str, str]]:
-    from tui.widgets.perf import perf_rows
+    from ninfer_nb.tui.widgets.perf import perf_rows
 
     return perf_rows(panel.view)
 

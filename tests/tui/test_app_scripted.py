@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.command import CommandPalette
 from textual.widgets import Collapsible
 
-from tui.events import (
+from ninfer_nb.tui.events import (
     ContentDelta,
     Done,
     Failed,
@@ -15,10 +15,10 @@ from tui.events import (
     ToolCallDelta,
     TurnTimings,
 )
-from tui.screens.help import HelpScreen
-from tui.widgets.messages import AssistantMessage, NoteMessage, UserMessage
-from tui.widgets.perf import PerfPanel
-from tui.widgets.prompt import PromptArea
+from ninfer_nb.tui.screens.help import HelpScreen
+from ninfer_nb.tui.widgets.messages import AssistantMessage, NoteMessage, UserMessage
+from ninfer_nb.tui.widgets.perf import PerfPanel
+from ninfer_nb.tui.widgets.prompt import PromptArea
 
 from .conftest import MakeApp
 from .helpers import wait_for

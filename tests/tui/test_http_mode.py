@@ -13,11 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tui.http_client import HttpClient
-from tui.settings import ChatSettings
-from tui.widgets.messages import AssistantMessage, NoteMessage, UserMessage
-from tui.widgets.perf import PerfPanel, perf_rows
-from tui.widgets.prompt import PromptArea
+from ninfer_nb.tui.http_client import HttpClient
+from ninfer_nb.tui.settings import ChatSettings
+from ninfer_nb.tui.widgets.messages import AssistantMessage, NoteMessage, UserMessage
+from ninfer_nb.tui.widgets.perf import PerfPanel, perf_rows
+from ninfer_nb.tui.widgets.prompt import PromptArea
 
 from .conftest import MakeApp
 from .helpers import wait_for
@@ -39,7 +39,7 @@ def _free_port() -> int:
 def server_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The server's output goes to a file: a pipe nobody reads fills up and blocks it."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "server", str(tiny_model_dir), "--device", "cpu",
+    cmd = [sys.executable, "-m", "ninfer_nb.server", str(tiny_model_dir), "--device", "cpu",
            "--port", str(port), "--max-context", "256", "--no-warmup", "--api-key", "sekrit"]
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
     url = f"http://127.0.0.1:{port}"

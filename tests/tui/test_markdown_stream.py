@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import Markdown
 from textual.widgets.markdown import MarkdownStream
 
-from tui.widgets.messages import _stop_stream
+from ninfer_nb.tui.widgets.messages import _stop_stream
 
 
 async def test_stopping_a_stream_before_its_task_ran_is_not_our_cancellation() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 
 from textual.pilot import Pilot
 
-from tui.conversation import Conversation, Message
-from tui.store import HistoryStore
-from tui.widgets.prompt import PromptArea
+from ninfer_nb.tui.conversation import Conversation, Message
+from ninfer_nb.tui.store import HistoryStore
+from ninfer_nb.tui.widgets.prompt import PromptArea
 
 from .conftest import MakeApp
 from .helpers import wait_for

@@ -1,8 +1,8 @@
 """Smoke run of the `ninfer-tui` command in a real terminal (tmux): the default model
 (SmolLM2-135M-Instruct, real weights, downloaded once by the engine) answers a question.
 
-Uses the installed `ninfer-tui` console script when it is on PATH, else `python -m tui` from
-the repository (the same `tui.__main__:main`). Skips when tmux is missing.
+Uses the installed `ninfer-tui` console script when it is on PATH, else `python -m ninfer_nb.tui` from
+the repository (the same `ninfer_nb.tui.__main__:main`). Skips when tmux is missing.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _wait_screen(session: str, needle: str, timeout: float) -> str:
 
 def test_default_model_answers_in_tmux(tmp_path: Path) -> None:
     exe = shutil.which("ninfer-tui")
-    command = [exe] if exe else [sys.executable, "-m", "tui"]
+    command = [exe] if exe else [sys.executable, "-m", "ninfer_nb.tui"]
     command += ["--device", "cpu", "--no-thinking", "--temperature", "0", "--max-tokens", "32"]
     session = f"ninfer-tui-{uuid.uuid4().hex[:8]}"
     shell = (f"cd {shlex.quote(str(ROOT))} && NINFER_TUI_DATA={shlex.quote(str(tmp_path))} "

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tui import commands as cmd
-from tui.conversation import Conversation, Message
-from tui.events import (
+from ninfer_nb.tui import commands as cmd
+from ninfer_nb.tui.conversation import Conversation, Message
+from ninfer_nb.tui.events import (
     ChatEvent,
     ContentDelta,
     Done,
@@ -23,15 +23,15 @@ from tui.events import (
     ToolCallDelta,
     TurnTimings,
 )
-from tui.prom import metric, parse_metrics, stats_from_metrics
-from tui.rate import RateMeter
-from tui.settings import ChatSettings, SettingError
-from tui.sse import ChunkReader, data_payload
-from tui.store import HistoryStore
-from tui.sysmon import LocalProbe, SystemStats, gpu_index
-from tui.transcript import to_markdown
-from tui.turn import Turn
-from tui.widgets.perf import PerfView, perf_rows
+from ninfer_nb.tui.prom import metric, parse_metrics, stats_from_metrics
+from ninfer_nb.tui.rate import RateMeter
+from ninfer_nb.tui.settings import ChatSettings, SettingError
+from ninfer_nb.tui.sse import ChunkReader, data_payload
+from ninfer_nb.tui.store import HistoryStore
+from ninfer_nb.tui.sysmon import LocalProbe, SystemStats, gpu_index
+from ninfer_nb.tui.transcript import to_markdown
+from ninfer_nb.tui.turn import Turn
+from ninfer_nb.tui.widgets.perf import PerfView, perf_rows
 
 
 def test_parse_commands() -> None:
