@@ -24,7 +24,7 @@ from llvmlite import ir  # noqa: E402
 from numba.cuda import types  # noqa: E402
 from numba.cuda.extending import intrinsic  # noqa: E402
 
-from ninfer_nb.kernels.ptx import (_asm, _u32, fence_mbarrier_init, gptr, ldg_stream_v4_u32,  # noqa: E402
+from ninfer_nb.kernels.common.ptx import (_asm, _u32, fence_mbarrier_init, gptr, ldg_stream_v4_u32,  # noqa: E402
                                    mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait, smem_u32)
 
 COLS = 2048
@@ -161,7 +161,7 @@ def main() -> None:
             Path(f"/tmp/{fn.__name__}.ptx").write_text(ptx)
             print(fn.__name__, len(ptx.splitlines()), "lines of PTX")
         return
-    from ninfer_nb.kernels.registry import _allow_dynamic_smem
+    from ninfer_nb.kernels.common.registry import _allow_dynamic_smem
     from ninfer_nb.runtime.events import Timer
     from tests.kernels.gpu_util import GpuEnv
 

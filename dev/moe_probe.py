@@ -14,7 +14,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ninfer_nb.kernels import moe as K_moe  # noqa: E402
+from ninfer_nb.kernels.moe import moe as K_moe  # noqa: E402
 from ninfer_nb.kernels.random_fill import fill_uniform_bf16_kernel  # noqa: E402
 from ninfer_nb.runtime.tensor import bfloat16  # noqa: E402
 from tests.kernels.gpu_util import GpuEnv, rnd  # noqa: E402

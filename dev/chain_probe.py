@@ -26,12 +26,12 @@ from numba import cuda, float32
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_nb.bench import copy_bandwidth  # noqa: E402
-from ninfer_nb.kernels import linear as K_lin  # noqa: E402
-from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, i64_1, u16_2  # noqa: E402
-from ninfer_nb.kernels.ptx import globaltimer, grid_dependency_sync, smid  # noqa: E402
+from ninfer_nb.kernels.linear import linear as K_lin  # noqa: E402
+from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, i32, i64_1, u16_2  # noqa: E402
+from ninfer_nb.kernels.common.ptx import globaltimer, grid_dependency_sync, smid  # noqa: E402
 from ninfer_nb.kernels.random_fill import fill_uniform_bf16_kernel  # noqa: E402
-from ninfer_nb.kernels.registry import kernel  # noqa: E402
-from ninfer_nb.kernels.warp import warp_sum  # noqa: E402
+from ninfer_nb.kernels.common.registry import kernel  # noqa: E402
+from ninfer_nb.kernels.common.warp import warp_sum  # noqa: E402
 from ninfer_nb.ops.cuda import one_token_build  # noqa: E402
 from ninfer_nb.runtime.tensor import bfloat16  # noqa: E402
 from tests.kernels.gpu_util import GpuEnv, rnd  # noqa: E402

@@ -15,7 +15,7 @@ from numba.cuda import types
 from numba.cuda.extending import intrinsic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ninfer_nb.kernels.moe import (
+from ninfer_nb.kernels.moe.moe import (
     MAX_TOPK,
     ROUTE_BLOCK,
     ROUTE_MAX_CAND,
