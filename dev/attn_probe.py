@@ -2,7 +2,7 @@
 combine (runtime.graph.time_in_graph, as the GPU tests time it) per cache dtype, or (--eager)
 a few plain launches for Nsight Compute. --mma: the tensor-core kernel on a bf16 cache, else
 the SIMT kernel on fp32 and bf16 caches. Usage:
-python3 scripts/attn_probe.py [--hq 16 --hkv 2 --pos 8191] [--mma] [--eager]"""
+python3 dev/attn_probe.py [--hq 16 --hkv 2 --pos 8191] [--mma] [--eager]"""
 from __future__ import annotations
 
 import argparse

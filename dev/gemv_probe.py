@@ -4,8 +4,8 @@ each kernel build and K-split timed as us per launch and GB/s, against the devic
 bandwidth. The builds: what ops/cuda.py launches by default, and kernels/linear.py
 gemv_one_token with 1-8 K slices per row pair, blocks of 8 warps (2-4 per SM) or 4 warps (4-6
 per SM). A shape's GEMV repeated is not the model's sequence of different GEMVs: for that, see
-scripts/chain_probe.py.
-Usage: python3 scripts/gemv_probe.py [--min-mb 600] [--reps 2]"""
+dev/chain_probe.py.
+Usage: python3 dev/gemv_probe.py [--min-mb 600] [--reps 2]"""
 from __future__ import annotations
 
 import argparse

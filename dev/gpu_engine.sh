@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU run of the whole engine: kernel/runtime tests, whole-model GPU tests, and (when the
 # default model is present under $NINFER_CACHE) the SmolLM2 checks and the benchmark.
-#   device run: carry [".whl"], command: bash scripts/gpu_engine.sh
+#   bash dev/gpu_engine.sh [extra pytest args]     (wheels in .whl/, see dev/README.md)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

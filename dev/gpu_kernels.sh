@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The one command for the GPU machine: install the carried wheels (.whl/, see
-# shared/device/README.md), then run the GPU kernel + runtime tests with logs under $OUT.
-#   device run: carry [".whl"], command: bash scripts/gpu_kernels.sh [extra pytest args]
+# GPU kernel + runtime tests alone, logs under $OUT: install the carried wheels (.whl/, see
+# dev/README.md), then pytest -m gpu on tests/kernels and tests/runtime.
+#   bash dev/gpu_kernels.sh [extra pytest args]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

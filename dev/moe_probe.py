@@ -1,7 +1,7 @@
 """Where the 35B decode MoE block's time goes (GPU, not a test): graph-timed sequences of its
 kernels over L layers with distinct weights (no L2 reuse between layers, as in the model), each
 sequence with and without programmatic dependent launch. Differences between sequences give
-the exposed cost of each stage. Usage: python3 scripts/moe_probe.py [--layers 8] [--reps 4]"""
+the exposed cost of each stage. Usage: python3 dev/moe_probe.py [--layers 8] [--reps 4]"""
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,6 @@
 """Run a checkpoint through the decoder on the GPU, checking every op against ops.cpu on the
 same inputs; prints the first ops whose outputs (or updated states) disagree.
-    python scripts/opcheck.py CHECKPOINT_DIR [n_tokens]"""
+    python dev/opcheck.py CHECKPOINT_DIR [n_tokens]"""
 from __future__ import annotations
 
 import sys

@@ -5,10 +5,8 @@ computed). Variants: 1-D bulk copies of C bytes (cp.async.bulk) at 1, 2 and 4 bl
 2-D tiles through a tensor map (cp.async.bulk.tensor, box 256 columns x R rows). A kernel that
 streams the same bytes with 16-byte loads (8 in flight per lane, as the decode GEMVs) is the
 reference (it keeps fewer loads in flight than the GEMVs: a floor, not the copy bandwidth).
-Prints GB/s for each. H200, fifteenth session: 1-D copies 3.5-3.7 TB/s with one block per SM
-and 4-6 stages of 32 KB (3.1 TB/s with 3 of 64 KB), 3.1-3.7 TB/s at 2-8 blocks per SM;
-tensor-map tiles 2.8-3.4 TB/s. Usage: python3 scripts/tma_probe.py [--ptx: lower the kernels
-for sm_90a into /tmp, no GPU needed]"""
+Prints GB/s for each. Usage: python3 dev/tma_probe.py [--ptx: lower the kernels for sm_90a into
+/tmp, no GPU needed]"""
 from __future__ import annotations
 
 import ctypes
