@@ -1,5 +1,6 @@
-"""Numba CUDA kernels, one op family per module; no model knowledge.
+"""Numba CUDA kernels grouped by op family (linear/, attention/, gdn/, moe/, and single-module
+families: norm, elementwise, embedding, sampling, random_fill); no model knowledge.
 
-bf16 is stored as uint16 and bit-cast (kernels/bf16.py); inline PTX lives in kernels/ptx.py;
-every kernel is listed in kernels/registry.py with its explicit signatures.
+common/ holds what the families share: bf16 stored as uint16 and bit-cast (bf16.py), inline PTX
+(ptx.py), and the registry listing every kernel with its explicit signatures (registry.py).
 """

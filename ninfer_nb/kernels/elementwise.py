@@ -16,8 +16,8 @@ import math
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, i32
+from ninfer_nb.kernels.common.registry import kernel
 
 BLOCK = 256
 

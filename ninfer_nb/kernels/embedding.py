@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from numba import cuda
 
-from ninfer_nb.kernels.bf16 import bf16_to_f32
-from ninfer_nb.kernels.nbtypes import f32_2, i32_1, u16_2
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.bf16 import bf16_to_f32
+from ninfer_nb.kernels.common.nbtypes import f32_2, i32_1, u16_2
+from ninfer_nb.kernels.common.registry import kernel
 
 BLOCK = 256
 

@@ -30,10 +30,10 @@ import math
 
 from numba import config, cuda, float32
 
-from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32
-from ninfer_nb.kernels.ptx import ldg_v4_f32, st_v4_f32
-from ninfer_nb.kernels.registry import kernel
-from ninfer_nb.kernels.warp import warp_sum
+from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, i32
+from ninfer_nb.kernels.common.ptx import ldg_v4_f32, st_v4_f32
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.common.warp import warp_sum
 
 BLOCK = 256             # threads per row for rows up to WIDE_D
 MAX_BLOCK = 1024        # threads per row above it (and the reduction buffer's size)

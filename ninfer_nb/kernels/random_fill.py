@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from numba import cuda
 
-from ninfer_nb.kernels.nbtypes import f32, f32_1, i64, u16_1
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.nbtypes import f32, f32_1, i64, u16_1
+from ninfer_nb.kernels.common.registry import kernel
 
 _MASK = 0xFFFFFFFF
 

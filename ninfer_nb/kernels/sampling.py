@@ -28,10 +28,10 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint64
 
-from ninfer_nb.kernels.bf16 import bits_f32, f32_bits
-from ninfer_nb.kernels.ptx import shfl_xor
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32_1, i32_2, i64_1
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.bf16 import bits_f32, f32_bits
+from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, i32_1, i32_2, i64_1
+from ninfer_nb.kernels.common.ptx import shfl_xor
+from ninfer_nb.kernels.common.registry import kernel
 
 MAX_THREADS = 1024
 M32 = np.uint64(0xFFFFFFFF)

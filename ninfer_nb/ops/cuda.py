@@ -22,28 +22,28 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from numba import config
 
-from ninfer_nb.kernels import attention as K_attn
-from ninfer_nb.kernels import attention_decode_mma as K_adm
-from ninfer_nb.kernels import attention_flash as K_fa
-from ninfer_nb.kernels import attention_gemm as K_ag
-from ninfer_nb.kernels import conv1d as K_conv
 from ninfer_nb.kernels import elementwise as K_ew
 from ninfer_nb.kernels import embedding as K_emb
-from ninfer_nb.kernels import gdn as K_gdn
-from ninfer_nb.kernels import gdn_chunked as K_gdc
-from ninfer_nb.kernels import gdn_decode as K_gdd
-from ninfer_nb.kernels import gdn_chunked_mma as K_gdm
-from ninfer_nb.kernels import gdn_prepare_mma as K_gdp
-from ninfer_nb.kernels import gemm_mma as K_mma
-from ninfer_nb.kernels import gemm_wgmma as K_wg
-from ninfer_nb.kernels import linear as K_lin
-from ninfer_nb.kernels import moe as K_moe
-from ninfer_nb.kernels import moe_grouped as K_moeg
-from ninfer_nb.kernels import moe_pipelined as K_moep
-from ninfer_nb.kernels import moe_wgmma as K_moew
 from ninfer_nb.kernels import norm as K_norm
-from ninfer_nb.kernels import rope as K_rope
 from ninfer_nb.kernels import sampling as K_smp
+from ninfer_nb.kernels.attention import attention as K_attn
+from ninfer_nb.kernels.attention import attention_decode_mma as K_adm
+from ninfer_nb.kernels.attention import attention_flash as K_fa
+from ninfer_nb.kernels.attention import attention_gemm as K_ag
+from ninfer_nb.kernels.attention import rope as K_rope
+from ninfer_nb.kernels.gdn import conv1d as K_conv
+from ninfer_nb.kernels.gdn import gdn as K_gdn
+from ninfer_nb.kernels.gdn import gdn_chunked as K_gdc
+from ninfer_nb.kernels.gdn import gdn_chunked_mma as K_gdm
+from ninfer_nb.kernels.gdn import gdn_decode as K_gdd
+from ninfer_nb.kernels.gdn import gdn_prepare_mma as K_gdp
+from ninfer_nb.kernels.linear import gemm_mma as K_mma
+from ninfer_nb.kernels.linear import gemm_wgmma as K_wg
+from ninfer_nb.kernels.linear import linear as K_lin
+from ninfer_nb.kernels.moe import moe as K_moe
+from ninfer_nb.kernels.moe import moe_grouped as K_moeg
+from ninfer_nb.kernels.moe import moe_pipelined as K_moep
+from ninfer_nb.kernels.moe import moe_wgmma as K_moew
 from ninfer_nb.runtime.launch import Launcher, NotDeviceArgs
 from ninfer_nb.runtime.tensor import Tensor, bfloat16
 
@@ -67,12 +67,12 @@ ATTN_GEMM_BYTES = 1 << 30  # prefill attention via GEMMs: S + P of one row block
 # decode 35B 381.6 / 358.0 vs 388.4 / 350.7 tok/s at 512 / 8K, 27B 70.4 / 67.4 vs 70.7 / 67.5).
 # Promoted after its H200 runs of 2026-11-30 (fourteenth session, the kernel built per head
 # dim with its loads batched): attn_mma, decode attention on tensor cores for bf16 KV caches
-# (kernels/attention_decode_mma.py), with bf16 the CUDA backend's default cache. Split +
+# (kernels/attention/attention_decode_mma.py), with bf16 the CUDA backend's default cache. Split +
 # combine vs the SIMT kernel on the same bf16 cache: 35B heads 16.9 vs 34.8 us at 8K keys,
 # 9.2 vs 8.7 at 512; 27B heads 19.5 vs 51.0 and 8.9 vs 10.2. Decode 35B 390.3 / 376.8 tok/s
 # at 512 / 8K (fp32 cache 389.8 / 354.0), 27B 70.6 / 68.9 (69.6 / 66.9).
 # Promoted after its H200 runs of 2026-11-30 (sixteenth session): the one-token decode GEMVs
-# (kernels/linear.py gemv_one_token, one_token_build below). Decode tok/s at 512 / 8K, one
+# (kernels/linear/linear.py gemv_one_token, one_token_build below). Decode tok/s at 512 / 8K, one
 # machine: 35B 406.3 / 388.3 vs 395.8 / 380.2, 27B 72.8 / 71.8 vs 70.8 / 69.7. Dropped in the
 # same session: the general decode GEMVs built for 3 blocks per SM (80 registers; every shape
 # slower, 35B 359.0 / 363.9 vs 390.1 / 394.5 tok/s at 512).
@@ -88,7 +88,7 @@ EXPERIMENTAL: dict[str, str] = {
     "gemv_x8": "the one-token decode GEMVs in 8-warp blocks at every shape, for A/B runs "
                "(ops/cuda.py one_token_build_x8)",
 }
-# Prefill MoE on the pipelined GEMMs (kernels/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
+# Prefill MoE on the pipelined GEMMs (kernels/moe/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
 # the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
 # 0.68 / 1.00 / 1.84 ms; 140-280 pairs (pipelined): slower than grouped (more launches).
@@ -110,17 +110,17 @@ SPLITK_MIN_K = 12288
 # graph-timed: 5120x6144 20.4 -> 19.9 us (whole rows -> 2 slices; 4 slices 23.2), 2048x4096
 # 7.2 -> 6.6 us (4 slices 7.7).
 SPLITK2_MIN_K = 4096
-# MoE decode expert kernels with more loads in flight per lane (kernels/moe.py), for up
+# MoE decode expert kernels with more loads in flight per lane (kernels/moe/moe.py), for up
 # to this many tokens. H200, 35B profile: 1.04 -> 0.92 ms per decode token; at T = 4 the
 # kernel test timed them slower than the plain pair, so batches keep the plain kernels.
 MOE_UNROLLED_MAX_T = 1
-# The decode router as one thread-block cluster (kernels/moe.py moe_router_cluster_kernel, cc >=
+# The decode router as one thread-block cluster (kernels/moe/moe.py moe_router_cluster_kernel, cc >=
 # 9.0, up to 256 routed experts) instead of the arrival-counter kernel. H200, 35B shape
 # (scripts/moe_probe.py, 8 layers of distinct weights in a graph): router 9.2 -> 7.9 us, MoE
 # block 28.0 -> 27.0 us.
 ROUTER_CLUSTER = True
 # The GDN mixer's decode middle (conv + gated delta rule + gated norm) as one kernel
-# (kernels/gdn_decode.py, cc >= 9.0: clusters of the value heads that share a key head) instead of
+# (kernels/gdn/gdn_decode.py, cc >= 9.0: clusters of the value heads that share a key head) instead of
 # three launches. H200, graph-timed (tests/kernels test_gdn_decode): 35B shape 8.6 -> 6.9 us,
 # 27B shape 9.2 -> 7.4 us; with the warp's 4 state rows reduced together (seventeenth
 # session) 6.4 and 7.0 us against the three launches' 8.7 and 9.2.
@@ -131,7 +131,7 @@ I32 = np.dtype(np.int32)
 
 def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str, int, int, int]:
     """(mode, K slices, blocks per SM, warps per block) of the one-token decode GEMV
-    (kernels/linear.py gemv_one_token) for an [n, k] weight on `sm_count` SMs.
+    (kernels/linear/linear.py gemv_one_token) for an [n, k] weight on `sm_count` SMs.
 
     Rows longer than 4096 (the 27B's weights): blocks of 4 warps, twice as many per SM as
     8-warp ones, so a block carries half the work, a kernel's last blocks trail for half as
@@ -176,7 +176,7 @@ def one_token_build_x8(mode: str, n: int, k: int) -> tuple[str, int, int, int]:
 class Normed:
     """rms_norm(x, weight, eps) of one token's residual row, left for the consumer to compute
     (`CudaOps.normed`): the decode GEMVs, the router and the MoE gate_up scale x by the norm
-    weight as they stream it and apply 1 / rms at the end (kernels/linear.py
+    weight as they stream it and apply 1 / rms at the end (kernels/linear/linear.py
     gemv_one_token "normed"), so the norm costs no launch. Consumers without such a kernel
     call `CudaOps.plain` first."""
     x: Any          # [1, H] fp32 device tensor (the residual stream)
@@ -301,10 +301,10 @@ class CudaOps:
         """arch: the device's compute capability; sm_count: its multiprocessors (sizes the
         decode attention split grid); prefill_gemm: auto (wgmma on cc 9.0, else
         mma.sync), mma, or wgmma (cc 9.0 only); prefill_attention: flash (mma.sync flash
-        kernel with ldmatrix / cp.async, kernels/attention_flash.py: head dim 256 on cc >= 8.0,
+        kernel with ldmatrix / cp.async, kernels/attention/attention_flash.py: head dim 256 on cc >= 8.0,
         else as gemm), gemm (S and P through the tensor-core GEMMs, bf16 Q/K/V/P; head dims
         % 64, else simt), simt (fp32 flash kernel on CUDA cores) or mma (the first mma.sync
-        flash kernel, kernels/attention.py; measured slower than simt on the H200)."""
+        flash kernel, kernels/attention/attention.py; measured slower than simt on the H200)."""
         _need(prefill_gemm in ("auto", "mma", "wgmma"), f"prefill_gemm: {prefill_gemm!r}")
         _need(prefill_attention in ATTENTION_KINDS, f"prefill_attention: {prefill_attention!r}")
         self.prefill_attention = prefill_attention
@@ -320,7 +320,7 @@ class CudaOps:
         # --experimental.
         self.experimental: frozenset[str] = frozenset()
         # Decode attention: "auto" (tensor cores on bf16 caches where the shape allows,
-        # kernels/attention_decode_mma.py; else the per-q-head SIMT split kernel) or "simt"
+        # kernels/attention/attention_decode_mma.py; else the per-q-head SIMT split kernel) or "simt"
         # (always the SIMT kernel: A/B runs, bench --decode-attention simt).
         self.decode_attention = "auto"
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
@@ -332,10 +332,10 @@ class CudaOps:
         # attribute. `_after_kernel` is False after a memset or copy, which keep plain order.
         self._pdl = False
         self._after_kernel = False
-        # Chunked GDN state passing: "mma" (TF32 tensor cores, kernels/gdn_chunked_mma.py) where
+        # Chunked GDN state passing: "mma" (TF32 tensor cores, kernels/gdn/gdn_chunked_mma.py) where
         # the key head dim allows it, else "simt" (fp32 FMAs, gdn_chunked.gdc_state_kernel).
         self.gdn_state = "mma"
-        # Its chunk-parallel prepare kernel: "mma" (TF32 tile products, kernels/gdn_prepare_mma.py)
+        # Its chunk-parallel prepare kernel: "mma" (TF32 tile products, kernels/gdn/gdn_prepare_mma.py)
         # where the head dims and alignment allow it, "simt" (fp32, gdn_chunked.gdc_prepare_kernel),
         # or "auto": mma from GDN_PREPARE_MMA_MIN_DK up, simt below.
         self.gdn_prepare = "auto"
@@ -515,7 +515,7 @@ class CudaOps:
 
     def linear_swiglu(self, x: Any, gate_up: Any) -> Any:
         """swiglu(linear(x, gate_up)); up to GEMV_MAX_T tokens and a bf16 weight: one GEMV
-        kernel with the SwiGLU in its epilogue (kernels/linear.py gemv_bf16_swiglu_kernel).
+        kernel with the SwiGLU in its epilogue (kernels/linear/linear.py gemv_bf16_swiglu_kernel).
         A wgmma chunk (cc 9.0, T >= gemm_wgmma.MIN_M, I % 64 == 0): one GEMM with the SwiGLU in
         its epilogue (gemm_wgmma_swiglu_kernel) returning h as bf16 bits (uint16) [T, I]: what
         `linear` rounds its input to before its GEMM anyway, so the MLP's result is unchanged,
@@ -674,7 +674,7 @@ class CudaOps:
 
     def _one_token(self, mode: str, x: Any, nw: Any, eps: float, weight: Any, out: Any, bias: Any,
                    has_bias: bool) -> None:
-        """kernels/linear.py gemv_one_token for one token: x [1, K], weight [N, K] bf16 (16-byte
+        """kernels/linear/linear.py gemv_one_token for one token: x [1, K], weight [N, K] bf16 (16-byte
         aligned, K % 8 == 0), out [1, N] ([1, N / 2] for "swiglu"); nw / eps: the fused norm's
         (ignored by "plain")."""
         n, k = weight.shape
@@ -842,7 +842,7 @@ class CudaOps:
 
     def _attention_flash(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, positions: Any,
                          scale: float, out: Any) -> None:
-        """Prefill attention in one flash kernel over the bf16 gathers (kernels/attention_flash.py)."""
+        """Prefill attention in one flash kernel over the bf16 gathers (kernels/attention/attention_flash.py)."""
         t, hq, d = q.shape
         hkv = k_cache.shape[1]
         with self.scope():
@@ -853,7 +853,7 @@ class CudaOps:
     def _attention_gemm(self, q: Any, k_cache: Any, v_cache: Any, ks: Any, vs: Any, positions: Any,
                         scale: float, out: Any) -> None:
         """Prefill attention as S = Q K^T, softmax, O = P V on the tensor-core GEMMs
-        (kernels/attention_gemm.py)."""
+        (kernels/attention/attention_gemm.py)."""
         t, hq, d = q.shape
         hkv = k_cache.shape[1]
         grp = hq // hkv
@@ -948,7 +948,7 @@ class CudaOps:
     def gdn_decode(self, mixed: Any, z: Any, a: Any, b: Any, conv_state: Any, conv_w: Any, a_log: Any,
                    dt_bias: Any, state: Any, norm_w: Any, eps: float, n_k_heads: int) -> Any:
         """ops.cpu.gdn_decode: conv, gated delta rule and gated norm of decode-sized T. One kernel
-        on cc >= 9.0 for the heads it takes (kernels/gdn_decode.py), else the three ops."""
+        on cc >= 9.0 for the heads it takes (kernels/gdn/gdn_decode.py), else the three ops."""
         t = mixed.shape[0]
         hv, dv, dk = state.shape
         if (GDN_DECODE_FUSED and t and not SIM and self.arch is not None and self.arch >= (9, 0)
@@ -983,11 +983,11 @@ class CudaOps:
 
     def gated_delta_rule_chunked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any,
                                  chunk: int = 64) -> Any:
-        """Same contract as gated_delta_rule, chunked WY form (kernels/gdn_chunked.py, fixed chunk
+        """Same contract as gated_delta_rule, chunked WY form (kernels/gdn/gdn_chunked.py, fixed chunk
         K_gdc.C = 64; `chunk` is accepted for parity with ops.cpu). T <= 16 or Dk > 128: the
         recurrent kernel. The sequential state pass runs on TF32 tensor cores
-        (kernels/gdn_chunked_mma.py) for Dk % 16 == 0 unless self.gdn_state == "simt"; the
-        prepare kernel too (kernels/gdn_prepare_mma.py: Dk % 16 == 0, Dv % 4 == 0, 16-byte
+        (kernels/gdn/gdn_chunked_mma.py) for Dk % 16 == 0 unless self.gdn_state == "simt"; the
+        prepare kernel too (kernels/gdn/gdn_prepare_mma.py: Dk % 16 == 0, Dv % 4 == 0, 16-byte
         aligned q / k / v) unless self.gdn_prepare == "simt"."""
         t, hv, dv = v.shape
         hk, dk = k.shape[1], k.shape[2]
@@ -1057,7 +1057,7 @@ class CudaOps:
     def _moe_router_fused(self, x: Any, weight: Any, top_k: int, renormalize: bool, shared_slot: bool,
                           gate_up: Any = None, h: Any = None) -> tuple[Any, Any, Any]:
         """(ids, weights, the normed row xn [1, H]) from one launch of the norm, the router GEMV
-        and the top-k: kernels/moe.py moe_router_cluster_kernel (cc >= 9.0, E <= 256; the logits
+        and the top-k: kernels/moe/moe.py moe_router_cluster_kernel (cc >= 9.0, E <= 256; the logits
         meet in one block's shared memory) or moe_router_fused_kernel (a persistent arrival
         counter; the last block routes). With gate_up and h [k + 1, I]: its extra blocks also
         write the shared slot's row h[k]."""
@@ -1158,7 +1158,7 @@ class CudaOps:
         return out if residual is None else residual
 
     def _moe_experts_grouped(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, out: Any) -> None:
-        """Prefill MoE grouped by expert (kernels/moe_grouped.py): device-side sort of the
+        """Prefill MoE grouped by expert (kernels/moe/moe_grouped.py): device-side sort of the
         (token, slot) pairs by expert, SwiGLU and down tensor-core GEMMs over each expert's rows
         (each expert's weights read once per 64-row tile; x and h rounded to bf16 as MMA
         operands, fp32 accumulate), slot-ordered combine into out [T, H]. From
@@ -1214,7 +1214,7 @@ class CudaOps:
 
     def _moe_pipelined(self, x: Any, order: Any, offs: Any, weights: Any, gate_up: Any, down: Any, h: Any,
                        y: Any, top_k: int) -> None:
-        """Steps 1-5 of kernels/moe_pipelined.py: 128-row tile offsets, the gathered bf16 rows,
+        """Steps 1-5 of kernels/moe/moe_pipelined.py: 128-row tile offsets, the gathered bf16 rows,
         gate_up GEMM, SwiGLU to bf16 h, down GEMM scattered to pair rows y (scaled)."""
         n_pairs, hid = y.shape
         n_exp = gate_up.shape[0]

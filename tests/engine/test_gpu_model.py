@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from ninfer_nb import LLM, SamplingParams
-from ninfer_nb.kernels import linear as K_lin
-from ninfer_nb.kernels.gemm_mma import K_ALIGN
-from ninfer_nb.kernels.linear import GEMV_MAX_T
+from ninfer_nb.kernels.linear import linear as K_lin
+from ninfer_nb.kernels.linear.gemm_mma import K_ALIGN
+from ninfer_nb.kernels.linear.linear import GEMV_MAX_T
 from ninfer_nb.ops import cpu
 from ninfer_nb.ops.cuda import one_token_build
 

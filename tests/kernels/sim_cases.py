@@ -120,14 +120,14 @@ def test_linear_gemm(ops, wdtype):
                                          ("normed", ((1, 2, 8), (4, 2, 8), (1, 4, 4), (2, 8, 2))),
                                          ("swiglu", ((2, 2, 8), (1, 4, 4)))])
 def test_gemv_one_token(ops, mode, builds):
-    """kernels/linear.py gemv_one_token (the decode step's GEMVs; ptx_sim stands in for the
+    """kernels/linear/linear.py gemv_one_token (the decode step's GEMVs; ptx_sim stands in for the
     16-byte loads and shuffles) at several K splits vs NumPy. K = 2312: two full passes of
     1024 columns, then the tail loop's 256-column chunk and, for lane 0 only, 8 columns; at 2, 4
     and 8 slices uneven slices (8: the last three empty). N = 11 (a lone last row; swiglu: I =
     5), so the last block has dead row pairs. plain adds into its bias, aliased as out (the
     residual stream); normed and swiglu fuse the RMSNorm. Builds: (K slices, blocks per SM,
     warps per block)."""
-    from ninfer_nb.kernels import linear as K_lin
+    from ninfer_nb.kernels.linear import linear as K_lin
 
     rng = np.random.default_rng(31)
     n, k = (10, 2312) if mode == "swiglu" else (11, 2312)
@@ -152,11 +152,11 @@ def test_gemv_one_token(ops, mode, builds):
 
 @pytest.mark.parametrize("t", [1, 5])
 def test_gemv_multi_token(ops, t):
-    """kernels/linear.py's GEMVs for up to 16 tokens (4 per pass; T = 5: a full pass and a
+    """kernels/linear/linear.py's GEMVs for up to 16 tokens (4 per pass; T = 5: a full pass and a
     one-token one) vs NumPy: gemv_bf16_kernel (vectorised and scalar paths), the split-K
     kernels (2 and 4 slices, K = 2312 as in test_gemv_one_token: uneven slices, the last of 4
     holding 8 columns) with the residual as bias, and the SwiGLU GEMV."""
-    from ninfer_nb.kernels import linear as K_lin
+    from ninfer_nb.kernels.linear import linear as K_lin
 
     rng = np.random.default_rng(37)
     n, k = 11, 2312
@@ -263,7 +263,7 @@ def test_attention_combine_many_splits(ops):
     min split 16: three and two 16-split load chunks, the last one partial) or 9 / 7 (min split
     64) hold keys; the others hold NaN (first pass) or stale values, which the kernel must not
     read. With the output gate; D = 48 (threads past D only load)."""
-    from ninfer_nb.kernels import attention as K_attn
+    from ninfer_nb.kernels.attention import attention as K_attn
 
     rng = np.random.default_rng(23)
     t, hq, ns, d = 2, 3, 40, 48
@@ -429,11 +429,11 @@ def test_int8_kv_store_and_prefill_attention(ops):
           cpu.attention(q, kc_ref, vc_ref, pos, d ** -0.5, ks_ref, vs_ref))
 
 
-# --- grouped-by-expert MoE (kernels/moe_grouped.py; the simulator always takes this path) ------
+# --- grouped-by-expert MoE (kernels/moe/moe_grouped.py; the simulator always takes this path) ------
 def _small_blocks(monkeypatch, sort_threads, chunk=None):
     """Smaller bookkeeping / combine blocks: faster in the simulator, and E > block exercises
     the strided expert loops and the carried scan (the GEMM blocks stay 256 threads)."""
-    from ninfer_nb.kernels import moe_grouped as G
+    from ninfer_nb.kernels.moe import moe_grouped as G
 
     monkeypatch.setattr(G, "SORT_THREADS", sort_threads)
     monkeypatch.setattr(G, "COMBINE_THREADS", 32)
@@ -463,9 +463,9 @@ def test_moe_grouped_bookkeeping(ops, monkeypatch):
 
 
 def test_moe_pipelined_helpers(ops):
-    """kernels/moe_pipelined.py's simulator-safe steps: 128-row tile offsets from the row
+    """kernels/moe/moe_pipelined.py's simulator-safe steps: 128-row tile offsets from the row
     offsets, the expert-sorted bf16 gather of x, SwiGLU to bf16 (its GEMM is GPU-only)."""
-    from ninfer_nb.kernels import moe_pipelined as M
+    from ninfer_nb.kernels.moe import moe_pipelined as M
 
     rng = np.random.default_rng(23)
     counts = np.array([0, 300, 1, 128, 129, 0, 7], np.int32)
@@ -500,7 +500,7 @@ def test_moe_grouped_top2_hot_expert(ops, monkeypatch):
     _moe_grouped_case(ops, 23, t=65, e=4, k=2, h=20, i=66, unused={3}, hot=2)
 
 
-# --- chunked gated delta rule (kernels/gdn_chunked.py) vs the recurrent NumPy reference --------
+# --- chunked gated delta rule (kernels/gdn/gdn_chunked.py) vs the recurrent NumPy reference --------
 
 def _gdr_chunked_case(ops, seed, t, hk, hv, dk, dv, state_kernel="simt", tol=1e-4, prepare_kernel="simt"):
     """state_kernel / prepare_kernel: "simt" (fp32, exact up to rounding) or "mma" (TF32 tensor
@@ -535,7 +535,7 @@ def test_gdr_chunked_shorter_than_chunk(ops):
 
 
 def test_gdr_chunked_tensor_core_state(ops):
-    """The TF32 state pass (kernels/gdn_chunked_mma.py): a full chunk then an 8-token tail, so
+    """The TF32 state pass (kernels/gdn/gdn_chunked_mma.py): a full chunk then an 8-token tail, so
     the state carries over in the accumulators and the tail's rows are masked; Dk = 16 uses one
     of the 8 k blocks (the others are zero). One block, the simulator's mma is slow (~25 s per
     chunk); the GPU tests cover Hv/Hk > 1, ragged Dv and the model shapes. Measured here: ~5e-4
@@ -543,7 +543,7 @@ def test_gdr_chunked_tensor_core_state(ops):
     _gdr_chunked_case(ops, 34, t=72, hk=1, hv=1, dk=16, dv=32, state_kernel="mma", tol=3e-3)
 
 
-# --- tiled GQA prefill attention (kernels/attention.py attn_prefill_kernel) --------------------
+# --- tiled GQA prefill attention (kernels/attention/attention.py attn_prefill_kernel) --------------------
 
 def _prefill_attn_case(ops, seed, cache, hq, hkv, d, start, t):
     """A prefill chunk at positions start..start+t-1 over a cache that already holds random keys
@@ -585,7 +585,7 @@ def test_prefill_attn_int8_gqa3_d64(ops):
 
 from numba import cuda as _cuda  # noqa: E402  (the simulator swaps module-level `cuda` only)
 
-from ninfer_nb.kernels.ptx import mma_bf16, pack_bf16x2  # noqa: E402
+from ninfer_nb.kernels.common.ptx import mma_bf16, pack_bf16x2  # noqa: E402
 
 
 @_cuda.jit
@@ -618,7 +618,7 @@ def test_mma_emulation_fragment_layout():
     close(out, c + 2 * (a @ b), 1e-6)
 
 
-# --- tensor-core GQA prefill attention (kernels/attention.py attn_prefill_mma_kernel) ----------
+# --- tensor-core GQA prefill attention (kernels/attention/attention.py attn_prefill_mma_kernel) ----------
 
 def _bf16r(x):
     return np.asarray(x, np.float32).astype(BF16).astype(np.float32)
@@ -660,7 +660,7 @@ def test_prefill_mma_bf16_gqa3_d64(ops, monkeypatch):
     _prefill_mma_case(ops, monkeypatch, 52, "bf16", hq=3, hkv=1, d=64, start=10, t=23)
 
 
-# --- flash prefill attention (kernels/attention_flash.py: ldmatrix, cp.async, mma.sync) --------
+# --- flash prefill attention (kernels/attention/attention_flash.py: ldmatrix, cp.async, mma.sync) --------
 
 def test_prefill_flash_gqa2_d256(ops, monkeypatch):
     """The flash kernel through CudaOps.attention (f32 cache, head dim 256, G = 2, one kv head:
@@ -772,7 +772,7 @@ def test_whole_hybrid_model_prefill_chunk_matches_cpu(ops):
                       buf[:34] if name in ("k", "v") else buf, 1e-4)
 
 
-# --- prefill attention through the GEMMs (kernels/attention_gemm.py) -------------------------
+# --- prefill attention through the GEMMs (kernels/attention/attention_gemm.py) -------------------------
 
 @pytest.mark.parametrize("cdtype", [np.float32])   # bf16 / int8 caches: the GPU tests (CI time)
 def test_attention_gemm_kernels(ops, cdtype):
@@ -781,7 +781,7 @@ def test_attention_gemm_kernels(ops, cdtype):
     rounding (softmax, scatter), and the composed result against ops.cpu.attention on
     bf16-rounded q, k, v (P's bf16 rounding: 1e-2). Keys past the chunk's last position hold
     NaN in the cache and must not reach the output."""
-    from ninfer_nb.kernels import attention_gemm as K
+    from ninfer_nb.kernels.attention import attention_gemm as K
 
     rng = np.random.default_rng(11)
     t, hq, hkv, d, start = 5, 4, 2, 32, 70           # the kernels take any D (the GEMMs want % 64)
@@ -834,7 +834,7 @@ def test_attention_gemm_kernels(ops, cdtype):
     close(out, ref, 1e-2)
 
 
-# --- tensor-core prepare kernel of the chunked gated delta rule (kernels/gdn_prepare_mma.py) ---
+# --- tensor-core prepare kernel of the chunked gated delta rule (kernels/gdn/gdn_prepare_mma.py) ---
 # The simulated mma costs ~25 ms per warp-level call: one (chunk, V head) of the smallest
 # shapes below is ~300 of them (the Gram, M = P T and the four products), ~10 s.
 
@@ -843,8 +843,8 @@ def test_gdr_prepare_mma_vs_simt_kernel(ops):
     chunk (T = 20: rows past T zero) and Hv/Hk = 2 (the Gram tiles kept across the V heads),
     Dk = Dv = 16 (one n8 tile pair of one column group). Measured here: <= 7e-4 of the largest
     value (TF32 operands), bound 3e-3."""
-    from ninfer_nb.kernels import gdn_chunked as K_gdc
-    from ninfer_nb.kernels import gdn_prepare_mma as K_gdp
+    from ninfer_nb.kernels.gdn import gdn_chunked as K_gdc
+    from ninfer_nb.kernels.gdn import gdn_prepare_mma as K_gdp
 
     rng = np.random.default_rng(35)
     t, hk, hv, dk, dv = 20, 1, 2, 16, 16

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ninfer_nb.kernels.registry import all_specs
+from ninfer_nb.kernels.common.registry import all_specs
 
 SPECS = all_specs()
 CASES_90 = [(n, i) for n, s in sorted(SPECS.items()) for i in range(len(s.sigs))]
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("pretend_cc90_device")
 def test_registry_is_complete() -> None:
     import inspect
 
-    import ninfer_nb.kernels.registry as reg
+    import ninfer_nb.kernels.common.registry as reg
 
     assert len(SPECS) >= 25
     for m in reg.MODULES:
@@ -33,10 +33,11 @@ def test_registry_is_complete() -> None:
         n_specs = sum(1 for s in SPECS.values() if s.fn.__module__ == mod.__name__)
         # every decorated kernel is registered; factories (`kernel(...)(fn)`) add one per variant
         assert n_specs >= max(1, src.count("@kernel(")), m
-    here = Path(reg.__file__).parent                  # no kernel module is missing from MODULES
-    for path in sorted(here.glob("*.py")):
+    here = Path(reg.__file__).parent.parent           # no kernel module is missing from MODULES
+    for path in sorted(here.rglob("*.py")):
         if path.stem not in ("registry", "__init__") and "@kernel(" in path.read_text():
-            assert path.stem in reg.MODULES, path.stem
+            dotted = ".".join(path.relative_to(here).with_suffix("").parts)
+            assert dotted in reg.MODULES, dotted
 
 
 @pytest.mark.parametrize("name,i", CASES_90, ids=[f"{n}-{i}" for n, i in CASES_90])

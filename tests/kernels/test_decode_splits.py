@@ -1,11 +1,11 @@
-"""Decode attention's split arithmetic (kernels/attention.py decode_splits / _split_range and
+"""Decode attention's split arithmetic (kernels/attention/attention.py decode_splits / _split_range and
 the combine kernel's active-split count), in plain Python: every key of a query lands in
 exactly one split at every position, and the grid fills the GPU without exceeding the cache."""
 from __future__ import annotations
 
 import pytest
 
-from ninfer_nb.kernels import attention as A
+from ninfer_nb.kernels.attention import attention as A
 
 
 def _ranges(pos: int, n_split: int) -> list[tuple[int, int]]:

@@ -1,4 +1,4 @@
-"""Tensor-core prefill GEMMs (kernels/gemm_mma.py, kernels/gemm_wgmma.py) through
+"""Tensor-core prefill GEMMs (kernels/linear/gemm_mma.py, kernels/linear/gemm_wgmma.py) through
 CudaOps.linear, GPU only.
 
 Reference: NumPy fp32 on the bf16-rounded x and W (the kernel converts x to bf16), so the
@@ -14,9 +14,9 @@ import os
 import numpy as np
 import pytest
 
-from ninfer_nb.kernels import gemm_mma as K_mma
-from ninfer_nb.kernels import gemm_wgmma as K_wg
-from ninfer_nb.kernels import linear as K_lin
+from ninfer_nb.kernels.linear import gemm_mma as K_mma
+from ninfer_nb.kernels.linear import gemm_wgmma as K_wg
+from ninfer_nb.kernels.linear import linear as K_lin
 from tests.kernels.gpu_util import BF16, GpuEnv, rnd, rnd_bf16
 
 pytestmark = pytest.mark.gpu

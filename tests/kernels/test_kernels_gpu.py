@@ -11,9 +11,9 @@ import contextlib
 import numpy as np
 import pytest
 
-from ninfer_nb.kernels import gdn_decode as K_gdd
-from ninfer_nb.kernels import linear as K_lin
 from ninfer_nb.kernels import sampling as S
+from ninfer_nb.kernels.gdn import gdn_decode as K_gdd
+from ninfer_nb.kernels.linear import linear as K_lin
 from ninfer_nb.ops import cpu
 from ninfer_nb.ops import cuda as cuda_ops
 from tests.kernels.gpu_util import BF16, F32Experts, GpuEnv, close, rnd, rnd_bf16
@@ -102,7 +102,7 @@ def test_linear(env, rng, n, k, t):
 def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
     """The few-row decode GEMVs: the 27B / 35B shapes, an uneven last slice (K = 2304: slices of
     768, the fourth empty), blocks with dead row pairs (N = 3, 6). T = 1: the one-token builds
-    (kernels/linear.py gemv_one_token, 1-8 K slices, 2-6 blocks per SM, 8 or 4 warps per block,
+    (kernels/linear/linear.py gemv_one_token, 1-8 K slices, 2-6 blocks per SM, 8 or 4 warps per block,
     the residual as bias)
     and the one ops.linear picks; T = 5, 16 (1 and 4 passes over the tokens): the split-K
     kernels (2 or 4 K slices per row pair) against the whole-row kernel; all against NumPy.
@@ -316,7 +316,7 @@ def _attn_case(env, rng, cdtype, s, hq, hkv, d, start, t, kind="gemm"):
     with _prefill_kind(ops, kind):
         o = env.host(ops.attention(env.up(q), KC, VC, P, d ** -0.5))
     if t <= 16:                                    # decode-sized: the split kernels
-        from ninfer_nb.kernels import attention_decode_mma as K_adm
+        from ninfer_nb.kernels.attention import attention_decode_mma as K_adm
         mma = cdtype == BF16 and K_adm.supported(d, hq // hkv)
         return _check_attention(o, q, kc_ref, vc_ref, pos, d ** -0.5, "decode_mma" if mma else "simt")
     return _check_attention(o, q, kc_ref, vc_ref, pos, d ** -0.5, "simt" if kind == "simt" or d % 64 else kind)
@@ -342,7 +342,7 @@ def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatc
     against NumPy for several split counts (SPLIT_WAVES); prints the times at 8K and 512 (-s).
     The per-q-head SIMT kernel on every cache dtype (bf16 ones default to tensor cores:
     test_attention_decode_mma)."""
-    from ninfer_nb.kernels import attention as K_attn
+    from ninfer_nb.kernels.attention import attention as K_attn
 
     ops = env.fresh()
     monkeypatch.setattr(ops, "decode_attention", "simt")
@@ -428,7 +428,7 @@ def test_attention_decode_64k(env, rng, hq, hkv, monkeypatch):
     NumPy: the tensor-core kernel (the bf16 default; bf16 Q and P, so against the reference
     on a bf16-rounded q) and the SIMT kernel for 1 / 2 / 4 / 8 waves of split blocks
     (SPLIT_WAVES = 1 was chosen from the 512 and 8K timings); the times per call (-s)."""
-    from ninfer_nb.kernels import attention as K_attn
+    from ninfer_nb.kernels.attention import attention as K_attn
 
     ops = env.fresh()
     s, d = 65536, 256
@@ -499,7 +499,7 @@ def test_gdn_gates(env, rng, t, hv):
     close(env.host(beta), br, TOL32)
 
 
-# TF32 state products (kernels/gdn_chunked_mma.py): operands rounded to 10 mantissa bits
+# TF32 state products (kernels/gdn/gdn_chunked_mma.py): operands rounded to 10 mantissa bits
 TOL_TF32 = 3e-3
 
 
@@ -903,7 +903,7 @@ def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
 @pytest.mark.parametrize("state_kernel", ["simt", "mma"])
 @pytest.mark.parametrize("t,hk,hv", [(1024, 16, 48), (1000, 16, 48), (777, 16, 32)])
 def test_gated_delta_rule_chunked_model_dims(env, rng, t, hk, hv, state_kernel):
-    """Chunked WY kernels (kernels/gdn_chunked.py, the TF32 state pass of gdn_chunked_mma.py)
+    """Chunked WY kernels (kernels/gdn/gdn_chunked.py, the TF32 state pass of gdn_chunked_mma.py)
     at the Qwen3.6-27B (Hv=48) and 35B-A3B (Hv=32) GDN shapes, Dk = Dv = 128, vs the recurrent
     NumPy reference: outputs and final state (errors printed with -s)."""
     dk = dv = 128
@@ -955,7 +955,7 @@ def test_gated_delta_rule_chunked_vs_recurrent_timing(env, rng):
         times[name] = best
         res[name] = (env.host(o), env.host(ST2))
     # the chunk-parallel prepare kernel alone (the sequential state kernel is the rest)
-    from ninfer_nb.kernels import gdn_chunked as K_gdc
+    from ninfer_nb.kernels.gdn import gdn_chunked as K_gdc
 
     nc = (t + K_gdc.C - 1) // K_gdc.C
     bufs = (ops.empty((hv, t, dk)), ops.empty((hv, t, dk)), ops.empty((hv, t, dv)), ops.empty((hv, t)),
@@ -1053,7 +1053,7 @@ def test_attention_prefill_mma_timing_8k(env, rng, hq, hkv, monkeypatch):
 # --- grouped MoE on the tensor cores: x and h are bf16 MMA operands, fp32 accumulate ------------
 def _moe_ref_bf16(x, ids, w, gu, dn):
     """ops.cpu.moe_experts with bf16-rounded x and bf16-rounded SwiGLU rows h (the MMA operands
-    of kernels/moe_grouped.py), so the kernel is checked tightly."""
+    of kernels/moe/moe_grouped.py), so the kernel is checked tightly."""
     xb = x.astype(BF16).astype(np.float32)
     out = np.zeros_like(x, dtype=np.float32)
     for e in np.unique(ids):
@@ -1081,7 +1081,7 @@ def _moe_path(ops, path, monkeypatch):
 
 def _one_token(ops, mode: str, ways: int, blocks: int, X, NW, W, bias, out, has_bias: bool = True,
                warps: int = K_lin.GEMV_WARPS) -> None:
-    """Launch one build of kernels/linear.py gemv_one_token (as ops._one_token does, any build)."""
+    """Launch one build of kernels/linear/linear.py gemv_one_token (as ops._one_token does, any build)."""
     n, k = W.shape
     pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
     per_block = warps // ways
@@ -1117,7 +1117,7 @@ def test_moe_grouped_mma(env, rng, t, e, k, i, h, shared, path, monkeypatch):
     (bf16 rounding of x and h: loose); bitwise reproducible; prints the time of one call."""
     import time
 
-    from ninfer_nb.kernels import moe_grouped as G
+    from ninfer_nb.kernels.moe import moe_grouped as G
 
     assert t >= G.GROUPED_MIN_T
     ops = env.fresh()
@@ -1158,7 +1158,7 @@ def test_moe_grouped_mma_skewed(env, rng, monkeypatch, path):
     """Skewed routing at the 35B-A3B shape (expert 7 in every token, experts >= 64 unused) with
     the mma.sync GEMMs: vs the bf16-operand reference and vs the per-pair (fp32 activation)
     kernels, which differ from it by the bf16 rounding of x and h."""
-    from ninfer_nb.kernels import moe_grouped as G
+    from ninfer_nb.kernels.moe import moe_grouped as G
 
     t, e, k, i, h = 300, 256, 8, 512, 2048
     ops = env.fresh()
@@ -1181,17 +1181,17 @@ def test_moe_grouped_mma_skewed(env, rng, monkeypatch, path):
     close(env.host(ops.moe_experts(X, ids_d, w_d, GU, DN)), out, 2e-2)
 
 
-# --- tensor-core prepare kernel of the chunked gated delta rule (kernels/gdn_prepare_mma.py) ---
+# --- tensor-core prepare kernel of the chunked gated delta rule (kernels/gdn/gdn_prepare_mma.py) ---
 
 @pytest.mark.parametrize("t", [2048, 2000])
 def test_gdn_prepare_mma_27b(env, rng, t):
-    """The TF32 prepare kernel (kernels/gdn_prepare_mma.py) at the Qwen3.6-27B GDN shape (Hk = 16,
+    """The TF32 prepare kernel (kernels/gdn/gdn_prepare_mma.py) at the Qwen3.6-27B GDN shape (Hk = 16,
     Hv = 48, Dk = Dv = 128; T = 2000: a 16-token last chunk): its six outputs W, Q', U, ks, ec,
     O_intra against gdc_prepare_kernel's (fp32 SIMT), and the chunked pair with it (TF32 state
     pass) against the recurrent NumPy reference. Prints (-s) the errors and the GPU time of
     either prepare kernel alone (graph replays, no launch gaps)."""
-    from ninfer_nb.kernels import gdn_chunked as K_gdc
-    from ninfer_nb.kernels import gdn_prepare_mma as K_gdp
+    from ninfer_nb.kernels.gdn import gdn_chunked as K_gdc
+    from ninfer_nb.kernels.gdn import gdn_prepare_mma as K_gdp
 
     hk, hv, dk, dv = 16, 48, 128, 128
     ops = env.fresh()

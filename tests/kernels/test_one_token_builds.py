@@ -1,6 +1,6 @@
 """The one-token decode GEMV builds ops/cuda.py picks for the real model shapes (no GPU).
 
-`one_token_build` picks a kernels/linear.py gemv_one_token build (K slices, blocks per SM,
+`one_token_build` picks a kernels/linear/linear.py gemv_one_token build (K slices, blocks per SM,
 warps per block) per weight shape. A build that is not registered at import
 (`ONE_TOKEN_BUILDS`) is compiled only on first use, on the GPU, so the PTX, ptxas and
 no-spill tests never see it: every build the presets' matrices can get must be registered.
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ninfer_nb.kernels import linear as K_lin
+from ninfer_nb.kernels.linear import linear as K_lin
 from ninfer_nb.models.presets import PRESETS, preset_config, random_weights
 from ninfer_nb.ops.cuda import one_token_build, one_token_build_x8
 

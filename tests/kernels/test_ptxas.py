@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ninfer_nb.kernels.registry import all_specs
+from ninfer_nb.kernels.common.registry import all_specs
 
 SPECS = all_specs()
 NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_kernel", "gemv_bf16_swiglu_kernel", "gemm_mma_kernel", "gemm_wgmma_kernel", "attn_prefill_mma_kernel",

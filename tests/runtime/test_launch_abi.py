@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from ninfer_nb.kernels.registry import all_specs
+from ninfer_nb.kernels.common.registry import all_specs
 from ninfer_nb.runtime.launch import param_layout
 
 SPECS = all_specs()

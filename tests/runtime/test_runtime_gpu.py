@@ -116,7 +116,7 @@ def test_direct_launch_matches_numba_dispatch(env) -> None:
     import time
 
     from ninfer_nb.kernels import norm as K_norm
-    from ninfer_nb.kernels import rope as K_rope
+    from ninfer_nb.kernels.attention import rope as K_rope
     from ninfer_nb.runtime.launch import Launcher
     from ninfer_nb.runtime.tensor import bfloat16
 
@@ -139,7 +139,7 @@ def test_direct_launch_matches_numba_dispatch(env) -> None:
     close(outs[0][0], ref_n, 1e-5)
 
     # a 2-signature kernel (fp32 / bf16 caches) on a 2-D grid, picked by the cache dtype
-    from ninfer_nb.kernels import attention as K_attn
+    from ninfer_nb.kernels.attention import attention as K_attn
 
     launcher = Launcher(K_attn.kv_store_kernel.get())
     assert len(launcher.overloads) == 2

@@ -3,9 +3,9 @@ then run each expert's SwiGLU MLP as a tiled GEMM over its rows, so every expert
 streamed once per 64-row tile instead of once per routed pair.
 
 `CudaOps.moe_experts` takes this path for T >= GROUPED_MIN_T (and always under the simulator);
-smaller T (decode, short verify batches) keeps the per-pair GEMV kernels of kernels/moe.py.
+smaller T (decode, short verify batches) keeps the per-pair GEMV kernels of kernels/moe/moe.py.
 From MOE_PIPELINED_MIN_PAIRS routed pairs up (ops/cuda.py) the bookkeeping below stays and the
-GEMMs 4-5 are replaced by kernels/moe_pipelined.py (twice as fast at a 35B prefill chunk).
+GEMMs 4-5 are replaced by kernels/moe/moe_pipelined.py (twice as fast at a 35B prefill chunk).
 
 Pairs: p = t * k + s for token t, slot s (ids/weights flattened, [P = T*k]).
 
@@ -102,9 +102,17 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
-from ninfer_nb.kernels.ptx import mma_bf16, pack_bf16x2
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.nbtypes import (
+    f32_1,
+    f32_2,
+    i32,
+    i32_1,
+    i32_2,
+    u16_2,
+    u16_3,
+)
+from ninfer_nb.kernels.common.ptx import mma_bf16, pack_bf16x2
+from ninfer_nb.kernels.common.registry import kernel
 
 GROUPED_MIN_T = 64      # CudaOps.moe_experts: grouped path for T >= this (untuned, see above)
 SORT_CHUNK = 1024       # pairs per block in the hist / scatter kernels

@@ -25,9 +25,14 @@ from typing import Any, Callable
 
 from numba import config, cuda
 
-MODULES = ("elementwise", "embedding", "norm", "linear", "rope", "attention", "attention_decode_mma", "attention_gemm", "attention_flash", "conv1d", "gdn", "gdn_decode",
-           "gdn_chunked", "gdn_chunked_mma", "gdn_prepare_mma",
-           "moe", "moe_grouped", "moe_pipelined", "moe_wgmma", "sampling", "random_fill", "gemm_mma", "gemm_wgmma")
+# Every module that registers kernels, relative to ninfer_nb.kernels (the compile test walks them).
+MODULES = ("elementwise", "embedding", "norm", "sampling", "random_fill",
+           "linear.linear", "linear.gemm_mma", "linear.gemm_wgmma",
+           "attention.attention", "attention.attention_decode_mma", "attention.attention_gemm",
+           "attention.attention_flash", "attention.rope",
+           "gdn.conv1d", "gdn.gdn", "gdn.gdn_decode", "gdn.gdn_chunked", "gdn.gdn_chunked_mma",
+           "gdn.gdn_prepare_mma",
+           "moe.moe", "moe.moe_grouped", "moe.moe_pipelined", "moe.moe_wgmma")
 
 _SPECS: dict[str, "KernelSpec"] = {}
 
@@ -68,7 +73,7 @@ class KernelSpec:
         """The GPU entry point: `grid_dependency_sync()`, then the body (see the module doc)."""
         if self._entry is not None:
             return self._entry
-        from ninfer_nb.kernels.ptx import grid_dependency_sync
+        from ninfer_nb.kernels.common.ptx import grid_dependency_sync
 
         body = cuda.jit(device=True, fastmath=self.options.get("fastmath", False))(self.fn)
         names = ", ".join(inspect.signature(self.fn).parameters)

@@ -27,10 +27,19 @@ import math
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.bf16 import f32_to_bf16
-from ninfer_nb.kernels.kvquant import kv_load
-from ninfer_nb.kernels.nbtypes import f32, f32_2, f32_3, i32, i32_1, i8_3, u16_2, u16_3
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.attention.kvquant import kv_load
+from ninfer_nb.kernels.common.bf16 import f32_to_bf16
+from ninfer_nb.kernels.common.nbtypes import (
+    f32,
+    f32_2,
+    f32_3,
+    i8_3,
+    i32,
+    i32_1,
+    u16_2,
+    u16_3,
+)
+from ninfer_nb.kernels.common.registry import kernel
 
 KEY_ALIGN = 64              # Lp = L rounded up to this (the PV GEMM's K must be a multiple of 64)
 SOFTMAX_THREADS = 256

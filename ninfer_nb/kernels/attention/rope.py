@@ -13,10 +13,10 @@ import math
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.bf16 import from_f32
-from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_3, f64, i32, i32_1, u16_3
+from ninfer_nb.kernels.common.bf16 import from_f32
+from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_3, f64, i32, i32_1, u16_3
+from ninfer_nb.kernels.common.registry import kernel
 from ninfer_nb.kernels.norm import MAX_BLOCK, _block_sum
-from ninfer_nb.kernels.registry import kernel
 
 FUSED_MAX_D = 256         # qk_norm_rope_store: one head row per block, one element per thread
 

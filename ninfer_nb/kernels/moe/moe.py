@@ -30,10 +30,18 @@ import math
 
 from numba import config, cuda, float32, int32, int64, uint32
 
-from ninfer_nb.kernels.bf16 import widen
-from ninfer_nb.kernels.linear import _dot8, normed_pair_dots, pass_loads, warp_sum
-from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, i32_1, i32_2, u16_2, u16_3
-from ninfer_nb.kernels.ptx import (
+from ninfer_nb.kernels.common.bf16 import widen
+from ninfer_nb.kernels.common.nbtypes import (
+    f32,
+    f32_1,
+    f32_2,
+    i32,
+    i32_1,
+    i32_2,
+    u16_2,
+    u16_3,
+)
+from ninfer_nb.kernels.common.ptx import (
     cluster_arrive_relaxed,
     cluster_wait,
     fence_acq_rel_gpu,
@@ -50,7 +58,13 @@ from ninfer_nb.kernels.ptx import (
     st_async_cluster_f32,
     st_v4_f32,
 )
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.linear.linear import (
+    _dot8,
+    normed_pair_dots,
+    pass_loads,
+    warp_sum,
+)
 
 ROUTE_BLOCK = 256     # power of two
 ROUTE_MAX_E = 1024    # experts per router row

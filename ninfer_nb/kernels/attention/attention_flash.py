@@ -42,10 +42,20 @@ import math
 
 from numba import cuda, float32, uint32
 
-from ninfer_nb.kernels.nbtypes import f32, f32_2, i32, i32_1, u16_3
-from ninfer_nb.kernels.ptx import (cp_async16, cp_async_commit, cp_async_wait1, ex2, gptr, ldsm_x4, mma_bf16,
-                                   pack_bf16x2, shfl_xor, smem_u32)
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.nbtypes import f32, f32_2, i32, i32_1, u16_3
+from ninfer_nb.kernels.common.ptx import (
+    cp_async16,
+    cp_async_commit,
+    cp_async_wait1,
+    ex2,
+    gptr,
+    ldsm_x4,
+    mma_bf16,
+    pack_bf16x2,
+    shfl_xor,
+    smem_u32,
+)
+from ninfer_nb.kernels.common.registry import kernel
 
 HEAD_DIM = 256
 WARPS = 4

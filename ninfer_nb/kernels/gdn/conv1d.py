@@ -20,9 +20,9 @@ import math
 
 from numba import cuda, float32
 
+from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, i32
+from ninfer_nb.kernels.common.registry import kernel
 from ninfer_nb.kernels.elementwise import split_part
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32
-from ninfer_nb.kernels.registry import kernel
 
 MAX_K = 8
 

@@ -1,5 +1,5 @@
 """Tensor-core state passing for the chunked gated delta rule (prefill): the sequential second
-kernel of kernels/gdn_chunked.py with its per-chunk products on `mma.sync.m16n8k8` TF32
+kernel of kernels/gdn/gdn_chunked.py with its per-chunk products on `mma.sync.m16n8k8` TF32
 (fp32 accumulate). Same inputs and outputs as `gdn_chunked.gdc_state_kernel` (which stays for
 key head dims the tensor-core tiling does not cover); knows nothing of the prepare kernel's
 maths beyond its outputs W, Q', U, ks, ec.
@@ -51,10 +51,10 @@ from __future__ import annotations
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.gdn_chunked import C
-from ninfer_nb.kernels.nbtypes import f32_2, f32_3
-from ninfer_nb.kernels.ptx import ldg_f32, ldg_v4_f32, lds_v4_f32, mma_tf32, tf32
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.nbtypes import f32_2, f32_3
+from ninfer_nb.kernels.common.ptx import ldg_f32, ldg_v4_f32, lds_v4_f32, mma_tf32, tf32
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.gdn.gdn_chunked import C
 
 MAX_DK = 128
 RT = 32                   # state rows (Dv) per block

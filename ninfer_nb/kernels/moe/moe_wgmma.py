@@ -39,14 +39,26 @@ from __future__ import annotations
 
 from numba import cuda, int32, uint32
 
-from ninfer_nb.kernels.gemm_wgmma import swiglu_epilogue
-from ninfer_nb.kernels.moe_grouped import _expert_rows
-from ninfer_nb.kernels.moe_pipelined import _store_grouped
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, i32_1, u16_2, u16_3
-from ninfer_nb.kernels.ptx import (cp_async16, cp_async_commit, cp_async_wait0, cp_async_wait1, f32_zeros_64,
-                                   fence_proxy_async, gptr, smem_u32, wgmma_commit, wgmma_fence,
-                                   wgmma_m64n128k16, wgmma_wait0, wgmma_wait1)
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, i32, i32_1, u16_2, u16_3
+from ninfer_nb.kernels.common.ptx import (
+    cp_async16,
+    cp_async_commit,
+    cp_async_wait0,
+    cp_async_wait1,
+    f32_zeros_64,
+    fence_proxy_async,
+    gptr,
+    smem_u32,
+    wgmma_commit,
+    wgmma_fence,
+    wgmma_m64n128k16,
+    wgmma_wait0,
+    wgmma_wait1,
+)
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.linear.gemm_wgmma import swiglu_epilogue
+from ninfer_nb.kernels.moe.moe_grouped import _expert_rows
+from ninfer_nb.kernels.moe.moe_pipelined import _store_grouped
 
 BM = 64                                    # rows per tile: moe_grouped.BM, whose tile_off we use
 BN = 128                                   # B tile rows (gate_up: 64 gate + 64 up)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from ninfer_nb.kernels.ptx import shfl_xor
+from ninfer_nb.kernels.common.ptx import shfl_xor
 
 FULL = 0xFFFFFFFF
 

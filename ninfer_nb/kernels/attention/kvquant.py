@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import config, cuda
 
-from ninfer_nb.kernels.bf16 import widen
+from ninfer_nb.kernels.common.bf16 import widen
 
 GROUP = 64
 

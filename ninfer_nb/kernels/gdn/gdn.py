@@ -12,9 +12,9 @@ import math
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, f32_3, i32
-from ninfer_nb.kernels.registry import kernel
-from ninfer_nb.kernels.warp import warp_sum as _warp_sum
+from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, f32_3, i32
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.common.warp import warp_sum as _warp_sum
 
 GDR_WARPS = 4
 GDR_ROWS = 4          # state rows (v index) per warp

@@ -60,11 +60,19 @@ import math
 
 from numba import cuda, float32, uint32
 
-from ninfer_nb.kernels.attention import MAX_D, NEG
-from ninfer_nb.kernels.bf16 import f32_bits
-from ninfer_nb.kernels.nbtypes import f32, f32_3, f32_4, i32_1, u16_3
-from ninfer_nb.kernels.ptx import as_f32, ldg_stream_v4_u32, ldg_v4_f32, mma_bf16, pack_bf16x2, shfl_idx, shfl_xor
-from ninfer_nb.kernels.registry import KernelSpec, kernel
+from ninfer_nb.kernels.attention.attention import MAX_D, NEG
+from ninfer_nb.kernels.common.bf16 import f32_bits
+from ninfer_nb.kernels.common.nbtypes import f32, f32_3, f32_4, i32_1, u16_3
+from ninfer_nb.kernels.common.ptx import (
+    as_f32,
+    ldg_stream_v4_u32,
+    ldg_v4_f32,
+    mma_bf16,
+    pack_bf16x2,
+    shfl_idx,
+    shfl_xor,
+)
+from ninfer_nb.kernels.common.registry import KernelSpec, kernel
 
 DEC_WARPS = 4
 DEC_TILE = 16                          # keys per warp and step (the mma's M for S^T, K for P V)

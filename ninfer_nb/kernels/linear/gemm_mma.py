@@ -31,11 +31,22 @@ from __future__ import annotations
 
 from numba import cuda, float32, int32, uint32
 
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, u16_1, u16_2
-from ninfer_nb.kernels.ptx import (cp_async16, cp_async_commit, cp_async_wait0, cp_async_wait1, gptr,
-                                   ldg_v4_f32, ldsm_x4, mma_bf16, pack_bf16x2, smem_u32, st_v2_f32,
-                                   st_v4_u32)
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, i32, u16_1, u16_2
+from ninfer_nb.kernels.common.ptx import (
+    cp_async16,
+    cp_async_commit,
+    cp_async_wait0,
+    cp_async_wait1,
+    gptr,
+    ldg_v4_f32,
+    ldsm_x4,
+    mma_bf16,
+    pack_bf16x2,
+    smem_u32,
+    st_v2_f32,
+    st_v4_u32,
+)
+from ninfer_nb.kernels.common.registry import kernel
 
 BM = 128
 BN = 128

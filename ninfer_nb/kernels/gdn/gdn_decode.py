@@ -31,8 +31,8 @@ import math
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, f32_3, i32
-from ninfer_nb.kernels.ptx import (
+from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, f32_3, i32
+from ninfer_nb.kernels.common.ptx import (
     as_f32,
     cluster_arrive_relaxed,
     cluster_sync,
@@ -42,8 +42,8 @@ from ninfer_nb.kernels.ptx import (
     smem_u32,
     st_cluster_f32,
 )
-from ninfer_nb.kernels.registry import kernel
-from ninfer_nb.kernels.warp import warp_sum, warp_sum2, warp_sum4
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.common.warp import warp_sum, warp_sum2, warp_sum4
 
 WARPS = 8
 THREADS = 32 * WARPS

@@ -62,7 +62,7 @@ thread had one global load in flight, ~32 of them per X tile (4 tiles) and 64 pe
 every chunk step: ~190 dependent global-latency waits per step, ~75 us at the measured speed.
 Kernel 2 now issues LOAD_BATCH = 8 loads before storing them (ptxas: 87 registers, was 125;
 no spills): 11.7 -> 9.5 ms for the pair. CudaOps now runs the state pass on TF32 tensor cores
-(kernels/gdn_chunked_mma.py: 3.9 ms for the pair, the prepare kernel 2.3 ms of it) and keeps
+(kernels/gdn/gdn_chunked_mma.py: 3.9 ms for the pair, the prepare kernel 2.3 ms of it) and keeps
 kernel 2 for key head dims that kernel does not take (and `gdn_state="simt"`). Kernel 1 keeps
 its loops: batching them there spills at its 80-register budget.
 test_gated_delta_rule_chunked_vs_recurrent_timing (-s) prints the prepare kernel alone and
@@ -75,8 +75,8 @@ import math
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.nbtypes import f32_2, f32_3
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.nbtypes import f32_2, f32_3
+from ninfer_nb.kernels.common.registry import kernel
 
 C = 64                    # chunk length (tokens)
 MAX_DK = 128              # key head dim limit of the chunked path

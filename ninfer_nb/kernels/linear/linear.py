@@ -36,11 +36,16 @@ from typing import Any
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.bf16 import widen
-from ninfer_nb.kernels.nbtypes import f32, f32_1, f32_2, i32, u16_2
-from ninfer_nb.kernels.ptx import as_f32, grid_dependency_sync, ldg_stream_v4_u32, ldg_v4_f32
-from ninfer_nb.kernels.registry import kernel
-from ninfer_nb.kernels.warp import warp_sum
+from ninfer_nb.kernels.common.bf16 import widen
+from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, i32, u16_2
+from ninfer_nb.kernels.common.ptx import (
+    as_f32,
+    grid_dependency_sync,
+    ldg_stream_v4_u32,
+    ldg_v4_f32,
+)
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.common.warp import warp_sum
 
 GEMV_WARPS = 8
 GEMV_ROWS = 2           # weight rows per warp

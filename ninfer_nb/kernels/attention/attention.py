@@ -17,7 +17,7 @@ keys 0..positions[i]; q-head h reads kv-head h // (Hq / Hkv). D <= 256.
   46,848 B static shared memory). On the H200: 26.8 ms for a 2048-token 27B chunk at
   6144..8191 (13.5 TFLOP/s). CudaOps uses it for prefill_attention="simt", for head dims that
   are not a multiple of 64, and for chunks of 5..16 tokens; longer chunks take the GEMM path
-  (kernels/attention_gemm.py, 4.2 ms for the same chunk).
+  (kernels/attention/attention_gemm.py, 4.2 ms for the same chunk).
 
 Prefill design (block = 256 threads, grid (ceil(T * G / 64), Hkv), G = Hq / Hkv):
 * GQA packing: a block owns 64 query rows of one kv head, row = t * G + g (q-head hk * G + g),
@@ -57,7 +57,7 @@ Prefill design (block = 256 threads, grid (ceil(T * G / 64), Hkv), G = Hq / Hkv)
   runs in the simulator. CudaOps takes it with prefill_attention="mma". Correct on the H200
   (GPU tests) but slower than the SIMT kernel there: 32.2 vs 26.8 ms for a 2048-token 27B chunk
   at 6144..8191 (11 vs 13.5 TFLOP/s), without a cp.async/ldmatrix pipeline and with 4 barriers
-  per 32-key tile. The default prefill path is kernels/attention_gemm.py (4.2 ms, 87 TFLOP/s).
+  per 32-key tile. The default prefill path is kernels/attention/attention_gemm.py (4.2 ms, 87 TFLOP/s).
 """
 from __future__ import annotations
 
@@ -65,13 +65,22 @@ import math
 
 from numba import cuda, float32, uint32
 
-from ninfer_nb.kernels.bf16 import f32_bits, from_f32
-from ninfer_nb.kernels.kvquant import GROUP, kv_load
-from ninfer_nb.kernels.nbtypes import f32, f32_2, f32_3, f32_4, i8_3, i32, i32_1, u16_3
-from ninfer_nb.kernels.ptx import as_f32, ldg_f32, mma_bf16, pack_bf16x2
-from ninfer_nb.kernels.registry import kernel
-from ninfer_nb.kernels.warp import warp_max as _warp_max
-from ninfer_nb.kernels.warp import warp_sum as _warp_sum
+from ninfer_nb.kernels.attention.kvquant import GROUP, kv_load
+from ninfer_nb.kernels.common.bf16 import f32_bits, from_f32
+from ninfer_nb.kernels.common.nbtypes import (
+    f32,
+    f32_2,
+    f32_3,
+    f32_4,
+    i8_3,
+    i32,
+    i32_1,
+    u16_3,
+)
+from ninfer_nb.kernels.common.ptx import as_f32, ldg_f32, mma_bf16, pack_bf16x2
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.common.warp import warp_max as _warp_max
+from ninfer_nb.kernels.common.warp import warp_sum as _warp_sum
 
 NEG = -1.0e30
 MAX_D = 256

@@ -40,13 +40,25 @@ import math
 
 from numba import cuda, float32, int32, uint32
 
-from ninfer_nb.kernels.bf16 import from_f32
-from ninfer_nb.kernels.gemm_mma import _store_rows, grouped_tile
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, u16_2
-from ninfer_nb.kernels.ptx import (cp_async16, cp_async_commit, cp_async_wait0, cp_async_wait1,
-                                   f32_zeros_64, fence_proxy_async, gptr, smem_u32, wgmma_commit, wgmma_fence,
-                                   wgmma_m64n128k16, wgmma_wait0, wgmma_wait1)
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.bf16 import from_f32
+from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, i32, u16_2
+from ninfer_nb.kernels.common.ptx import (
+    cp_async16,
+    cp_async_commit,
+    cp_async_wait0,
+    cp_async_wait1,
+    f32_zeros_64,
+    fence_proxy_async,
+    gptr,
+    smem_u32,
+    wgmma_commit,
+    wgmma_fence,
+    wgmma_m64n128k16,
+    wgmma_wait0,
+    wgmma_wait1,
+)
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.linear.gemm_mma import _store_rows, grouped_tile
 
 BM = 256
 BN = 128

@@ -568,7 +568,7 @@ f32_zeros_64 = _make_f32_zeros(64)
 
 
 if config.ENABLE_CUDASIM:      # warp-level tensor-core ops emulated in the simulator (ptx_sim.py)
-    from ninfer_nb.kernels import ptx_sim as _sim
+    from ninfer_nb.kernels.common import ptx_sim as _sim
 
     mma_bf16 = _sim.mma_bf16                    # noqa: F811
     pack_bf16x2 = _sim.pack_bf16x2              # noqa: F811

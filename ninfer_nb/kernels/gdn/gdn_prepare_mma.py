@@ -1,5 +1,5 @@
 """Tensor-core prepare kernel for the chunked gated delta rule (prefill): the chunk-parallel first
-kernel of kernels/gdn_chunked.py (`gdc_prepare_kernel`, see its docstring for the maths) with
+kernel of kernels/gdn/gdn_chunked.py (`gdc_prepare_kernel`, see its docstring for the maths) with
 its tile products on `mma.sync.m16n8k8` TF32 (fp32 accumulate). Same inputs and outputs: W, Q'
 [Hv, T, Dk], U [Hv, T, Dv], O_intra into out [T, Hv, Dv], ks [Hv, T], ec [Hv, ceil(T/C)].
 Knows nothing of the state pass that consumes them.
@@ -71,10 +71,10 @@ import math
 
 from numba import cuda, float32
 
-from ninfer_nb.kernels.gdn_chunked import C, invert_unit_lower
-from ninfer_nb.kernels.nbtypes import f32_2, f32_3
-from ninfer_nb.kernels.ptx import ldg_v4_f32, mma_tf32, st_v4_f32, tf32
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.nbtypes import f32_2, f32_3
+from ninfer_nb.kernels.common.ptx import ldg_v4_f32, mma_tf32, st_v4_f32, tf32
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.gdn.gdn_chunked import C, invert_unit_lower
 
 MAX_DK = 128              # key head dim limit; also the V column pass width
 WARPS = 8

@@ -37,12 +37,18 @@ from __future__ import annotations
 
 from numba import cuda, float32, int32, uint32
 
-from ninfer_nb.kernels.bf16 import from_f32
-from ninfer_nb.kernels.gemm_mma import BM, BN, SMEM_WORDS, THREADS, _mma_tile_loop
-from ninfer_nb.kernels.moe_grouped import _expert_rows, _silu
-from ninfer_nb.kernels.nbtypes import f32_1, f32_2, i32, i32_1, u16_2, u16_3
-from ninfer_nb.kernels.ptx import gptr, smem_u32, st_v2_f32
-from ninfer_nb.kernels.registry import kernel
+from ninfer_nb.kernels.common.bf16 import from_f32
+from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, i32, i32_1, u16_2, u16_3
+from ninfer_nb.kernels.common.ptx import gptr, smem_u32, st_v2_f32
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.linear.gemm_mma import (
+    BM,
+    BN,
+    SMEM_WORDS,
+    THREADS,
+    _mma_tile_loop,
+)
+from ninfer_nb.kernels.moe.moe_grouped import _expert_rows, _silu
 
 GATHER_THREADS = 256
 SWIGLU_THREADS = 256
