@@ -14,8 +14,8 @@ from ninfer_nb import api
 from ninfer_nb.config import ModelConfig
 from ninfer_nb.engine.cuda_backend import CudaBackend
 from ninfer_nb.errors import UnsupportedModelError
-from ninfer_nb.kernels import attention as K_attn
-from ninfer_nb.kernels import gdn as K_gdn
+from ninfer_nb.kernels.attention import attention as K_attn
+from ninfer_nb.kernels.gdn import gdn as K_gdn
 from ninfer_nb.models.presets import PRESETS, preset_config
 from ninfer_nb.ops.cuda import check_model, unsupported_shapes
 from tests.support.checkpoints import BASE_LLAMA, BASE_MOE, BASE_QWEN35
