@@ -3,8 +3,10 @@
 Each function here has a CUDA counterpart of the same name and signature in `ops/cuda.py`, and
 a GPU test compares the two. Shapes use T = tokens in the batch, H = hidden size, heads x D for
 attention, Hk/Hv x Dk/Dv for Gated DeltaNet. Functions return new arrays unless they are
-documented as updating a cache or state in place. This module knows nothing about models,
-weights layout on disk, or requests.
+documented as updating a cache or state in place. Linear weights are records
+(models/weights.py): dense ones are read as fp32, quantized ones dequantized by the NumPy
+reference (quant/dequant.py) first; a bare matrix counts as a dense weight of its dtype.
+This module knows nothing about models, weights layout on disk, or requests.
 """
 from __future__ import annotations
 
@@ -14,14 +16,26 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..models.weights import LINEAR_TYPES, DenseWeight, LinearWeight, QuantizedWeight
+from ..quant.dequant import dequantize, dequantize_rows
+
 Array = np.ndarray
+
+
+def matrix(weight: LinearWeight | Array) -> Array:
+    """A linear weight's values as fp32 ([N, K], or [E, N, K] for an expert stack)."""
+    if isinstance(weight, QuantizedWeight):
+        return dequantize(weight)
+    return np.asarray(weight.data if isinstance(weight, DenseWeight) else weight, dtype=np.float32)
 
 
 # --- elementwise / norms -------------------------------------------------------------------
 
-def embedding(table: Array, ids: Array) -> Array:
-    """table [V, H], ids [T] -> [T, H] float32."""
-    return np.asarray(table[ids], dtype=np.float32)
+def embedding(table: LinearWeight | Array, ids: Array) -> Array:
+    """table [V, H], ids [T] -> [T, H] float32 (a quantized table dequantizes those rows only)."""
+    if isinstance(table, QuantizedWeight):
+        return dequantize_rows(table, np.asarray(ids))
+    return np.asarray((table.data if isinstance(table, DenseWeight) else table)[ids], dtype=np.float32)
 
 
 def rms_norm(x: Array, weight: Array, eps: float) -> Array:
@@ -79,7 +93,7 @@ def swiglu(gate_up: Array) -> Array:
     return silu(gate_up[..., :inter]) * gate_up[..., inter:]
 
 
-def linear_swiglu(x: Array, gate_up: Array) -> Array:
+def linear_swiglu(x: Array, gate_up: LinearWeight | Array) -> Array:
     """swiglu(linear(x, gate_up)): an MLP's first half (fused into one GEMV on the GPU)."""
     return swiglu(linear(x, gate_up))
 
@@ -96,15 +110,15 @@ def gated_rms_norm(x: Array, z: Array, weight: Array, eps: float) -> Array:
 
 # --- linear layers -------------------------------------------------------------------------
 
-def linear(x: Array, weight: Array, bias: Array | None = None) -> Array:
+def linear(x: Array, weight: LinearWeight | Array, bias: Array | None = None) -> Array:
     """x [T, K] @ weight [N, K]^T (+ bias [N]) -> [T, N]."""
-    y = x @ weight.T
+    y = x @ matrix(weight).T
     if bias is not None:
         y = y + bias
     return y
 
 
-def linear_add(x: Array, weight: Array, residual: Array) -> Array:
+def linear_add(x: Array, weight: LinearWeight | Array, residual: Array) -> Array:
     """residual += linear(x, weight), in place (a block's output projection into the residual
     stream); returns residual."""
     residual += linear(x, weight)
@@ -229,7 +243,8 @@ def split(x: Array, sizes: tuple[int, ...]) -> tuple[Array, ...]:
     return tuple(np.ascontiguousarray(x[..., a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
 
 
-def linear_split(x: Array, weight: Array, bias: Array | None, sizes: tuple[int, ...]) -> tuple[Array, ...]:
+def linear_split(x: Array, weight: LinearWeight | Array, bias: Array | None,
+                 sizes: tuple[int, ...]) -> tuple[Array, ...]:
     """A fused projection straight to its parts: split(linear(x, weight, bias), sizes)."""
     return split(linear(x, weight, bias), sizes)
 
@@ -307,7 +322,7 @@ def gdn_decode(mixed: Array, z: Array, a: Array, b: Array, conv_state: Array, co
     """The GDN mixer between its projections, recurrent form (decode-sized T): causal conv +
     SiLU over mixed [T, q | k | v], the gated delta rule with its gates from the raw a, b [T, Hv],
     the gated RMS norm by z [T, Hv * Dv] -> [T, Hv * Dv]. conv_state and state [Hv, Dv, Dk] are
-    updated in place (one kernel on the GPU: kernels/gdn_decode.py)."""
+    updated in place (one kernel on the GPU: kernels/gdn/gdn_decode.py)."""
     t = mixed.shape[0]
     hv, dv, dk = state.shape
     qk = n_k_heads * dk
@@ -354,15 +369,15 @@ def gated_delta_rule_chunked(
 
 # --- mixture of experts --------------------------------------------------------------------
 
-def moe_router(x: Array, weight: Array, top_k: int, renormalize: bool = True,
+def moe_router(x: Array, weight: LinearWeight | Array, top_k: int, renormalize: bool = True,
                shared_slot: bool = False) -> tuple[Array, Array]:
     """The MoE router: moe_route(linear(x, weight), ...) (the CUDA backend can fuse the two for
     one token)."""
     return moe_route(linear(x, weight), top_k, renormalize, shared_slot)
 
 
-def moe(x: Array, router: Array, top_k: int, renormalize: bool, shared_slot: bool, gate_up: Array,
-        down: Array, residual: Array | None = None) -> Array:
+def moe(x: Array, router: LinearWeight | Array, top_k: int, renormalize: bool, shared_slot: bool,
+        gate_up: LinearWeight | Array, down: LinearWeight | Array, residual: Array | None = None) -> Array:
     """moe_experts(x, *moe_router(x, router, ...), gate_up, down, residual): routed experts,
     the shared expert included when it is a slot (the CUDA backend fuses the norm, the router
     and the top-k for one token)."""
@@ -392,13 +407,18 @@ def moe_route(logits: Array, top_k: int, renormalize: bool = True,
     return ids, w.astype(np.float32)
 
 
-def moe_experts(x: Array, ids: Array, weights: Array, gate_up: Array, down: Array,
-                residual: Array | None = None) -> Array:
+def _expert(stack: LinearWeight | Array, e: int) -> LinearWeight | Array:
+    """Expert e [N, K] of a stack [E, N, K]."""
+    return stack.expert(e) if isinstance(stack, LINEAR_TYPES) else stack[e]
+
+
+def moe_experts(x: Array, ids: Array, weights: Array, gate_up: LinearWeight | Array,
+                down: LinearWeight | Array, residual: Array | None = None) -> Array:
     """Routed SwiGLU experts. x [T, H]; ids, weights [T, k]; gate_up [E, 2I, H]; down [E, H, I].
     Returns their weighted sum [T, H], or adds it into `residual` in place and returns that."""
     out = np.zeros_like(x, dtype=np.float32)
     for e in np.unique(ids):
         rows, slots = np.nonzero(ids == e)
-        h = swiglu(x[rows] @ gate_up[e].T)
-        out[rows] += (h @ down[e].T) * weights[rows, slots][:, None]
+        h = swiglu(linear(x[rows], _expert(gate_up, int(e))))
+        out[rows] += linear(h, _expert(down, int(e))) * weights[rows, slots][:, None]
     return out if residual is None else add_into(residual, out)
