@@ -13,7 +13,8 @@ import pytest  # noqa: E402
 from ninfer_nb.kernels import norm as K_norm  # noqa: E402
 from ninfer_nb.kernels import sampling as S  # noqa: E402
 from ninfer_nb.ops import cpu  # noqa: E402
-from ninfer_nb.ops.cuda import CudaOps, HostArena, SimStream  # noqa: E402
+from ninfer_nb.ops.cuda import CudaOps  # noqa: E402
+from tests.support.cuda_helpers import HostArena, SimStream  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
 
@@ -741,6 +742,7 @@ def test_whole_hybrid_model_prefill_chunk_matches_cpu(ops):
     from ninfer_nb.engine.backend import random_array
     from ninfer_nb.models.decoder import Decoder
     from ninfer_nb.models.presets import PRESETS, random_weights
+    from ninfer_nb.engine.batch import ForwardBatch
     from ninfer_nb.models.state import new_state
 
     cfg = ModelConfig.from_hf(dict(
@@ -755,15 +757,15 @@ def test_whole_hybrid_model_prefill_chunk_matches_cpu(ops):
     ops.gdn_prepare = "simt"     # so has the TF32 prepare kernel
     pos = np.arange(34)
     cpu_state = new_state(cfg, 64, np.zeros)
-    Decoder(cfg, w).forward(cpu, ids[:17], pos[:17], cpu_state)            # first chunk: CPU
+    Decoder(cfg, w).forward(cpu, ForwardBatch.single(ids[:17], pos[:17]), cpu_state)   # first chunk: CPU
     sim_state = new_state(cfg, 64, lambda shape, dtype=np.float32: ops.zeros(shape, dtype, persistent=True))
     for dst, src in zip(sim_state.layers, cpu_state.layers):
         for name, buf in vars(src).items():
             if buf is not None:
                 getattr(dst, name)[...] = buf
-    want = Decoder(cfg, w).forward(cpu, ids[17:], pos[17:], cpu_state, all_logits=True)
-    got = Decoder(cfg, w).forward(ops, ids[17:].astype(np.int32), pos[17:].astype(np.int32), sim_state,
-                                  all_logits=True)
+    want = Decoder(cfg, w).forward(cpu, ForwardBatch.single(ids[17:], pos[17:], all_logits=True), cpu_state)
+    got = Decoder(cfg, w).forward(ops, ForwardBatch.single(ids[17:].astype(np.int32), pos[17:].astype(np.int32),
+                                                           all_logits=True), sim_state)
     close(got, want, 1e-4)
     for dst, src in zip(sim_state.layers, cpu_state.layers):              # the caches it leaves
         for name, buf in vars(src).items():

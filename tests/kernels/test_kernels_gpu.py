@@ -16,6 +16,9 @@ from ninfer_nb.kernels.gdn import gdn_decode as K_gdd
 from ninfer_nb.kernels.linear import linear as K_lin
 from ninfer_nb.ops import cpu
 from ninfer_nb.ops import cuda as cuda_ops
+from ninfer_nb.ops.cuda import gdn as cuda_gdn
+from ninfer_nb.ops.cuda import linear as cuda_linear
+from ninfer_nb.ops.cuda import moe as cuda_moe
 from tests.kernels.gpu_util import BF16, F32Experts, GpuEnv, close, rnd, rnd_bf16
 
 pytestmark = pytest.mark.gpu
@@ -131,8 +134,8 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
         return
     outs = {}
     for ways in (0, 2, 4):                                          # whole rows, 2 or 4 K slices
-        monkeypatch.setattr(cuda_ops, "SPLITK_MIN_K", 2048 if ways == 4 else 1 << 30)
-        monkeypatch.setattr(cuda_ops, "SPLITK2_MIN_K", 2048 if ways == 2 else 1 << 30)
+        monkeypatch.setattr(cuda_linear, "SPLITK_MIN_K", 2048 if ways == 4 else 1 << 30)
+        monkeypatch.setattr(cuda_linear, "SPLITK2_MIN_K", 2048 if ways == 2 else 1 << 30)
         outs[ways] = env.host(ops.linear(X, W, B))
     assert {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_kernel"} <= set(launched)
     close(outs[0], ref, TOL32 * 10)
@@ -611,7 +614,7 @@ def test_gdn_decode(env, rng, t, hk, hv, dk, dv, monkeypatch):
     close(env.host(CS), conv_ref, TOL32)
     if t == 1 and dk == 128:                       # the states are updated in place by every timed call
         one, _ = _best_time(env, call, reps=5, graph=True)
-        monkeypatch.setattr(cuda_ops, "GDN_DECODE_FUSED", False)
+        monkeypatch.setattr(cuda_gdn, "GDN_DECODE_FUSED", False)
         three, _ = _best_time(env, call, reps=5, graph=True)
         print(f"\nGDN decode middle Hv={hv} Dk={dk} Dv={dv}: conv + rule + norm {three * 1e6:.1f} us, "
               f"fused {one * 1e6:.1f} us")
@@ -628,7 +631,7 @@ def test_moe_router_fused(env, rng, e, k, h, shared, renorm, cluster, monkeypatc
     cluster; E = 60: 4; E = 6: 1), else the arrival-counter kernel. Prints the times at the 35B
     shape. E = 6: fewer rows than one block's warps."""
     ops = env.fresh()
-    monkeypatch.setattr(cuda_ops, "ROUTER_CLUSTER", cluster)
+    monkeypatch.setattr(cuda_moe, "ROUTER_CLUSTER", cluster)
     w = rnd_bf16(rng, e + int(shared), h)
     x, nw = rnd(rng, 1, h), rnd(rng, h)
     X, W, NW = env.up(x), env.up(w), env.up(nw)
@@ -764,7 +767,7 @@ def test_moe_experts(env, rng, t, e, k, i, h, kind, monkeypatch):
     ids = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
     w = rng.random((t, k), dtype=np.float32)
     args = (env.up(x), env.up(ids), env.up(w), env.up(gu), env.up(dn))
-    monkeypatch.setattr(cuda_ops, "MOE_UNROLLED_MAX_T", 4 if unrolled else 0)
+    monkeypatch.setattr(cuda_moe, "MOE_UNROLLED_MAX_T", 4 if unrolled else 0)
     best, o = _best_time(env, lambda: ops.moe_experts(*args), reps=5, graph=True)
     out = env.host(o)
     ref = cpu.moe_experts(x, ids, w, F32Experts(gu), F32Experts(dn))
@@ -1075,7 +1078,7 @@ def _moe_path(ops, path, monkeypatch):
         cc = tuple(device.select("cuda:0").compute_capability)
         if cc != (9, 0):
             pytest.skip(f"wgmma needs a cc 9.0 GPU (this is {cc})")
-    monkeypatch.setattr(cuda_ops, "MOE_PIPELINED_MIN_PAIRS", 1 << 30 if path == "grouped" else 0)
+    monkeypatch.setattr(cuda_moe, "MOE_PIPELINED_MIN_PAIRS", 1 << 30 if path == "grouped" else 0)
     monkeypatch.setattr(ops, "use_wgmma", path == "wgmma")
 
 

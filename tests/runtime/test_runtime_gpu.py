@@ -43,8 +43,8 @@ def test_roundtrip_pinned_and_events(env) -> None:
 
 
 def test_upload_weights(env) -> None:
-    from ninfer_nb.ops.cuda import upload_weights
     from ninfer_nb.runtime.tensor import bfloat16
+    from tests.support.cuda_helpers import upload_weights
 
     env.fresh()
     rng = np.random.default_rng()
@@ -116,7 +116,6 @@ def test_direct_launch_matches_numba_dispatch(env) -> None:
     import time
 
     from ninfer_nb.kernels import norm as K_norm
-    from ninfer_nb.kernels.attention import rope as K_rope
     from ninfer_nb.runtime.launch import Launcher
     from ninfer_nb.runtime.tensor import bfloat16
 

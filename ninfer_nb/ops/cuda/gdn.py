@@ -1,0 +1,157 @@
+"""Gated DeltaNet on the GPU (kernels/gdn/): causal conv1d, the gates, the recurrent and chunked
+gated delta rule, the fused decode step, and the rules that pick among them."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ninfer_nb.kernels import elementwise as K_ew
+from ninfer_nb.kernels.gdn import conv1d as K_conv
+from ninfer_nb.kernels.gdn import gdn as K_gdn
+from ninfer_nb.kernels.gdn import gdn_chunked as K_gdc
+from ninfer_nb.kernels.gdn import gdn_chunked_mma as K_gdm
+from ninfer_nb.kernels.gdn import gdn_decode as K_gdd
+from ninfer_nb.kernels.gdn import gdn_prepare_mma as K_gdp
+
+from .launch import F32, SIM, _flat_parts, _need, _part_bounds, _ptr, _rows
+from .norm import NormOps
+
+# The TF32 GDN prepare kernel (gdn_prepare_mma.py) by default from this key head dim up. Below the
+# chunk length (64) a chunk's keys are linearly dependent, and (I + A)^-1 likely amplifies TF32
+# rounding (a hypothesis; the measurement is this):
+# H200, tiny Qwen3.5 with Dk = 32, the logits moved 2.5-3.4e-2 of the max logit from the CPU
+# (8e-3 with the fp32 prepare kernel; one greedy token changed), against 6e-4 output error at the
+# 27B shape (Dk = 128) in the kernel test.
+GDN_PREPARE_MMA_MIN_DK = 64
+# The GDN mixer's decode middle (conv + gated delta rule + gated norm) as one kernel
+# (kernels/gdn/gdn_decode.py, cc >= 9.0: clusters of the value heads that share a key head) instead of
+# three launches. H200, graph-timed (tests/kernels test_gdn_decode): 35B shape 8.6 -> 6.9 us,
+# 27B shape 9.2 -> 7.4 us; with the warp's 4 state rows reduced together (seventeenth
+# session) 6.4 and 7.0 us against the three launches' 8.7 and 9.2.
+GDN_DECODE_FUSED = True
+
+
+class GdnOps(NormOps):
+    def causal_conv1d(self, x: Any, conv_state: Any, weight: Any) -> Any:
+        t, c = x.shape
+        _need(weight.shape[1] <= K_conv.MAX_K, f"causal_conv1d: kernel width > {K_conv.MAX_K}")
+        out = self.empty((t, c))
+        if t >= K_conv.PARALLEL_MIN_T:
+            self._conv1d_parallel(x, conv_state, weight, out.reshape(-1), c, c)
+        elif t:
+            self._go(K_conv.causal_conv1d_kernel, (c + 127) // 128, 128, x, conv_state, weight, out)
+        return out
+
+    def causal_conv1d_split(self, x: Any, conv_state: Any, weight: Any,
+                            sizes: tuple[int, ...]) -> tuple[Any, ...]:
+        """split(causal_conv1d(x, conv_state, weight), sizes), at most 3 parts. A prefill chunk
+        (T >= conv1d.PARALLEL_MIN_T): the conv kernel writes each part straight into its own
+        contiguous block, no split pass; shorter: conv, then split (views for one token)."""
+        t, c = x.shape
+        _need(sum(sizes) == c and 0 < len(sizes) <= 3, f"causal_conv1d_split: sizes {sizes} vs {x.shape}")
+        _need(weight.shape[1] <= K_conv.MAX_K, f"causal_conv1d: kernel width > {K_conv.MAX_K}")
+        if t < K_conv.PARALLEL_MIN_T:
+            return self.split(self.causal_conv1d(x, conv_state, weight), sizes)
+        flat = self.empty((t * c,))                                       # the parts, back to back
+        b1, b2 = _part_bounds(sizes, 2)
+        self._conv1d_parallel(x, conv_state, weight, flat, b1, b2)
+        return _flat_parts(flat, t, sizes)
+
+    def _conv1d_parallel(self, x: Any, conv_state: Any, weight: Any, out_flat: Any, b1: int, b2: int) -> None:
+        t, c = x.shape
+        grid = ((c + 127) // 128, (t + K_conv.TOKENS_PER_THREAD - 1) // K_conv.TOKENS_PER_THREAD)
+        spec = K_conv.conv1d_tokens_k4_kernel if weight.shape[1] == 4 else K_conv.conv1d_tokens_kernel
+        self._go(spec, grid, 128, x, conv_state, weight, out_flat, np.int32(b1), np.int32(b2))
+        self._go(K_conv.conv1d_state_kernel, (c + 127) // 128, 128, x, conv_state)
+
+    def gdn_gates(self, a: Any, b: Any, a_log: Any, dt_bias: Any) -> tuple[Any, Any]:
+        g = self.empty(a.shape)
+        beta = self.empty(a.shape)
+        n = a.size
+        if n:
+            self._go(K_gdn.gdn_gates_kernel, K_ew.grid_for(n), K_ew.BLOCK, a, b, a_log, dt_bias, g, beta)
+        return g, beta
+
+    def gated_delta_rule(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> Any:
+        return self._gdr_recurrent(q, k, v, g, beta, None, None, state)
+
+    def gated_delta_rule_raw_gates(self, q: Any, k: Any, v: Any, a: Any, b: Any, a_log: Any, dt_bias: Any,
+                                   state: Any) -> Any:
+        """gated_delta_rule(q, k, v, *gdn_gates(a, b, a_log, dt_bias), state) in one kernel."""
+        return self._gdr_recurrent(q, k, v, a, b, a_log, dt_bias, state)
+
+    def _gdr_recurrent(self, q: Any, k: Any, v: Any, g: Any, beta: Any, a_log: Any, dt_bias: Any,
+                       state: Any) -> Any:
+        t, hv, dv = v.shape
+        dk = k.shape[2]
+        _need(dk % 32 == 0 and dk <= 32 * K_gdn.MAX_KPL, f"gated_delta_rule: Dk={dk} must be a multiple of 32, <= {32 * K_gdn.MAX_KPL}")
+        out = self.empty((t, hv, dv))                                    # [T, Hv, Dv]
+        if t:
+            raw = a_log is not None
+            a_log = a_log if raw else beta.reshape(-1)                   # unused dummies
+            dt_bias = dt_bias if raw else beta.reshape(-1)
+            grid = (hv, (dv + K_gdn.GDR_ROWS_PER_BLOCK - 1) // K_gdn.GDR_ROWS_PER_BLOCK)
+            self._go(K_gdn.gdr_recurrent_kernel, grid, 32 * K_gdn.GDR_WARPS, q, k, v, g, beta, a_log, dt_bias,
+                     np.int32(raw), state, out)
+        return out
+
+    def gdn_decode(self, mixed: Any, z: Any, a: Any, b: Any, conv_state: Any, conv_w: Any, a_log: Any,
+                   dt_bias: Any, state: Any, norm_w: Any, eps: float, n_k_heads: int) -> Any:
+        """ops.cpu.gdn_decode: conv, gated delta rule and gated norm of decode-sized T. One kernel
+        on cc >= 9.0 for the heads it takes (kernels/gdn/gdn_decode.py), else the three ops."""
+        t = mixed.shape[0]
+        hv, dv, dk = state.shape
+        if (GDN_DECODE_FUSED and t and not SIM and self.arch is not None and self.arch >= (9, 0)
+                and K_gdd.supported(hv, n_k_heads, dk, dv, conv_w.shape[1])
+                and conv_w.dtype == F32 and _ptr(conv_w) % 16 == 0):
+            out = self.empty((t, hv * dv))                                # [T, Hv * Dv]
+            args = (_rows(mixed, mixed.shape[-1]), _rows(z, hv * dv), _rows(a, hv), _rows(b, hv), conv_state,
+                    conv_w, a_log, dt_bias, state, norm_w, out, np.int32(n_k_heads), np.float32(eps))
+            grid, c = hv * K_gdd.slices(dv), K_gdd.cluster_size(hv, n_k_heads, dv)
+            if self._cluster_fits(K_gdd.gdn_decode_kernel, args, grid, K_gdd.THREADS, c):
+                self._go(K_gdd.gdn_decode_kernel, grid, K_gdd.THREADS, *args, cluster=c)
+                return out
+        qk = n_k_heads * dk
+        q, k, v = self.causal_conv1d_split(mixed, conv_state, conv_w, (qk, qk, hv * dv))
+        o = self.gated_delta_rule_raw_gates(q.reshape(t, n_k_heads, dk), k.reshape(t, n_k_heads, dk),
+                                            v.reshape(t, hv, dv), a, b, a_log, dt_bias, state)
+        return self.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), norm_w, eps).reshape(t, hv * dv)
+
+    def gated_delta_rule_chunked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any,
+                                 chunk: int = 64) -> Any:
+        """Same contract as gated_delta_rule, chunked WY form (kernels/gdn/gdn_chunked.py, fixed chunk
+        K_gdc.C = 64; `chunk` is accepted for parity with ops.cpu). T <= 16 or Dk > 128: the
+        recurrent kernel. The sequential state pass runs on TF32 tensor cores
+        (kernels/gdn/gdn_chunked_mma.py) for Dk % 16 == 0 unless self.gdn_state == "simt"; the
+        prepare kernel too (kernels/gdn/gdn_prepare_mma.py: Dk % 16 == 0, Dv % 4 == 0, 16-byte
+        aligned q / k / v) unless self.gdn_prepare == "simt"."""
+        t, hv, dv = v.shape
+        hk, dk = k.shape[1], k.shape[2]
+        if t <= K_gdc.RECURRENT_MAX_T or not K_gdc.supported(dk, dv):
+            return self.gated_delta_rule(q, k, v, g, beta, state)
+        _need(hv % hk == 0, f"gated_delta_rule_chunked: Hv={hv} must be a multiple of Hk={hk}")
+        nc = (t + K_gdc.C - 1) // K_gdc.C
+        out = self.empty((t, hv, dv))      # [T, Hv, Dv]: O_intra from kernel 1, += Q' S^T in kernel 2
+        with self.scope():
+            wb = self.empty((hv, t, dk))   # [Hv, T, Dk]  W  = T (beta e^gam k^)
+            qb = self.empty((hv, t, dk))   # [Hv, T, Dk]  Q' = e^gam q^ - M (beta e^gam k^)
+            ub = self.empty((hv, t, dv))   # [Hv, T, Dv]  U  = T (beta v)
+            ks = self.empty((hv, t))       # [Hv, T]      |k|^-1 e^(gam_last - gam)
+            ec = self.empty((hv, nc))      # [Hv, nc]     e^gam_last per chunk
+            mma = self.gdn_prepare == "mma" or (self.gdn_prepare == "auto" and dk >= GDN_PREPARE_MMA_MIN_DK)
+            if (mma and K_gdp.supported(dk, dv)
+                    and _ptr(q) % 16 == 0 and _ptr(k) % 16 == 0 and _ptr(v) % 16 == 0):
+                self._go(K_gdp.gdc_prepare_mma_kernel, (nc, hk), K_gdp.THREADS, q, k, v, g, beta, wb, qb, ub,
+                         ks, ec, out, smem=K_gdp.SMEM_BYTES)
+            else:
+                self._go(K_gdc.gdc_prepare_kernel, (nc, hk), K_gdc.PREP_THREADS, q, k, v, g, beta, wb, qb, ub,
+                         ks, ec, out)
+            if self.gdn_state == "mma" and K_gdm.supported(dk, dv):
+                self._go(K_gdm.gdc_state_mma_kernel, K_gdm.grid(hv, dv), K_gdm.THREADS,
+                         k, wb, qb, ub, ks, ec, state, out)
+            else:
+                self._go(K_gdc.gdc_state_kernel, (hv, (dv + K_gdc.R - 1) // K_gdc.R), K_gdc.STATE_THREADS,
+                         k, wb, qb, ub, ks, ec, state, out)
+        return out
+

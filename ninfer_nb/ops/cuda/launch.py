@@ -1,0 +1,241 @@
+"""Launch plumbing of the CUDA ops: `CudaOpsBase` holds the arenas and the engine stream,
+makes tensors (empty / zeros / from_numpy), scopes scratch, and launches kernels (`_go`), with
+programmatic dependent launch inside `programmatic_launches()`. Knows no op family.
+
+Under NUMBA_ENABLE_CUDASIM=1, pass host arenas and a stream stand-in (tests/support/sim_host.py):
+tensors are NumPy arrays and launches go through numba's simulator.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import numpy as np
+from numba import config
+
+from ninfer_nb.runtime.launch import Launcher, NotDeviceArgs
+from ninfer_nb.runtime.tensor import Tensor, bfloat16
+
+SIM = bool(config.ENABLE_CUDASIM)
+ATTENTION_KINDS = ("flash", "gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
+# Opt-in kernels (name: what), off until a GPU run shows they win, or earlier builds kept for
+# A/B runs (bench --experimental NAME; an unknown name lists them). Promoted after the
+# H200 run of 2026-11-29 (fifth session): the one-launch decode router
+# (moe_router_fused_kernel, 10.6 -> 10.3 us and one launch less per 35B layer) and the
+# SwiGLU-epilogue GEMV (gemv_bf16_swiglu_kernel, 89.2 -> 86.3 us per 27B MLP). Promoted after
+# a later H200 run that day: the GDN output norm one warp per row (norm.gated_rms_norm_warp_kernel,
+# 98304x128: 200.9 -> 52.6 us) and split on a 2-D grid (elementwise.split_rows_kernel,
+# T = 2048: 162.3 -> 139.3 us); swiglu on a 2-D grid (279.9 -> 283.3 us) was dropped.
+# Dropped after its H200 run of 2026-11-30 (twelfth session): attn_tiled, decode attention with a
+# block per (split, kv head) over cp.async-staged K / V tiles (27B 8K fp32 60.3 vs 56.2 us,
+# bf16 49.5 vs 50.7; 512 keys 13.3 vs 11.5; both models' decode no faster). Dropped after its
+# H200 run of 2026-11-30 (thirteenth session): attn_vec, the split kernel with 16-byte K / V
+# loads (35B heads at 8K: fp32 36.4 vs 37.6 us, bf16 32.9 vs 35.1; 27B heads bf16 63.6 vs 51.1;
+# decode 35B 381.6 / 358.0 vs 388.4 / 350.7 tok/s at 512 / 8K, 27B 70.4 / 67.4 vs 70.7 / 67.5).
+# Promoted after its H200 runs of 2026-11-30 (fourteenth session, the kernel built per head
+# dim with its loads batched): attn_mma, decode attention on tensor cores for bf16 KV caches
+# (kernels/attention/attention_decode_mma.py), with bf16 the CUDA backend's default cache. Split +
+# combine vs the SIMT kernel on the same bf16 cache: 35B heads 16.9 vs 34.8 us at 8K keys,
+# 9.2 vs 8.7 at 512; 27B heads 19.5 vs 51.0 and 8.9 vs 10.2. Decode 35B 390.3 / 376.8 tok/s
+# at 512 / 8K (fp32 cache 389.8 / 354.0), 27B 70.6 / 68.9 (69.6 / 66.9).
+# Promoted after its H200 runs of 2026-11-30 (sixteenth session): the one-token decode GEMVs
+# (kernels/linear/linear.py gemv_one_token, one_token_build below). Decode tok/s at 512 / 8K, one
+# machine: 35B 406.3 / 388.3 vs 395.8 / 380.2, 27B 72.8 / 71.8 vs 70.8 / 69.7. Dropped in the
+# same session: the general decode GEMVs built for 3 blocks per SM (80 registers; every shape
+# slower, 35B 359.0 / 363.9 vs 390.1 / 394.5 tok/s at 512).
+# Promoted after their H200 runs of 2026-11-30 (seventeenth session): the one-token GEMVs of
+# rows longer than 4096 in blocks of 4 warps, and whole rows in one wave for the 27B's 5120-row
+# plain weights (one_token_build). 27B decode tok/s at 512 / 8K, one machine: 74.0 / 72.2 vs
+# 72.8 / 71.4 (4 warps alone 73.7 / 72.0). The 35B keeps 8-warp blocks (one_token_build says
+# why). Dropped in the same session: plain GEMVs at 2 blocks per SM everywhere (27B 72.7 /
+# 72.6 vs 71.7 / 72.5 tok/s at 512: noise); normed and SwiGLU ones at 5 blocks of 4 warps (96
+# registers, no spills) instead of 4: chain 192.7 vs 186.6 us per layer, 27B 72.5 / 72.5 vs
+# 74.7 / 74.6 tok/s at 512.
+EXPERIMENTAL: dict[str, str] = {
+    "gemv_x8": "the one-token decode GEMVs in 8-warp blocks at every shape, for A/B runs "
+               "(ops/cuda/linear.py one_token_build_x8)",
+}
+F32 = np.dtype(np.float32)
+I32 = np.dtype(np.int32)
+
+def _kv(t: Any) -> Any:
+    """Kernel-facing view: NumPy bf16 arrays become uint16 (Tensors already export '<u2')."""
+    if isinstance(t, np.ndarray) and t.dtype == bfloat16:
+        return t.view(np.uint16)
+    return t
+
+
+def _ptr(t: Any) -> int:
+    return t.ptr if isinstance(t, Tensor) else int(t.ctypes.data)
+
+
+def _rows(t: Any, d: int) -> Any:
+    return t.reshape(-1, d)
+
+
+def _part_bounds(sizes: tuple[int, ...], slots: int) -> list[int]:
+    """The inner boundaries of `sizes` laid side by side, padded with the total to `slots`
+    entries (the split kernels' b1, b2, ...: a part past the last real one is empty)."""
+    total = sum(sizes)
+    return [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)] + [total] * (slots - len(sizes) + 1)
+
+
+def _flat_parts(flat: Any, t: int, sizes: tuple[int, ...]) -> tuple[Any, ...]:
+    """Views [T, size_i] of the parts a split kernel wrote back to back into flat [T * sum]."""
+    parts, off = [], 0
+    for size in sizes:
+        parts.append(flat[off * t:(off + size) * t].reshape(t, size))
+        off += size
+    return tuple(parts)
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+class CudaOpsBase:
+    def __init__(self, scratch: Any, stream: Any, persistent: Any = None,
+                 arch: tuple[int, int] | None = None, sm_count: int = 132, prefill_gemm: str = "auto",
+                 prefill_attention: str = "flash") -> None:
+        """arch: the device's compute capability; sm_count: its multiprocessors (sizes the
+        decode attention split grid); prefill_gemm: auto (wgmma on cc 9.0, else
+        mma.sync), mma, or wgmma (cc 9.0 only); prefill_attention: flash (mma.sync flash
+        kernel with ldmatrix / cp.async, kernels/attention/attention_flash.py: head dim 256 on cc >= 8.0,
+        else as gemm), gemm (S and P through the tensor-core GEMMs, bf16 Q/K/V/P; head dims
+        % 64, else simt), simt (fp32 flash kernel on CUDA cores) or mma (the first mma.sync
+        flash kernel, kernels/attention/attention.py; measured slower than simt on the H200)."""
+        _need(prefill_gemm in ("auto", "mma", "wgmma"), f"prefill_gemm: {prefill_gemm!r}")
+        _need(prefill_attention in ATTENTION_KINDS, f"prefill_attention: {prefill_attention!r}")
+        self.prefill_attention = prefill_attention
+        self.arch = None if arch is None else tuple(arch)
+        self.sm_count = sm_count
+        hopper = arch is not None and tuple(arch) == (9, 0)
+        _need(prefill_gemm != "wgmma" or hopper, f"prefill_gemm=wgmma needs a cc 9.0 GPU (this is {arch})")
+        self.scratch = scratch
+        self.stream = stream
+        self.persistent = persistent
+        self.use_wgmma = hopper and prefill_gemm != "mma"
+        # Names from EXPERIMENTAL turned on (kernels not yet validated on a GPU); bench
+        # --experimental.
+        self.experimental: frozenset[str] = frozenset()
+        # Decode attention: "auto" (tensor cores on bf16 caches where the shape allows,
+        # kernels/attention/attention_decode_mma.py; else the per-q-head SIMT split kernel) or "simt"
+        # (always the SIMT kernel: A/B runs, bench --decode-attention simt).
+        self.decode_attention = "auto"
+        self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
+        self._launchers: dict[str, Launcher] = {}                     # kernel name -> direct launcher
+        self._cluster_ok: dict[tuple[str, int], bool] = {}           # (kernel, cluster size) -> launchable
+        self._cu_stream = None if SIM else stream.cu                  # CUstream for cuLaunchKernel
+        # Programmatic dependent launch (cc >= 9.0) inside `programmatic_launches()`: a kernel
+        # that directly follows another kernel of ours on the stream is launched with the PDL
+        # attribute. `_after_kernel` is False after a memset or copy, which keep plain order.
+        self._pdl = False
+        self._after_kernel = False
+        # Chunked GDN state passing: "mma" (TF32 tensor cores, kernels/gdn/gdn_chunked_mma.py) where
+        # the key head dim allows it, else "simt" (fp32 FMAs, gdn_chunked.gdc_state_kernel).
+        self.gdn_state = "mma"
+        # Its chunk-parallel prepare kernel: "mma" (TF32 tile products, kernels/gdn/gdn_prepare_mma.py)
+        # where the head dims and alignment allow it, "simt" (fp32, gdn_chunked.gdc_prepare_kernel),
+        # or "auto": mma from GDN_PREPARE_MMA_MIN_DK up, simt below.
+        self.gdn_prepare = "auto"
+
+    # --- buffers ---------------------------------------------------------------------
+    def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
+        return self.scratch.empty(tuple(shape) if not isinstance(shape, int) else (shape,), dtype)
+
+    def zeros(self, shape: Any, dtype: Any = np.float32, persistent: bool = False) -> Any:
+        arena = self.persistent if persistent else self.scratch
+        t = arena.empty(tuple(shape) if not isinstance(shape, int) else (shape,), dtype)
+        if isinstance(t, np.ndarray):
+            t[...] = 0
+        else:
+            from ninfer_nb.runtime._drv import check, driver
+
+            n = t.nbytes
+            if n:
+                check(driver().cuMemsetD8Async(t.ptr, 0, n, self.stream.cu))
+                self._after_kernel = False
+        return t
+
+    def from_numpy(self, arr: np.ndarray, dtype: Any = None, persistent: bool = True) -> Any:
+        a = np.ascontiguousarray(arr if dtype is None else np.asarray(arr).astype(dtype))
+        arena = self.persistent if (persistent and self.persistent is not None) else self.scratch
+        t = arena.empty(a.shape, a.dtype)
+        if isinstance(t, np.ndarray):
+            t[...] = a
+        else:
+            t.copy_from_numpy(a, self.stream)
+            self._after_kernel = False
+        return t
+
+    def to_numpy(self, t: Any) -> np.ndarray:
+        return np.array(t) if isinstance(t, np.ndarray) else t.numpy(self.stream)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Scratch allocated inside is handed back on exit: intermediates of one op (the grouped
+        MoE sort and GEMM rows, the chunked GDN's W / Q' / U) or of one decoder layer do not
+        pile up over the layers. Nothing allocated inside may be used after the exit.
+        Safe because every kernel runs on the one engine stream, in order; the rewind is
+        deterministic, so a captured step still allocates the same addresses every time."""
+        mark = getattr(self.scratch, "offset", None)
+        try:
+            yield
+        finally:
+            if mark is not None:
+                self.scratch.offset = mark
+
+    @contextlib.contextmanager
+    def programmatic_launches(self, enabled: bool = True) -> Iterator[None]:
+        """Launch with programmatic dependent launch inside (cc >= 9.0 and `enabled`; else a
+        no-op): each kernel that follows another kernel on the stream may start its blocks
+        while that one finishes (see runtime/launch.py). The CUDA backend captures its decode
+        graph inside, so the graph's kernel-to-kernel edges are programmatic."""
+        before = self._pdl
+        self._pdl = enabled and not SIM and self.arch is not None and self.arch >= (9, 0)
+        self._after_kernel = False                   # the first launch follows whatever came before
+        try:
+            yield
+        finally:
+            self._pdl = before
+
+    def _launcher(self, spec: Any) -> Launcher:
+        launcher = self._launchers.get(spec.name)
+        if launcher is None:
+            launcher = self._launchers[spec.name] = Launcher(spec.get())
+        return launcher
+
+    def _go(self, spec: Any, grid: Any, block: int, *args: Any, smem: int = 0, cluster: int = 0) -> None:
+        """Launch `spec` on the engine stream: straight through cuLaunchKernel
+        (runtime/launch.py) when every array argument is a device Tensor, else (the simulator,
+        host arrays) through numba's dispatcher. `cluster` > 0: as thread-block clusters of
+        that many blocks (device Tensors only)."""
+        if not SIM:
+            try:
+                self._launcher(spec)(grid, block, self._cu_stream, args, smem, self._pdl and self._after_kernel,
+                                     cluster)
+                self._after_kernel = True
+                return
+            except NotDeviceArgs:
+                if cluster:
+                    raise
+        self._after_kernel = True
+        if smem:
+            spec[grid, block, self.stream.numba, smem](*[_kv(a) for a in args])
+        else:
+            spec[grid, block, self.stream.numba](*[_kv(a) for a in args])
+
+    def _cluster_fits(self, spec: Any, args: tuple[Any, ...], grid: int, block: int, c: int) -> bool:
+        """Whether the GPU can launch `spec` as clusters of c blocks (cuOccupancyMaxActiveClusters;
+        a GPU without non-portable cluster sizes refuses c > 8 outright). Cached per kernel and c."""
+        ok = self._cluster_ok.get((spec.name, c))
+        if ok is None:
+            from ninfer_nb.runtime._drv import CudaDriverError
+
+            try:
+                ok = self._launcher(spec).max_active_clusters(args, grid, block, c) > 0
+            except CudaDriverError:
+                ok = False
+            self._cluster_ok[(spec.name, c)] = ok
+        return ok
+

@@ -1,0 +1,225 @@
+"""Dense linear layers on the GPU: decode GEMVs (kernels/linear/linear.py), tensor-core prefill
+GEMMs (gemm_mma.py, gemm_wgmma.py), and the shape rules that pick among them."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ninfer_nb.kernels.linear import gemm_mma as K_mma
+from ninfer_nb.kernels.linear import gemm_wgmma as K_wg
+from ninfer_nb.kernels.linear import linear as K_lin
+from ninfer_nb.runtime.tensor import bfloat16
+
+from .launch import F32, SIM, _need, _ptr, _rows
+from .norm import Normed, NormOps
+
+# Split-K decode GEMV (4 K slices per row pair) for 2-16 tokens (one token: one_token_build) and
+# weights with at most SPLITK_MAX_N rows and at least SPLITK_MIN_K columns. H200, T = 1 (before
+# the one-token GEMVs), in the 27B profile: 5120x17408 85 % -> 93 % of copy bandwidth; 5120x6144
+# 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
+SPLITK_MAX_N = 8192
+SPLITK_MIN_K = 12288
+# The 2-slice variant (8 rows per block) for K from SPLITK2_MIN_K up to SPLITK_MIN_K. H200, T = 1,
+# graph-timed: 5120x6144 20.4 -> 19.9 us (whole rows -> 2 slices; 4 slices 23.2), 2048x4096
+# 7.2 -> 6.6 us (4 slices 7.7).
+SPLITK2_MIN_K = 4096
+
+
+def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str, int, int, int]:
+    """(mode, K slices, blocks per SM, warps per block) of the one-token decode GEMV
+    (kernels/linear/linear.py gemv_one_token) for an [n, k] weight on `sm_count` SMs.
+
+    Rows longer than 4096 (the 27B's weights): blocks of 4 warps, twice as many per SM as
+    8-warp ones, so a block carries half the work, a kernel's last blocks trail for half as
+    long and the next kernel's blocks find room sooner. Plain weights: 2 K slices at 6 blocks
+    per SM (80 registers) from 32 M weights up, else 4; but whole rows at 5 blocks (92
+    registers; at 6 ptxas spills 12 bytes) when that is one wave of 4-5 blocks on every SM (the
+    27B's 5120-row weights: 640 blocks of equal work, no tail wave). Normed and SwiGLU: whole
+    rows at 4 blocks (128 registers).
+    Shorter rows (the 35B's K = 2048 / 4096, a block's rows stream in 2-4 passes): blocks of 8
+    warps; plain 2 K slices at 3 blocks per SM from 32 M weights up, else 2; normed and SwiGLU
+    whole rows at 2 blocks.
+
+    H200 (seventeenth session): scripts/chain_probe.py, the 27B GDN layer's four GEMVs
+    graph-timed in model order over 4 layers of distinct weights: 193.7 us per layer with the
+    8-warp builds, 190.5 with 4 warps, 187.3 with 4 warps and the one-wave rows at 5 blocks
+    (190.4 at 6); 2 warps 192.0. Decode on one machine, against all-8-warp builds (bench
+    --experimental gemv_x8): 27B 73.4 / 73.4 vs 70.9 / 71.1 tok/s at 512; 35B with 4-warp
+    builds for its shapes too 389.8 / 398.3 / 391.6 vs 395.9 / 400.4 / 395.1 (at 8K 374.2 /
+    382.0 / 374.4 vs 377.1 / 383.4 / 377.2), hence 8 warps there. The 8-warp builds (sixteenth
+    session, scripts/gemv_probe.py, best of 1 / 2 / 4 / 8 slices x 2 / 3 / 4 blocks): 27B
+    5120x17408 48.9 -> 46.1 us against the split-K kernel, 35B lm_head 248320x2048 273 -> 236."""
+    if k <= 4096:
+        return one_token_build_x8(mode, n, k)
+    warps = 4
+    if mode == "plain":
+        if 4 * sm_count <= -(-((n + 1) // 2) // warps) <= 5 * sm_count:     # one wave of whole rows
+            return mode, 1, 5, warps
+        return mode, 2, (6 if n * k >= 32 << 20 else 4), warps
+    return mode, 1, 4, warps
+
+
+def one_token_build_x8(mode: str, n: int, k: int) -> tuple[str, int, int, int]:
+    """one_token_build's 8-warp builds (short rows; every shape under bench --experimental
+    gemv_x8): plain 2 K slices at 3 blocks per SM from 32 M weights up, else 2; normed and
+    SwiGLU whole rows at 2."""
+    if mode == "plain":
+        return mode, 2, (3 if n * k >= 32 << 20 else 2), 8
+    return mode, 1, 2, 8
+
+
+class LinearOps(NormOps):
+    def linear_swiglu(self, x: Any, gate_up: Any) -> Any:
+        """swiglu(linear(x, gate_up)); up to GEMV_MAX_T tokens and a bf16 weight: one GEMV
+        kernel with the SwiGLU in its epilogue (kernels/linear/linear.py gemv_bf16_swiglu_kernel).
+        A wgmma chunk (cc 9.0, T >= gemm_wgmma.MIN_M, I % 64 == 0): one GEMM with the SwiGLU in
+        its epilogue (gemm_wgmma_swiglu_kernel) returning h as bf16 bits (uint16) [T, I]: what
+        `linear` rounds its input to before its GEMM anyway, so the MLP's result is unchanged,
+        and neither the [T, 2I] fp32 product nor an fp32 h goes through memory. Only `linear`
+        consumes it (models/layers.py mlp_block)."""
+        two_i, k = gate_up.shape
+        _need(x.shape[-1] == k and two_i % 2 == 0, f"linear_swiglu: x {x.shape} vs weight {gate_up.shape}")
+        if isinstance(x, Normed):                       # one token, the RMSNorm fused in
+            if gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0:
+                out = self.empty((1, two_i // 2))                                   # [1, I]
+                self._one_token("swiglu", x.x, x.weight, x.eps, gate_up, out, out.reshape(-1), False)
+                return out.reshape(tuple(x.shape[:-1]) + (two_i // 2,))
+            x = self.plain(x)
+        x2 = _rows(x, k)
+        t = x2.shape[0]
+        inter = two_i // 2
+        if (self.use_wgmma and t >= K_wg.MIN_M and not SIM and gate_up.dtype == bfloat16 and x2.dtype == F32
+                and k % K_wg.K_ALIGN == 0 and inter % K_wg.K_ALIGN == 0
+                and _ptr(x2) % 16 == 0 and _ptr(gate_up) % 16 == 0):
+            xb = self._bf16_copy(x2)
+            h = self.empty(tuple(x.shape[:-1]) + (inter,), np.uint16)        # [T, I] bf16 bits
+            self._go(K_wg.gemm_wgmma_swiglu_kernel, K_wg.gemm_grid(t, two_i), K_wg.THREADS, xb, gate_up,
+                     _rows(h, inter), smem=K_wg.SMEM_BYTES)
+            return h
+        if not (0 < t <= K_lin.GEMV_MAX_T and not SIM
+                and gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(x2) % 16 == 0):
+            return self.swiglu(self.linear(x, gate_up))
+        out = self.empty(tuple(x.shape[:-1]) + (two_i // 2,))             # [T, I]
+        self._go(K_lin.gemv_bf16_swiglu_kernel, (two_i // 2 + K_lin.GEMV_WARPS - 1) // K_lin.GEMV_WARPS,
+                 32 * K_lin.GEMV_WARPS, x2, gate_up, _rows(out, two_i // 2))
+        return out
+
+    def linear_split(self, x: Any, weight: Any, bias: Any, sizes: tuple[int, ...]) -> tuple[Any, ...]:
+        """split(linear(x, weight, bias), sizes). For a tensor-core chunk (T > 16), one GEMM
+        per part on the part's rows of the fused weight (contiguous: weight[n0:n1]) writes each
+        part straight into its own buffer, so the split copy pass goes away; x is converted to
+        bf16 once for all parts. H200, 2048-token chunk: 16480x5120 36.3 -> 30.1 ms per 27B
+        chunk, 12352x2048 10.8 -> 6.6 ms per 35B chunk. Decode keeps linear + split (views)."""
+        n, k = weight.shape
+        t = x.size // k if k else 0
+        bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        if not (t > K_lin.GEMV_MAX_T and not SIM
+                and weight.dtype == bfloat16 and k % K_mma.K_ALIGN == 0 and sum(sizes) == n
+                and all(b % 2 == 0 for b in bounds) and _ptr(x) % 16 == 0 and _ptr(weight) % 16 == 0):
+            return self.split(self.linear(x, weight, bias), sizes)
+        x2 = _rows(x, k)
+        xb = self._bf16_copy(x2)                                         # shared by the parts
+        parts = []
+        for n0, n1 in zip(bounds[:-1], bounds[1:]):
+            out = self.empty((t, n1 - n0))                               # [T, size_i]
+            self._gemm_bf16(xb, weight[n0:n1], out, bias[n0:n1] if bias is not None else None,
+                            np.int32(bias is not None))
+            parts.append(out)
+        return tuple(parts)
+
+    def linear(self, x: Any, weight: Any, bias: Any = None) -> Any:
+        n, k = weight.shape
+        _need(x.shape[-1] == k, f"linear: x {x.shape} vs weight {weight.shape}")
+        out = self.empty(tuple(x.shape[:-1]) + (n,))
+        if out.size:
+            self._linear_into(x, weight, bias, _rows(out, n))
+        return out
+
+    def linear_add(self, x: Any, weight: Any, residual: Any) -> Any:
+        """residual += linear(x, weight), in place; returns residual. One token: the GEMV adds
+        the residual as its bias and writes over it (each element is read and written by the
+        same thread), so the add costs no launch."""
+        n, k = weight.shape
+        _need(x.shape[-1] == k and residual.shape[-1] == n and x.size // k == residual.size // n,
+              f"linear_add: x {x.shape}, weight {weight.shape}, residual {residual.shape}")
+        if residual.size == n:
+            self._linear_into(x, weight, residual.reshape(-1), _rows(residual, n))
+            return residual
+        return self.add_into(residual, self.linear(x, weight))
+
+    def _linear_into(self, x: Any, weight: Any, bias: Any, out2: Any) -> None:
+        """out2 [T, N] = x @ weight^T (+ bias [N]); bias may alias out2 when T == 1."""
+        n, k = weight.shape
+        if isinstance(x, Normed):
+            if (weight.dtype == bfloat16 and k % 8 == 0 and _ptr(weight) % 16 == 0):
+                b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
+                self._one_token("normed", x.x, x.weight, x.eps, weight, out2, b, bias is not None)
+                return
+            x = self.plain(x)
+        x2 = _rows(x, k)
+        t = x2.shape[0]
+        has_bias = np.int32(bias is not None)
+        b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
+        _need(x2.dtype == F32 or (x2.dtype == np.uint16 and t > K_lin.GEMV_MAX_T and weight.dtype == bfloat16
+                                  and k % K_mma.K_ALIGN == 0),
+              f"linear: bf16 activations ({x2.dtype}) only as a tensor-core GEMM operand")
+        if weight.dtype == F32 and t <= K_lin.GEMV_MAX_T and not SIM:
+            grid = (n + K_lin.GEMV_F32_WARPS - 1) // K_lin.GEMV_F32_WARPS
+            self._go(K_lin.gemv_f32_kernel, grid, 32 * K_lin.GEMV_F32_WARPS, x2, weight, b, out2, has_bias)
+        elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
+            vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
+            ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
+            if vec and t == 1:
+                self._one_token("plain", x2, x2.reshape(-1), 1.0, weight, out2, b, bias is not None)
+            elif vec and n <= SPLITK_MAX_N and ways:
+                spec = K_lin.gemv_bf16_splitk_kernel if ways == 4 else K_lin.gemv_bf16_splitk2_kernel
+                rows_per_block = K_lin.splitk_rows_per_block(ways)
+                grid = (n + rows_per_block - 1) // rows_per_block
+                self._go(spec, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias)
+            else:
+                grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
+                self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias,
+                         vec)
+        elif (weight.dtype == bfloat16 and not SIM and k % K_mma.K_ALIGN == 0
+              and _ptr(x2) % 16 == 0 and _ptr(weight) % 16 == 0 and _ptr(out2) % 16 == 0):
+            # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy (unless x already is bf16
+            # bits, as linear_swiglu's wgmma result), then a bf16 GEMM
+            xb = x2 if x2.dtype == np.uint16 else self._bf16_copy(x2)
+            self._gemm_bf16(xb, weight, out2, b, has_bias)
+        else:
+            grid = ((n + K_lin.BN - 1) // K_lin.BN, (t + K_lin.BM - 1) // K_lin.BM)
+            self._go(K_lin.gemm_kernel, grid, 256, x2, weight, b, out2, has_bias)
+
+    def _one_token(self, mode: str, x: Any, nw: Any, eps: float, weight: Any, out: Any, bias: Any,
+                   has_bias: bool) -> None:
+        """kernels/linear/linear.py gemv_one_token for one token: x [1, K], weight [N, K] bf16 (16-byte
+        aligned, K % 8 == 0), out [1, N] ([1, N / 2] for "swiglu"); nw / eps: the fused norm's
+        (ignored by "plain")."""
+        n, k = weight.shape
+        mode, ways, blocks, warps = one_token_build(mode, n, k, self.sm_count)
+        if "gemv_x8" in self.experimental:
+            mode, ways, blocks, warps = one_token_build_x8(mode, n, k)
+        pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
+        per_block = warps // ways
+        self._go(K_lin.gemv_one_token(mode, ways, blocks, warps), (pairs + per_block - 1) // per_block,
+                 32 * warps, _rows(x, k), nw, np.float32(eps), weight, bias, out, np.int32(has_bias))
+
+    def _bf16_copy(self, x2: Any) -> Any:
+        """x2 [M, K] fp32 -> a bf16 (uint16 bits, RNE) scratch copy, the tensor-core GEMMs' A."""
+        xb = self.empty(tuple(x2.shape), np.uint16)                      # [M, K] bf16 bits
+        n = x2.size
+        self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(n), K_mma.CVT_THREADS, x2.reshape(-1), xb.reshape(-1))
+        return xb
+
+    def _gemm_bf16(self, xb: Any, weight: Any, out: Any, bias: Any = None, has_bias: Any = np.int32(0)) -> None:
+        """out [M, N] fp32 = xb [M, K] bf16 @ weight [N, K]^T bf16 (+ bias) on the tensor cores:
+        wgmma on cc 9.0 for M >= 256, mma.sync otherwise. K % 64 == 0, 16-byte aligned."""
+        m, n = out.shape
+        b = bias if bias is not None else out.reshape(-1)               # unused dummy
+        if self.use_wgmma and m >= K_wg.MIN_M:
+            self._go(K_wg.gemm_wgmma_kernel, K_wg.gemm_grid(m, n), K_wg.THREADS, xb, weight, b, out, has_bias,
+                     smem=K_wg.SMEM_BYTES)
+        else:
+            self._go(K_mma.gemm_mma_kernel, K_mma.gemm_grid(m, n), K_mma.THREADS, xb, weight, b, out, has_bias)
+

@@ -1,0 +1,251 @@
+"""Mixture-of-experts on the GPU (kernels/moe/): the router (fused with the norm for one token),
+per-pair decode experts, prefill grouped by expert, and the rules that pick among them."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ninfer_nb.kernels.linear import gemm_mma as K_mma
+from ninfer_nb.kernels.moe import moe as K_moe
+from ninfer_nb.kernels.moe import moe_grouped as K_moeg
+from ninfer_nb.kernels.moe import moe_pipelined as K_moep
+from ninfer_nb.kernels.moe import moe_wgmma as K_moew
+from ninfer_nb.runtime.tensor import bfloat16
+
+from .launch import SIM, _need, _ptr, _rows
+from .linear import LinearOps
+from .norm import Normed
+
+# Prefill MoE on the pipelined GEMMs (kernels/moe/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
+# from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
+# the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
+# 0.68 / 1.00 / 1.84 ms; 140-280 pairs (pipelined): slower than grouped (more launches).
+MOE_PIPELINED_MIN_PAIRS = 1024
+# MoE decode expert kernels with more loads in flight per lane (kernels/moe/moe.py), for up
+# to this many tokens. H200, 35B profile: 1.04 -> 0.92 ms per decode token; at T = 4 the
+# kernel test timed them slower than the plain pair, so batches keep the plain kernels.
+MOE_UNROLLED_MAX_T = 1
+# The decode router as one thread-block cluster (kernels/moe/moe.py moe_router_cluster_kernel, cc >=
+# 9.0, up to 256 routed experts) instead of the arrival-counter kernel. H200, 35B shape
+# (scripts/moe_probe.py, 8 layers of distinct weights in a graph): router 9.2 -> 7.9 us, MoE
+# block 28.0 -> 27.0 us.
+ROUTER_CLUSTER = True
+
+
+class MoeOps(LinearOps):
+    def moe_router(self, x: Any, weight: Any, top_k: int, renormalize: bool = True,
+                   shared_slot: bool = False) -> tuple[Any, Any]:
+        """moe_route(linear(x, weight), ...); for one token of a `Normed` input and a bf16
+        router: one kernel (`_moe_router_fused`)."""
+        if self._router_fusable(x, weight, top_k, shared_slot):
+            return self._moe_router_fused(x, weight, top_k, renormalize, shared_slot)[:2]
+        return self.moe_route(self.linear(x, weight), top_k, renormalize, shared_slot)
+
+    def moe(self, x: Any, router: Any, top_k: int, renormalize: bool, shared_slot: bool, gate_up: Any,
+            down: Any, residual: Any = None) -> Any:
+        """moe_experts(x, *moe_router(x, router, ...), gate_up, down, residual): the routed
+        experts (with the shared one, when it is a slot). One token of a `Normed` input: the
+        fused router also writes the normed row, which the expert kernels read as plain x."""
+        if self._router_fusable(x, router, top_k, shared_slot):
+            hid = router.shape[1]
+            inter = gate_up.shape[1] // 2
+            if (shared_slot and MOE_UNROLLED_MAX_T >= 1 and hid % (256 * K_moe.MOE_WIDE_GU) == 0
+                    and inter % 256 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(down) % 16 == 0):
+                # decode, wide experts: the router kernel computes the shared slot's h row too
+                h = self.empty((top_k + 1, inter))                       # [k + 1, I]
+                ids, w, xn = self._moe_router_fused(x, router, top_k, renormalize, shared_slot, gate_up, h)
+                w8 = K_moe.MOE_WARPS
+                self._go(K_moe.moe_gate_up_wide_kernel, ((inter + w8 - 1) // w8, top_k), 32 * w8, xn, ids,
+                         gate_up, h)
+                return self._moe_down_wide(h, ids, w, down, 1, hid, residual)
+            ids, w, xn = self._moe_router_fused(x, router, top_k, renormalize, shared_slot)
+            return self.moe_experts(xn, ids, w, gate_up, down, residual)
+        ids, w = self.moe_router(x, router, top_k, renormalize, shared_slot)
+        return self.moe_experts(x, ids, w, gate_up, down, residual)
+
+    def _router_fusable(self, x: Any, weight: Any, top_k: int, shared_slot: bool) -> bool:
+        n, k = weight.shape
+        return (isinstance(x, Normed) and weight.dtype == bfloat16 and k % 8 == 0 and _ptr(weight) % 16 == 0
+                and n - int(shared_slot) <= K_moe.ROUTE_MAX_E and 0 < top_k < K_moe.MAX_TOPK)
+
+    def _moe_router_fused(self, x: Any, weight: Any, top_k: int, renormalize: bool, shared_slot: bool,
+                          gate_up: Any = None, h: Any = None) -> tuple[Any, Any, Any]:
+        """(ids, weights, the normed row xn [1, H]) from one launch of the norm, the router GEMV
+        and the top-k: kernels/moe/moe.py moe_router_cluster_kernel (cc >= 9.0, E <= 256; the logits
+        meet in one block's shared memory) or moe_router_fused_kernel (a persistent arrival
+        counter; the last block routes). With gate_up and h [k + 1, I]: its extra blocks also
+        write the shared slot's row h[k]."""
+        n, k = weight.shape
+        slots = top_k + int(shared_slot)
+        ids = self.empty((1, slots), np.int32)                           # [1, k (+1 shared)]
+        w = self.empty((1, slots))
+        xn = self.empty((1, k))                                          # [1, H] rms_norm(x) * weight
+        n_h = 0 if h is None else h.shape[1]
+        if h is None:
+            gate_up, h = self._dummy_u16_3(), xn                         # placeholders, never read
+        warps = K_moe.ROUTE_BLOCK // 32
+        args = (_rows(x.x, k), x.weight, np.float32(x.eps), weight, xn)
+        cluster = self._router_cluster(n - int(shared_slot), args, gate_up, h)
+        if cluster:
+            extra = (n_h + int(shared_slot) + warps - 1) // warps           # shared h rows (+ its gate)
+            blocks = cluster * (1 + (extra + cluster - 1) // cluster)
+            self._go(K_moe.moe_router_cluster_kernel, blocks, K_moe.ROUTE_BLOCK, *args, np.int32(top_k),
+                     np.int32(renormalize), np.int32(shared_slot), np.int32(n_h), ids, w, gate_up, h,
+                     cluster=cluster)
+            return ids, w, xn
+        if self._router_counter is None:          # 0 between launches; the last block resets it
+            self._router_counter = self.zeros((1,), np.int32, persistent=True)
+        logits = self.empty((n,))                                        # [E (+1)] router logits
+        blocks = (n + 2 * warps - 1) // (2 * warps) + (n_h + warps - 1) // warps
+        self._go(K_moe.moe_router_fused_kernel, blocks, K_moe.ROUTE_BLOCK, *args, logits, self._router_counter,
+                 np.int32(top_k), np.int32(renormalize), np.int32(shared_slot), ids, w, gate_up, h)
+        return ids, w, xn
+
+    def _router_cluster(self, n_exp: int, args: tuple[Any, ...], gate_up: Any, h: Any) -> int:
+        """The cluster size for moe_router_cluster_kernel (one block per 16 routed experts), or 0:
+        the arrival-counter kernel (cc < 9.0, more than ROUTE_CLUSTER_MAX blocks, ROUTER_CLUSTER
+        off, or a GPU that cannot hold such a cluster)."""
+        rows = K_moe.ROUTE_BLOCK // 32 * 2                               # 2 logits per warp
+        c = (n_exp + rows - 1) // rows
+        if not ROUTER_CLUSTER or SIM or self.arch is None or self.arch < (9, 0) or c > K_moe.ROUTE_CLUSTER_MAX:
+            return 0
+        ok = self._cluster_ok.get((K_moe.moe_router_cluster_kernel.name, c))
+        if ok is None:
+            probe = args + (np.int32(1), np.int32(1), np.int32(0), np.int32(0), self.empty((1, 1), np.int32),
+                            self.empty((1, 1)), gate_up, h)
+            ok = self._cluster_fits(K_moe.moe_router_cluster_kernel, probe, c, K_moe.ROUTE_BLOCK, c)
+        return c if ok else 0
+
+    def _dummy_u16_3(self) -> Any:
+        return self.empty((1, 1, 8), np.uint16)                          # a typed placeholder
+
+    def moe_route(self, logits: Any, top_k: int, renormalize: bool = True,
+                  shared_slot: bool = False) -> tuple[Any, Any]:
+        t, cols = logits.shape
+        n_exp = cols - int(shared_slot)
+        _need(0 < top_k <= min(K_moe.MAX_TOPK - 1, n_exp), f"moe_route: top_k must be in 1..{K_moe.MAX_TOPK - 1}")
+        _need(n_exp <= K_moe.ROUTE_MAX_E, f"moe_route: at most {K_moe.ROUTE_MAX_E} experts")
+        slots = top_k + int(shared_slot)
+        ids = self.empty((t, slots), np.int32)                            # [T, k (+1 shared)]
+        w = self.empty((t, slots))
+        if t:
+            threads = 32                                                 # a power of two, <= E
+            while threads < min(n_exp, K_moe.ROUTE_BLOCK):
+                threads *= 2
+            self._go(K_moe.moe_route_kernel, t, threads, logits, np.int32(top_k), np.int32(renormalize),
+                     np.int32(shared_slot), ids, w)
+        return ids, w
+
+    def moe_experts(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any,
+                    residual: Any = None) -> Any:
+        """The routed experts' sum [T, H]; with `residual`: residual += it, in place (one
+        token: the down kernel adds into the residual stream as it writes)."""
+        x = self.plain(x)
+        t, hid = x.shape
+        top_k = ids.shape[1]
+        inter = gate_up.shape[1] // 2
+        _need(gate_up.dtype == bfloat16 and down.dtype == bfloat16, "moe_experts: expert weights must be bf16")
+        if t == 0:
+            return self.empty((t, hid)) if residual is None else residual
+        if SIM or t >= K_moeg.GROUPED_MIN_T:     # prefill: grouped by expert (the simulator: always)
+            out = self.empty((t, hid))
+            self._moe_experts_grouped(x, ids, weights, gate_up, down, out)
+            return out if residual is None else self.add_into(residual, out)
+        h = self.empty((t * top_k, inter))                               # [T*k, I]
+        vec = np.int32(hid % 8 == 0 and inter % 8 == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down, h)))
+        w8 = K_moe.MOE_WARPS
+        if t <= MOE_UNROLLED_MAX_T and vec and hid % (256 * K_moe.MOE_UNROLL) == 0 and inter % 256 == 0:
+            gate_up_kernel = (K_moe.moe_gate_up_wide_kernel if hid % (256 * K_moe.MOE_WIDE_GU) == 0
+                              else K_moe.moe_gate_up_unrolled_kernel)
+            self._go(gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h)
+            return self._moe_down_wide(h, ids, weights, down, t, hid, residual)
+        out = self.empty((t, hid))
+        self._go(K_moe.moe_gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h, vec)
+        self._go(K_moe.moe_down_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out, vec)
+        return out if residual is None else self.add_into(residual, out)
+
+    def _moe_down_wide(self, h: Any, ids: Any, weights: Any, down: Any, t: int, hid: int, residual: Any) -> Any:
+        out = self.empty((t, hid)) if residual is None else _rows(residual, hid)
+        w8 = K_moe.MOE_WARPS
+        self._go(K_moe.moe_down_wide_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out,
+                 np.int32(residual is not None))
+        return out if residual is None else residual
+
+    def _moe_experts_grouped(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, out: Any) -> None:
+        """Prefill MoE grouped by expert (kernels/moe/moe_grouped.py): device-side sort of the
+        (token, slot) pairs by expert, SwiGLU and down tensor-core GEMMs over each expert's rows
+        (each expert's weights read once per 64-row tile; x and h rounded to bf16 as MMA
+        operands, fp32 accumulate), slot-ordered combine into out [T, H]. From
+        MOE_PIPELINED_MIN_PAIRS routed pairs the GEMMs are moe_wgmma's (cc 9.0: 64-row wgmma
+        tiles, SwiGLU epilogue) or moe_pipelined's (elsewhere).
+        Its scratch is handed back to the arena before returning (only `out` lives on); later
+        kernels on the same stream are ordered after the combine, so reuse is safe."""
+        t, hid = x.shape
+        top_k = ids.shape[1]
+        n_exp = gate_up.shape[0]
+        inter = gate_up.shape[1] // 2
+        n_pairs = t * top_k
+        _need(hid % 2 == 0 and inter % 2 == 0, "moe_experts (grouped): H and I must be even (bf16x2 words)")
+        n_chunks = (n_pairs + K_moeg.SORT_CHUNK - 1) // K_moeg.SORT_CHUNK
+        n_tiles = K_moeg.max_row_tiles(n_pairs, n_exp)                   # grid bound, no host sync
+        with self.scope():
+            ids_f = ids.reshape(-1)                                          # [P = T*k] pair p = t*k + s
+            hist = self.empty((n_chunks, n_exp), np.int32)                   # [C, E] counts -> chunk bases
+            offs = self.empty((n_exp + 1,), np.int32)                        # [E+1] row offsets
+            tile_off = self.empty((n_exp + 1,), np.int32)                    # [E+1] row-tile offsets
+            order = self.empty((n_pairs,), np.int32)                         # [P] pair ids, expert-sorted
+            h = self.empty((n_pairs, inter), np.uint16)                      # [P, I] bf16 SwiGLU rows, sorted
+            y = self.empty((n_pairs, hid))                                   # [P, H] weighted rows, pair order
+            self._go(K_moeg.moe_hist_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist)
+            self._go(K_moeg.moe_scan_kernel, 1, K_moeg.SORT_THREADS, hist, offs, tile_off)
+            self._go(K_moeg.moe_scatter_kernel, n_chunks, K_moeg.SORT_THREADS, ids_f, hist, offs, order)
+            aligned = all(_ptr(a) % 16 == 0 for a in (x, gate_up, down))
+            if (n_pairs >= MOE_PIPELINED_MIN_PAIRS and not SIM and self.use_wgmma and aligned
+                    and hid % K_moew.K_ALIGN == 0 and inter % K_moew.K_ALIGN == 0):
+                xb = self._bf16_copy(x)
+                self._go(K_moew.moe_wgmma_gate_up_kernel, (inter // K_moew.BN_GU, n_tiles), K_moew.THREADS,
+                         xb, gate_up, offs, tile_off, order, np.int32(top_k), h, smem=K_moew.SMEM_BYTES)
+                self._go(K_moew.moe_wgmma_down_kernel, ((hid + K_moew.BN - 1) // K_moew.BN, n_tiles),
+                         K_moew.THREADS, h, down, offs, tile_off, order, weights.reshape(-1), y,
+                         smem=K_moew.SMEM_BYTES)
+                ct = K_moeg.COMBINE_THREADS
+                self._go(K_moeg.moe_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids_f, np.int32(n_exp), out)
+                return
+            if (n_pairs >= MOE_PIPELINED_MIN_PAIRS and not SIM and hid % K_mma.BK == 0
+                    and inter % K_mma.BK == 0 and aligned):
+                self._moe_pipelined(x, order, offs, weights, gate_up, down, h, y, top_k)
+                ct = K_moeg.COMBINE_THREADS
+                self._go(K_moeg.moe_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids_f, np.int32(n_exp), out)
+                return
+            bn = K_moeg.BN_GU
+            self._go(K_moeg.moe_grouped_gate_up_kernel, ((inter + bn - 1) // bn, n_tiles), K_moeg.THREADS,
+                     x, order, offs, tile_off, gate_up, h, np.int32(top_k))
+            bn = K_moeg.BN_DN
+            self._go(K_moeg.moe_grouped_down_kernel, ((hid + bn - 1) // bn, n_tiles), K_moeg.THREADS,
+                     h, order, offs, tile_off, weights.reshape(-1), down, y)
+            ct = K_moeg.COMBINE_THREADS
+            self._go(K_moeg.moe_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids_f, np.int32(n_exp), out)
+
+    def _moe_pipelined(self, x: Any, order: Any, offs: Any, weights: Any, gate_up: Any, down: Any, h: Any,
+                       y: Any, top_k: int) -> None:
+        """Steps 1-5 of kernels/moe/moe_pipelined.py: 128-row tile offsets, the gathered bf16 rows,
+        gate_up GEMM, SwiGLU to bf16 h, down GEMM scattered to pair rows y (scaled)."""
+        n_pairs, hid = y.shape
+        n_exp = gate_up.shape[0]
+        inter = gate_up.shape[1] // 2
+        tile_off = self.empty((n_exp + 1,), np.int32)                    # [E+1] 128-row tile offsets
+        xs = self.empty((n_pairs, hid), np.uint16)                       # [P, H] bf16 rows, expert-sorted
+        g = self.empty((n_pairs, 2 * inter))                             # [P, 2I] gate | up, fp32
+        n_tiles = K_moep.max_row_tiles(n_pairs, n_exp)                   # grid bound, no host sync
+        wts = weights.reshape(-1)
+        self._go(K_moep.moe_tile_offsets_kernel, 1, 32, offs, tile_off)
+        self._go(K_moep.moe_gather_bf16_kernel, n_pairs, K_moep.GATHER_THREADS, x, order, np.int32(top_k), xs)
+        self._go(K_moep.moe_mma_grouped_kernel, ((2 * inter + K_mma.BN - 1) // K_mma.BN, n_tiles), K_mma.THREADS,
+                 xs, gate_up, offs, tile_off, order, wts, np.int32(0), g)
+        st = K_moep.SWIGLU_THREADS
+        self._go(K_moep.moe_swiglu_bf16_kernel, max(1, min(K_moep.SWIGLU_MAX_BLOCKS, (n_pairs * inter + st - 1) // st)),
+                 st, g, h)
+        self._go(K_moep.moe_mma_grouped_kernel, ((hid + K_mma.BN - 1) // K_mma.BN, n_tiles), K_mma.THREADS,
+                 h, down, offs, tile_off, order, wts, np.int32(1), y)
+
