@@ -22,8 +22,17 @@ from llvmlite import ir  # noqa: E402
 from numba.cuda import types  # noqa: E402
 from numba.cuda.extending import intrinsic  # noqa: E402
 
-from ninfer_nb.kernels.common.ptx import (_asm, _u32, fence_mbarrier_init, gptr, ldg_stream_v4_u32,  # noqa: E402
-                                   mbarrier_arrive_expect_tx, mbarrier_init, mbarrier_try_wait, smem_u32)
+from ninfer_nb.kernels.common.ptx import (  # noqa: E402
+    _asm,
+    _u32,
+    fence_mbarrier_init,
+    gptr,
+    ldg_stream_v4_u32,
+    mbarrier_arrive_expect_tx,
+    mbarrier_init,
+    mbarrier_try_wait,
+    smem_u32,
+)
 
 COLS = 2048
 ROWS = 1 << 18                       # 2048 x 262144 bf16 = 1 GiB
