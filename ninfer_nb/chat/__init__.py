@@ -1,5 +1,6 @@
 """Text at the edges of the engine: tokenizer, chat template, incremental detokenizer,
-reasoning split and Qwen XML tool-call parsing. The engine itself speaks token ids only."""
+reasoning split and tool-call parsing (Qwen XML, Hermes JSON, Llama 3 JSON dialects). The
+engine itself speaks token ids only."""
 from __future__ import annotations
 
 from ninfer_nb.chat.detokenizer import IncrementalDetokenizer
@@ -16,9 +17,16 @@ from ninfer_nb.chat.template import (
 )
 from ninfer_nb.chat.tokenizer import Tokenizer
 from ninfer_nb.chat.tool_calls import ToolCallStreamParser, parse_tool_calls
+from ninfer_nb.chat.tool_dialects import (
+    DIALECTS,
+    ToolCallDialect,
+    detect_dialect,
+    get_dialect,
+)
 
 __all__ = [
     "DEFAULT_CHATML_TEMPLATE",
+    "DIALECTS",
     "ChatDelta",
     "ChatFormatter",
     "ChatMessageOut",
@@ -27,8 +35,11 @@ __all__ = [
     "ReasoningSplitter",
     "Tokenizer",
     "ToolCall",
+    "ToolCallDialect",
     "ToolCallStreamParser",
+    "detect_dialect",
     "format_chat",
+    "get_dialect",
     "new_tool_call_id",
     "parse_chat_output",
     "parse_tool_calls",

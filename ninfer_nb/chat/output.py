@@ -1,14 +1,15 @@
 """Assistant output → reasoning, content and tool calls, streaming or at once.
 
-The reasoning split runs first; tool calls are parsed on the content channel only. The
-streaming parser's deltas, concatenated per kind, equal `parse_chat_output` of the whole text.
+The reasoning split runs first; tool calls are parsed on the content channel only, in the
+given tool-call dialect (`tool_dialects.py`; default: Qwen XML). The streaming parser's deltas,
+concatenated per kind, equal `parse_chat_output` of the whole text.
 This module knows nothing about tokens; feed it text from `IncrementalDetokenizer`.
 """
 from __future__ import annotations
 
 from ninfer_nb.chat.messages import ChatDelta, ChatMessageOut
-from ninfer_nb.chat.reasoning import THINK_OPEN, ReasoningSplitter, split_reasoning
-from ninfer_nb.chat.tool_calls import ToolCallStreamParser, parse_tool_calls
+from ninfer_nb.chat.reasoning import THINK_OPEN, Piece, ReasoningSplitter, split_reasoning
+from ninfer_nb.chat.tool_dialects import ToolCallDialect, get_dialect
 
 __all__ = [
     "ChatDelta",
@@ -26,19 +27,29 @@ def prompt_opens_reasoning(prompt_text: str) -> bool:
 
 
 def parse_chat_output(
-    text: str, *, starts_in_reasoning: bool, tools: list[dict] | None = None
+    text: str,
+    *,
+    starts_in_reasoning: bool,
+    tools: list[dict] | None = None,
+    dialect: ToolCallDialect | str | None = None,
 ) -> ChatMessageOut:
     reasoning, content = split_reasoning(text, starts_in_reasoning)
-    content, calls = parse_tool_calls(content, tools)
+    content, calls = get_dialect(dialect).parse(content, tools)
     return ChatMessageOut(reasoning=reasoning, content=content, tool_calls=calls)
 
 
 class ChatStreamParser:
     """Push detokenized text; get reasoning / content / tool_call deltas. Call `finish` once."""
 
-    def __init__(self, *, starts_in_reasoning: bool, tools: list[dict] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        starts_in_reasoning: bool,
+        tools: list[dict] | None = None,
+        dialect: ToolCallDialect | str | None = None,
+    ) -> None:
         self._reasoning = ReasoningSplitter(starts_in_reasoning)
-        self._tools = ToolCallStreamParser(tools)
+        self._tools = get_dialect(dialect).stream_parser(tools)
         self._finished = False
 
     def push(self, text: str) -> list[ChatDelta]:
@@ -52,7 +63,7 @@ class ChatStreamParser:
         self._finished = True
         return self._route(self._reasoning.flush(), final=True)
 
-    def _route(self, pieces: list[tuple[str, str]], *, final: bool) -> list[ChatDelta]:
+    def _route(self, pieces: list[Piece], *, final: bool) -> list[ChatDelta]:
         out: list[ChatDelta] = []
         for kind, text in pieces:
             if kind == "reasoning":

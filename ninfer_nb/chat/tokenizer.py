@@ -8,16 +8,18 @@ themselves and call the constructor directly.
 Text written in the input that spells an added token (e.g. "<|im_start|>") always encodes to
 that token's single id. BOS is added only when asked (`add_special_tokens=True`) and the
 tokenizer wants it (`add_bos`); nothing else is ever added. This module knows nothing about
-chat templates beyond carrying the template text.
+chat templates beyond carrying the template text and the tool-call dialect it names.
 """
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
 import tokenizers
 
+from ninfer_nb.chat.tool_dialects import ToolCallDialect, detect_dialect
 from ninfer_nb.errors import ModelFormatError
 
 
@@ -75,8 +77,9 @@ class Tokenizer:
             eos_ids.append(gen_eos)
         elif isinstance(gen_eos, list):
             eos_ids.extend(i for i in gen_eos if isinstance(i, int))
-        if eos_token and backend.token_to_id(eos_token) is not None:
-            eos_ids.insert(0, backend.token_to_id(eos_token))
+        eos_id = backend.token_to_id(eos_token) if eos_token else None
+        if eos_id is not None:
+            eos_ids.insert(0, eos_id)
         if not eos_ids:
             raise ModelFormatError(f"no eos token in {root} (tokenizer_config / generation_config)")
 
@@ -133,6 +136,11 @@ class Tokenizer:
     @property
     def special_token_ids(self) -> frozenset[int]:
         return self._special_token_ids
+
+    @cached_property
+    def tool_dialect(self) -> ToolCallDialect:
+        """The tool-call syntax the chat template asks the model for (Qwen XML by default)."""
+        return detect_dialect(self._chat_template)
 
     def __repr__(self) -> str:
         return (

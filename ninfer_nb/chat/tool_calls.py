@@ -16,18 +16,26 @@ from __future__ import annotations
 import ast
 import json
 import re
-from typing import Any
+from typing import Any, Callable
 
 from ninfer_nb.chat.messages import ChatDelta, ToolCall, new_tool_call_id
 from ninfer_nb.chat.reasoning import partial_suffix_len
 
-__all__ = ["ToolCall", "ToolCallStreamParser", "parse_tool_calls", "parse_tool_call_block"]
+__all__ = [
+    "BlockParser",
+    "ToolCall",
+    "ToolCallStreamParser",
+    "parse_tool_call_block",
+    "parse_tool_calls",
+]
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*\Z", re.DOTALL)
 _PARAM_OPEN = "<parameter="
 _PARAM_CLOSE = "</parameter>"
+
+BlockParser = Callable[[str, list[dict] | None], ToolCall | None]  # (block inside, tools)
 
 
 # ---- schema lookup and value typing --------------------------------------------------------------
@@ -36,7 +44,8 @@ def _param_types(tools: list[dict] | None, name: str) -> dict[str, Any] | None:
     for tool in tools or ():
         if not isinstance(tool, dict):
             continue
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        function = tool.get("function")
+        fn: dict = function if isinstance(function, dict) else tool
         if fn.get("name") != name:
             continue
         schema = fn.get("parameters") or fn.get("input_schema") or {}
@@ -198,11 +207,21 @@ class ToolCallStreamParser:
     """Streaming `parse_tool_calls`: content streams at once, each finished call is one delta.
 
     Held back: a possible partial `<tool_call>` and the whitespace before it (dropped if a call
-    follows), and the text of an open block until its `</tool_call>` arrives.
+    follows), and the text of an open block until its `</tool_call>` arrives. `parse_block`
+    reads a block's inside (default: the XML one above; the Hermes JSON dialect passes its own);
+    `close_at_end` lets `flush` accept a final block whose `</tool_call>` never came.
     """
 
-    def __init__(self, tools: list[dict] | None = None) -> None:
+    def __init__(
+        self,
+        tools: list[dict] | None = None,
+        *,
+        parse_block: BlockParser | None = None,
+        close_at_end: bool = False,
+    ) -> None:
         self.tools = tools
+        self._parse_block = parse_block or parse_tool_call_block
+        self._close_at_end = close_at_end  # flush may parse a block never closed
         self._buf = ""  # outside a block: undecided tail; inside: the block's text so far
         self._inside = False
         self._ws = ""  # whitespace held before an open block
@@ -217,7 +236,12 @@ class ToolCallStreamParser:
 
     def flush(self) -> list[ChatDelta]:
         out: list[ChatDelta] = []
-        if self._inside:
+        unclosed = self._inside and self._close_at_end
+        call = self._parse_block(self._buf, self.tools) if unclosed else None
+        if call is not None:
+            out.append(ChatDelta("tool_call", tool_call=call))
+            self._after_call = True
+        elif self._inside:
             self._content(self._ws + CALL_OPEN + self._buf, out)
         else:
             self._content(self._buf, out)
@@ -230,7 +254,7 @@ class ToolCallStreamParser:
             end = self._buf.find(CALL_CLOSE)
             if end < 0:
                 return False
-            call = parse_tool_call_block(self._buf[:end], self.tools)
+            call = self._parse_block(self._buf[:end], self.tools)
             if call is None:
                 self._content(self._ws + CALL_OPEN + self._buf[: end + len(CALL_CLOSE)], out)
             else:
