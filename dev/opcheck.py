@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from ninfer_nb.engine.batch import ForwardBatch
 from ninfer_nb.engine.cuda_backend import CudaBackend
 from ninfer_nb.models import Decoder, build_weights
 from ninfer_nb.models.loader import load_checkpoint
@@ -62,7 +63,7 @@ def main() -> None:
     ids = np.random.default_rng(0).integers(0, 240000, n).tolist()
     be.begin_step()
     i, p = be.ids(ids, 0)
-    dec.forward(ops, i, p, st)
+    dec.forward(ops, ForwardBatch.single(i, p), st)
     bad = [r for r in ops.report if r[2] > 1e-3]
     for name, shapes, err in (bad or ops.report)[:25]:
         print(f"{name:28s} err {err:.2e}  {shapes}")

@@ -9,7 +9,7 @@ __all__ = ["LLM", "SamplingParams", "__version__"]
 
 def __getattr__(name: str):  # lazy: importing the package must not load numba or tokenizers
     if name == "LLM":
-        from .api import LLM
+        from .llm import LLM
 
         return LLM
     raise AttributeError(name)

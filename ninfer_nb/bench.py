@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .config import KV_CACHE_KINDS
+from .config import KV_CACHE_KINDS, DecodeChoices, EngineConfig
 from .params import SamplingParams
 
 
@@ -67,7 +67,7 @@ def decode_bytes(llm: Any, context: int) -> int:
     KV cache up to `context`, and the GDN state (read and written)."""
     from .models.weights import MoEWeights, unique_arrays
 
-    w = llm._generator.decoder.weights
+    w = llm.engine.generator.decoder.weights
     total = sum(int(a.nbytes) for a in unique_arrays(w))
     if w.lm_head is not w.embed:               # untied: the table is read one row a token
         total -= int(w.embed.nbytes)
@@ -77,9 +77,9 @@ def decode_bytes(llm: Any, context: int) -> int:
             experts = int(ffn.gate_up.nbytes + ffn.down.nbytes)
             active = ffn.top_k + int(ffn.shared_slot)          # a folded shared expert always runs
             total -= int(experts * (1.0 - active / ffn.gate_up.shape[0]))
-    state = llm._generator.state
+    state = llm.engine.generator.state
     kv = state.kv_bytes() * context // max(state.max_context, 1)
-    gdn = state.nbytes() - state.kv_bytes()
+    gdn = state.gdn_slot_bytes()
     return total + kv + 2 * gdn
 
 
@@ -89,7 +89,7 @@ def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3, temperature: 
     the medians over the prefills (single runs of the same code varied by +-30 %); decode
     tok/s comes from the last run."""
     rng = np.random.default_rng(prompt_len)
-    vocab = llm._valid_vocab
+    vocab = llm.valid_vocab
     ids = [int(t) for t in rng.integers(100, vocab - 1, prompt_len)]
     params = SamplingParams(max_tokens=gen, temperature=temperature, ignore_eos=True, seed=0)
     # Warm-up on another prompt of the same length: every kernel the timed run takes (the
@@ -112,28 +112,13 @@ def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3, temperature: 
 
 
 def device_step_us(llm: Any, replays: int = 16) -> float | None:
-    """The decode step on the device alone: the captured decode graph replayed `replays` times
-    back to back between two events, ending at the current context (its argmax feeds each
-    replay the next token and position). None without a captured graph. Leaves the state
-    past what the generator's tokens say, so the generator forgets its prefix afterwards."""
-    from .runtime.events import Event
-
-    gen = llm._generator
-    backend = gen.backend
-    graph = getattr(backend, "_graph", None)
-    if graph is None or getattr(backend, "_inputs", None) is None or not getattr(backend, "argmax_vocab", 0):
-        return None
-    ids, pos = backend._inputs
-    start = max(0, len(gen.tokens) - replays - 1)
-    ids.copy_from_numpy(np.array([1], np.int32), backend.stream)
-    pos.copy_from_numpy(np.array([start], np.int32), backend.stream)
-    graph.replay()                                     # warm
-    e0 = Event().record(backend.stream)
-    for _ in range(replays):
-        graph.replay()
-    e1 = Event().record(backend.stream)
-    us = e0.elapsed_ms(e1) * 1e3 / replays
-    gen.forget()
+    """The decode step on the device alone (Backend.time_decode_steps: the captured graph
+    replayed back to back, ending at the current context). None without a captured graph. The
+    replays write the caches past what the engine knows, so it forgets its prefix afterwards."""
+    start = max(0, llm.engine.context_tokens - replays - 1)
+    us = llm.backend.time_decode_steps(start, replays)
+    if us is not None:
+        llm.engine.forget()
     return us
 
 
@@ -202,7 +187,10 @@ def profile_step(llm: Any, n_tokens: int = 1, start: int | None = None) -> list[
 
     n_tokens = 1 is a decode step at the current context; more is one prefill chunk placed so
     that it ends at the current context (it attends to everything before it)."""
-    gen = llm._generator
+    from .engine.batch import ForwardBatch
+    from .engine.generator import RUNNING_SLOT
+
+    gen = llm.engine.generator
     prof = _ProfiledOps(gen.backend)
     gen.backend.begin_step()
     context = len(gen.tokens)
@@ -211,7 +199,7 @@ def profile_step(llm: Any, n_tokens: int = 1, start: int | None = None) -> list[
     rng = np.random.default_rng(0)
     tokens = [int(t) for t in rng.integers(1, min(gen.cfg.vocab_size, 30000), n_tokens)]
     ids, pos = gen.backend.ids(tokens, start)
-    gen.decoder.forward(prof, ids, pos, gen.state)
+    gen.decoder.forward(prof, ForwardBatch.single(ids, pos, RUNNING_SLOT), gen.state)
     total = sum(v[0] for v in prof.stats.values())
     rows = [{"op": k, "calls": int(v[2]), "time_us": v[0] * 1e6, "bytes": int(v[1]),
              "GBps": v[1] / v[0] / 1e9 if v[0] > 0 else 0.0, "share": v[0] / total}
@@ -287,7 +275,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--json", default=None, help="write every figure to this file")
     args = p.parse_args(list(argv))
     experimental = _experimental_names(args.experimental)      # before the peer run and the load
-    from .api import LLM
+    from .llm import LLM
 
     lens = [int(x) for x in args.prompt_len.split(",")]
     model = f"random:{args.random}" if args.random else args.model
@@ -302,10 +290,11 @@ def main(argv: Sequence[str]) -> int:
                        for r in preset_rows_in_subprocess(args.random, lens, args.gen, args.device)}
         peer_s = time.perf_counter() - t_peer
     t_load = time.perf_counter()
-    llm = LLM(model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
-              prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph,
-              kv_cache=args.kv_cache, prefill_gemm=args.gemm, prefill_attention=args.attention,
-              pdl=not args.no_pdl, device_argmax=not args.host_argmax, decode_ahead=not args.no_decode_ahead)
+    llm = LLM(config=EngineConfig(
+        model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
+        prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph, kv_cache=args.kv_cache,
+        prefill_gemm=args.gemm, prefill_attention=args.attention, pdl=not args.no_pdl,
+        decode=DecodeChoices(device_pick=not args.host_argmax, decode_ahead=not args.no_decode_ahead)))
     load_s = time.perf_counter() - t_load
     if experimental or args.decode_attention != "auto":
         if llm.backend.name != "cuda":
@@ -359,9 +348,9 @@ def main(argv: Sequence[str]) -> int:
               "load_s": load_s,
               "start_to_first_token_s": start_to_first_token, "device": llm.device_name,
               "kv_cache": llm.kv_cache, "decode_attention": args.decode_attention, "temperature": args.temperature,
-              "decode_graph_pdl": bool(getattr(llm.backend, "pdl", False)) and not args.no_cuda_graph,
-              "device_argmax": bool(getattr(llm.backend, "argmax_vocab", 0)),
-              "decode_ahead": llm.engine_config.decode_ahead and bool(getattr(llm.backend, "argmax_vocab", 0)),
+              "decode_graph_pdl": llm.backend.name == "cuda" and llm.engine_config.pdl and not args.no_cuda_graph,
+              "device_argmax": llm.engine.picks_on_device,
+              "decode_ahead": llm.engine_config.decode.decode_ahead and llm.engine.picks_on_device,
               "copy_bandwidth_GBps": bw / 1e9, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:

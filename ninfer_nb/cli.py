@@ -77,7 +77,7 @@ def _read_messages(path: Path) -> tuple[list[dict], list[dict] | None]:
 
 
 def run_answer(args: argparse.Namespace) -> int:
-    from .api import LLM
+    from .llm import LLM
     from .chat import ChatDelta
 
     if args.prompt is None and args.messages is None:

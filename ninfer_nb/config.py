@@ -161,8 +161,21 @@ KV_CACHE_KINDS = ("auto", "fp32", "bf16", "int8")
 
 
 @dataclass(frozen=True)
+class DecodeChoices:
+    """A/B switches of the decode loop (bench flags and tests), not user settings."""
+
+    # the decode graph picks the next token itself (argmax, or Gumbel-max sampling for requests
+    # with temperature alone): 4 bytes come back per token instead of the logits row
+    device_pick: bool = True
+    # with device_pick: each step is queued before the host reads the token it consumes
+    # (Generator.decode_token(ahead=True)); a stop leaves the queued step's token fed
+    decode_ahead: bool = True
+
+
+@dataclass(frozen=True)
 class EngineConfig:
-    """What the user chose. Each CLI / server flag is one field."""
+    """What the user chose. Each CLI / server flag is one field; `decode` (and the kernel
+    choices) are for bench and tests."""
 
     model: str | None = None                 # HF dir, GGUF file, or preset; None = default model
     device: str = "auto"                     # auto | cpu | cuda | cuda:N
@@ -175,16 +188,7 @@ class EngineConfig:
     prefill_gemm: str = "auto"               # auto | mma | wgmma: tensor-core GEMM for prefill chunks
     prefill_attention: str = "flash"         # flash | gemm | simt | mma: prefill attention kernel
     pdl: bool = True                         # programmatic dependent launch in the decode graph (cc >= 9.0)
-    # the decode graph picks the next token itself (kernels/sampling.py pick_feed_kernel): the
-    # argmax for greedy requests, Gumbel-max sampling for temperature-only ones (no top-k / top-p
-    # / min-p / penalties); 4 bytes come back per token instead of the logits row (~1 MB at a
-    # 248K vocab) and the host neither takes the argmax nor samples. H200, 35B at 512: greedy
-    # +6.5 % (eleventh session), temperature 0.7 421.9 vs 187.9 tok/s (bench --host-argmax).
-    device_argmax: bool = True
-    # with device_argmax: each step is queued before the host reads the token it consumes (the
-    # graph's pick feeds the next step's input), so the device never waits for the host between
-    # tokens; a stop leaves the stop token fed (Generator.decode_token(ahead=True))
-    decode_ahead: bool = True
+    decode: DecodeChoices = DecodeChoices()
     enable_thinking: bool = True
     show_progress: bool = True
     seed: int | None = None

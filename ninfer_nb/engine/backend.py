@@ -1,13 +1,15 @@
 """Backends: where the model runs. `CpuBackend` runs `ops.cpu` on NumPy arrays.
 
-A backend provides the `ops` object the decoder calls, allocates cache buffers, uploads
-weights, turns token ids / positions into its arrays and brings logits back to the host.
-The CUDA backend (`runtime/`) implements the same surface. Knows nothing about requests.
+Both backends implement the contract in engine/backends/base.py (`Backend`); the CPU one runs
+every step eagerly: it has no decode graph, so the engine never queues a step ahead on it, and
+its token ring picks on the host. `create_backend` picks the backend for a device string.
+Knows nothing about requests.
 """
 from __future__ import annotations
 
+import collections
 import os
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -16,29 +18,23 @@ from ..config import ModelConfig
 from ..models.presets import random_weights
 from ..models.weights import ModelWeights
 from ..ops import cpu
+from ..ops.kernel_choices import KernelChoices
+from .backends.base import ARGMAX, Backend, Forward, Pick
+from .sampler import gumbel_max_pick
 
-
-class Backend(Protocol):
-    name: str
-    device_name: str
-    default_kv_cache: str          # the KV cache storage EngineConfig(kv_cache="auto") takes here
-    ops: Any
-
-    def check_model(self, cfg: ModelConfig) -> None: ...
-    def begin_step(self) -> None: ...
-    def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any: ...
-    def upload(self, weights: ModelWeights) -> ModelWeights: ...
-    def ids(self, tokens: list[int], start: int) -> tuple[Any, Any]: ...
-    def to_host(self, x: Any) -> np.ndarray: ...
-    def copy_(self, dst: Any, src: Any) -> None: ...
-    def memory_info(self) -> tuple[int | None, int | None]: ...
+__all__ = ["Backend", "CpuBackend", "create_backend"]
 
 
 class CpuBackend:
     name = "cpu"
     device_name = "cpu"
     default_kv_cache = "fp32"      # NumPy computes in fp32; a bf16 cache would only add rounding
-    ops = cpu
+    ops: Any = cpu
+    decode_graphs = False
+
+    def __init__(self) -> None:
+        self._pick_vocab = 0
+        self._picked: collections.deque[int] = collections.deque()   # the token ring's picks
 
     def check_model(self, cfg: ModelConfig) -> None:
         """Nothing to refuse: the NumPy ops take every shape the models have."""
@@ -67,6 +63,44 @@ class CpuBackend:
     def copy_(self, dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src)
 
+    def zero_(self, dst: np.ndarray) -> None:
+        dst[...] = 0
+
+    # --- decode steps: eager, the token picked on the host ----------------------------------
+    def decode_step(self, forward: Forward, token: int, position: int) -> np.ndarray:
+        self.begin_step()
+        ids, pos = self.ids([token], position)
+        return self.to_host(forward(ids, pos))[-1]
+
+    @property
+    def token_pick_vocab(self) -> int:
+        return self._pick_vocab
+
+    def enable_token_pick(self, vocab: int) -> None:
+        self._pick_vocab = int(vocab)
+
+    @property
+    def graph_ready(self) -> bool:
+        return False                  # no graph: a step cannot be queued on an unread token
+
+    def launch_token_step(self, forward: Forward, token: int | None, position: int,
+                          pick: Pick = ARGMAX) -> None:
+        if token is None:
+            raise RuntimeError("launch_token_step: the CPU backend has no decode graph to feed itself")
+        if not self._pick_vocab:
+            raise RuntimeError("launch_token_step: enable_token_pick was not called")
+        row = self.decode_step(forward, token, position)[: self._pick_vocab]
+        self._picked.append(gumbel_max_pick(row, *pick))
+
+    def collect_token(self) -> int:
+        return self._picked.popleft()
+
+    def discard_tokens(self) -> None:
+        self._picked.clear()
+
+    def time_decode_steps(self, position: int, replays: int = 16) -> float | None:
+        return None                   # no graph to replay
+
     def memory_info(self) -> tuple[int | None, int | None]:
         try:
             import psutil
@@ -92,11 +126,9 @@ def random_array(rng: np.random.Generator, shape: tuple[int, ...], kind: str) ->
     return (offset + scale * rng.uniform(-1.0, 1.0, shape)).astype(np.float32)
 
 
-def create_backend(device: str, *, prefill_gemm: str = "auto", prefill_attention: str = "flash",
-                   pdl: bool = True) -> Backend:
-    """'cpu', 'cuda', 'cuda:N' or 'auto' (GPU when one is usable, else CPU). `prefill_gemm`
-    (auto | mma | wgmma) and `prefill_attention` (flash | gemm | simt | mma) pick CUDA prefill
-    kernels; `pdl`: programmatic dependent launch in the CUDA decode graph (cc >= 9.0)."""
+def create_backend(device: str, *, choices: KernelChoices | None = None) -> Backend:
+    """'cpu', 'cuda', 'cuda:N' or 'auto' (GPU when one is usable, else CPU). `choices`: the CUDA
+    backend's kernel choices (ops/kernel_choices.py; the defaults when None)."""
     if device == "cpu":
         return CpuBackend()
     if device == "auto" or device.startswith("cuda"):
@@ -112,5 +144,5 @@ def create_backend(device: str, *, prefill_gemm: str = "auto", prefill_attention
         from .cuda_backend import CudaBackend
 
         index = int(device.split(":", 1)[1]) if ":" in device else 0
-        return CudaBackend(index, prefill_gemm=prefill_gemm, prefill_attention=prefill_attention, pdl=pdl)
+        return CudaBackend(index, choices=choices)
     raise DeviceError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")

@@ -2,7 +2,9 @@
 
 One device arena is taken at start; weights (bf16 matrices, fp32 vectors), caches and the GDN
 state live in it, and a scratch region is reset at the start of every model step, so a step
-allocates the same addresses each time (graph-capturable). Knows nothing about requests.
+allocates the same addresses each time (graph-capturable). Implements engine/backends/base.py
+`Backend`: decode by graph replay, the token pick in the graph and the pinned token ring of the
+steps queued ahead. Knows nothing about requests.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..models.weights import ModelWeights, map_arrays
+from .backends.base import ARGMAX, Forward, Pick
 
 # Share of the free device memory taken at start, and the part of it kept for per-step scratch.
 ARENA_FRACTION = 0.90
@@ -47,6 +50,9 @@ def _on_calling_thread(method: Callable[..., Any]) -> Callable[..., Any]:
 
 class CudaBackend:
     name = "cuda"
+    decode_graphs = True
+    device_name: str
+    ops: Any
     # bf16 K / V: half the cache bytes, and decode attention on tensor cores (ops/cuda.py
     # _attention_decode). H200, one device call: 35B decode 390.3 / 376.8 tok/s at 512 / 8K vs
     # 389.8 / 354.0 with fp32; 27B 70.6 / 68.9 vs 69.6 / 66.9. The prefill flash attention
@@ -79,9 +85,9 @@ class CudaBackend:
         self._inputs: tuple[Any, Any] | None = None
         self._graph: Any = None
         self._graph_out: tuple[Any, Any] = (None, None)   # the captured step's (logits, argmax)
-        # > 0: the decode graph ends with the token pick over the first argmax_vocab logits
-        # (launch_token_step); set before the first decode step (EngineConfig.device_argmax)
-        self.argmax_vocab = 0
+        # > 0: the decode graph ends with the token pick over the first pick_vocab logits
+        # (launch_token_step); set by enable_token_pick before the first decode step
+        self._pick_vocab = 0
         self._argmax_counter: Any = None   # [1] int32, the graph's token pick's block counter (kept 0)
         # the token pick's parameters in device memory (the graph reads them): temperature [1]
         # fp32 (0: argmax), seed / offset [1] int64 (offset advances by one per step, on the device)
@@ -114,7 +120,7 @@ class CudaBackend:
         self.scratch.reset()
 
     @_on_calling_thread
-    def decode_step(self, forward: Callable[[Any, Any], Any], token: int, position: int) -> np.ndarray:
+    def decode_step(self, forward: Forward, token: int, position: int) -> np.ndarray:
         """One decode step by CUDA-graph replay; returns the logits row [V]. The first step runs
         eagerly on the persistent input buffers (compiling every kernel); the second captures
         `forward` once (capture records, it does not execute) and every step from then on is
@@ -125,10 +131,9 @@ class CudaBackend:
         logits, _ = self._step(forward, token, position)
         return self.to_host(logits)[-1]
 
-    def _step(self, forward: Callable[[Any, Any], Any], token: int, position: int,
-              pick: tuple[float, int, int] = (0.0, 0, 0)) -> tuple[Any, Any]:
+    def _step(self, forward: Forward, token: int, position: int, pick: Pick = ARGMAX) -> tuple[Any, Any]:
         """(logits [1, V], the picked token [1] int32 or None) of one decode step on the device,
-        its inputs written by the host: token, position and (argmax_vocab > 0) the pick's
+        its inputs written by the host: token, position and (pick_vocab > 0) the pick's
         (temperature, seed, offset); temperature 0 is the argmax."""
         from ..runtime.graph import CudaGraph
 
@@ -138,7 +143,7 @@ class CudaBackend:
         ids, pos = self._inputs
         ids.copy_from_numpy(np.array([token], np.int32), self.stream)
         pos.copy_from_numpy(np.array([position], np.int32), self.stream)
-        if self.argmax_vocab:
+        if self._pick_vocab:
             self._write_pick(*pick)
         self.scratch.reset()
         if not self._warmed:
@@ -152,12 +157,15 @@ class CudaBackend:
         self._graph.replay()
         return self._graph_out
 
-    def _write_pick(self, temperature: float, seed: int, offset: int) -> None:
+    def _pick_inputs(self) -> tuple[Any, Any, Any]:
         if self._pick is None:
             self._pick = (self.ops.zeros((1,), np.float32, persistent=True),
                           self.ops.zeros((1,), np.int64, persistent=True),
                           self.ops.zeros((1,), np.int64, persistent=True))
-        temp_t, seed_t, offset_t = self._pick
+        return self._pick
+
+    def _write_pick(self, temperature: float, seed: int, offset: int) -> None:
+        temp_t, seed_t, offset_t = self._pick_inputs()
         if temperature != self._pick_temperature:
             temp_t.copy_from_numpy(np.array([temperature], np.float32), self.stream)
             self._pick_temperature = temperature
@@ -165,11 +173,11 @@ class CudaBackend:
             seed_t.copy_from_numpy(np.array([seed], np.int64), self.stream)
             offset_t.copy_from_numpy(np.array([offset], np.int64), self.stream)
 
-    def _forward_argmax(self, forward: Callable[[Any, Any], Any], ids: Any, pos: Any) -> Callable[[], tuple[Any, Any]]:
-        """forward, then (argmax_vocab > 0) the token picked from the last row's first
-        argmax_vocab logits (argmax, or a sample at the pick's temperature), fed back into
+    def _forward_argmax(self, forward: Forward, ids: Any, pos: Any) -> Callable[[], tuple[Any, Any]]:
+        """forward, then (pick_vocab > 0) the token picked from the last row's first
+        pick_vocab logits (argmax, or a sample at the pick's temperature), fed back into
         ids / pos (ops.pick_feed) for a replay the host has not fed."""
-        vocab = self.argmax_vocab
+        vocab = self._pick_vocab
         if vocab and self._argmax_counter is None:
             self._argmax_counter = self.ops.zeros((1,), np.int32, persistent=True)
 
@@ -177,21 +185,31 @@ class CudaBackend:
             logits = forward(ids, pos)
             if not vocab:
                 return logits, None
-            row = logits[logits.shape[0] - 1:].reshape(-1)[:vocab].reshape(1, vocab)   # [1, argmax_vocab]
-            temperature, seed, offset = self._pick            # type: ignore[misc]
+            row = logits[logits.shape[0] - 1:].reshape(-1)[:vocab].reshape(1, vocab)   # [1, pick_vocab]
+            temperature, seed, offset = self._pick_inputs()
             return logits, self.ops.pick_feed(row, temperature, seed, offset, self._argmax_counter, ids, pos)
 
         return step
 
     # --- decode steps queued ahead (the graph's token pick feeds the next step) -------------
     @property
+    def token_pick_vocab(self) -> int:
+        return self._pick_vocab
+
+    def enable_token_pick(self, vocab: int) -> None:
+        """The decode graph ends with the token pick over ids < vocab; before it is captured."""
+        if self._warmed and vocab != self._pick_vocab:
+            raise RuntimeError("enable_token_pick: the decode graph has already been built")
+        self._pick_vocab = int(vocab)
+
+    @property
     def graph_ready(self) -> bool:
         """The decode graph is captured: a step can be replayed on the inputs the last one fed."""
-        return self._graph is not None and self.argmax_vocab > 0
+        return self._graph is not None and self._pick_vocab > 0
 
     @_on_calling_thread
-    def launch_token_step(self, forward: Callable[[Any, Any], Any], token: int | None, position: int,
-                          pick: tuple[float, int, int] = (0.0, 0, 0)) -> None:
+    def launch_token_step(self, forward: Forward, token: int | None, position: int,
+                          pick: Pick = ARGMAX) -> None:
         """Enqueue one decode step that picks its next token on the device, and the copy of
         that token into a pinned slot; does not wait for it. token None: the step reads the
         token, position and pick offset the previous step left in the graph inputs (needs
@@ -209,14 +227,14 @@ class CudaBackend:
         if len(self._pending) >= TOKEN_RING:
             raise RuntimeError("launch_token_step: every token slot is in flight (collect first)")
         if token is None:
-            if not self.graph_ready:
+            if self._graph is None or not self.graph_ready:
                 raise RuntimeError("launch_token_step: a device-fed step needs the captured decode graph")
             self._graph.replay()
             top = self._graph_out[1]
         else:
             _, top = self._step(forward, token, position, pick)
             if top is None:
-                raise RuntimeError("launch_token_step: argmax_vocab was not set before the first decode step")
+                raise RuntimeError("launch_token_step: enable_token_pick was not called before the first decode step")
         slot = self._launches % TOKEN_RING
         self._launches += 1
         check(driver().cuMemcpyDtoHAsync(self._ring.ptr + 4 * slot, top.ptr, 4, self.stream.cu))
@@ -234,6 +252,22 @@ class CudaBackend:
         """Forget uncollected launches (a run that stopped with a step ahead in flight: its
         token is not wanted; the stream orders everything after it)."""
         self._pending.clear()
+
+    @_on_calling_thread
+    def time_decode_steps(self, position: int, replays: int = 16) -> float | None:
+        from ..runtime.events import Event
+
+        if self._graph is None or self._inputs is None or not self.graph_ready:
+            return None
+        ids, pos = self._inputs
+        ids.copy_from_numpy(np.array([1], np.int32), self.stream)
+        pos.copy_from_numpy(np.array([position], np.int32), self.stream)
+        self._graph.replay()                                     # warm
+        e0 = Event().record(self.stream)
+        for _ in range(replays):
+            self._graph.replay()
+        e1 = Event().record(self.stream)
+        return float(e0.elapsed_ms(e1) * 1e3 / replays)
 
     @_on_calling_thread
     def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
@@ -296,6 +330,12 @@ class CudaBackend:
         from ..runtime._drv import check, driver
 
         check(driver().cuMemcpyDtoDAsync(dst.ptr, src.ptr, src.nbytes, self.stream.cu))
+
+    @_on_calling_thread
+    def zero_(self, dst: Any) -> None:
+        from ..runtime._drv import check, driver
+
+        check(driver().cuMemsetD8Async(dst.ptr, 0, dst.nbytes, self.stream.cu))
 
     def memory_info(self) -> tuple[int | None, int | None]:
         from ..runtime import device as dev

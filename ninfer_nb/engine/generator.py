@@ -1,31 +1,37 @@
-"""The single-sequence step loop: prefill in chunks with prefix reuse, then decode.
+"""The single-sequence model runner: prefill in chunks with prefix reuse, then decode.
 
-Holds the decoder, the backend, one `SequenceState` at the engine's maximum context and the
-token ids whose effects are in it. Prefix reuse: a new prompt continues from the longest
-cached prefix. Attention caches can be cut anywhere; GDN state cannot, so a snapshot of the
-GDN state is kept at the end of the last prompt (where the next chat turn usually diverges).
-Knows nothing about text, sampling or stopping.
+Holds the decoder, the backend, the caches (`SequenceState`: KV at the engine's maximum context,
+GDN state in `StateSlots`) and the token ids whose effects are in them. Every model call gets a
+`ForwardBatch` of the one sequence, which runs in GDN slot 0. Prefix reuse: a new prompt
+continues from the longest cached prefix. Attention caches can be cut anywhere; GDN state
+cannot, so two more slots keep snapshots: at the start of the last turn and at the end of the
+last prompt (where the next chat turn usually diverges). Knows nothing about text, requests,
+sampling or stopping (engine/llm_engine.py drives it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ContextLengthExceededError
 from ..models.decoder import Decoder
-from ..models.state import GDNState, KVDtype, SequenceState, new_state
-from .backend import Backend
+from ..models.state import KVDtype, SequenceState, new_state
+from .backends.base import Backend, Forward
+from .batch import ForwardBatch
+from .state_slots import StateSlots
+
+RUNNING_SLOT = 0                   # the GDN slot the sequence runs in
+TURN_SNAPSHOT, PROMPT_SNAPSHOT = 1, 2
 
 
 @dataclass
 class _Snapshot:
-    """GDN state after the first `length` tokens of the cached sequence (-1: empty), and the
-    logits after them when they were a whole prompt."""
+    """GDN slot `slot` holds the state after the first `length` tokens of the cached sequence
+    (-1: nothing), and `logits` the logits after them when they were a whole prompt."""
 
-    states: list[GDNState]
+    slot: int
     length: int = -1
     logits: np.ndarray | None = None
 
@@ -37,34 +43,18 @@ class Generator:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, max_context: int,
                  prefill_chunk: int, use_graphs: bool = True, kv_dtype: KVDtype = "fp32") -> None:
         self.cfg, self.decoder, self.backend = cfg, decoder, backend
-        # Decode by graph replay where the backend offers it (CUDA); eager otherwise.
-        self.use_graphs = use_graphs and hasattr(backend, "decode_step")
+        # Decode by graph replay where the backend has graphs (CUDA); eager otherwise.
+        self.use_graphs = use_graphs and backend.decode_graphs
         self.max_context = max_context
         self.prefill_chunk = max(1, prefill_chunk)
-        self.state: SequenceState = new_state(cfg, max_context, backend.zeros, kv_dtype)
+        self.state: SequenceState = new_state(cfg, max_context, backend.zeros, kv_dtype, gdn_slots=3)
+        self.slots = StateSlots(self.state, backend)
         self.tokens: list[int] = []           # ids whose effects are in `state`
         self._fed_ahead = False               # decode_token(ahead=True) queued a step for tokens[-1]
-        self._has_gdn = any(isinstance(l, GDNState) for l in self.state.layers)
-        # Two GDN snapshots: the start of the last turn and the end of the last prompt.
-        self._snapshots: list[_Snapshot] = []
-        if self._has_gdn:
-            for _ in range(2):
-                snap = new_state(cfg, 1, backend.zeros)
-                self._snapshots.append(_Snapshot([l for l in snap.layers if isinstance(l, GDNState)]))
+        self._has_gdn = self.slots.num_slots > 0
+        self._snapshots = [_Snapshot(TURN_SNAPSHOT), _Snapshot(PROMPT_SNAPSHOT)] if self._has_gdn else []
 
     # --- prefix reuse ------------------------------------------------------------------
-    def _gdn_layers(self) -> list[GDNState]:
-        return [l for l in self.state.layers if isinstance(l, GDNState)]
-
-    def _copy_gdn(self, dst: list[GDNState], src: list[GDNState]) -> None:
-        for d, s in zip(dst, src):
-            for name in ("conv", "recurrent"):
-                self.backend.copy_(getattr(d, name), getattr(s, name))
-
-    def _reset_gdn(self) -> None:
-        zero = new_state(self.cfg, 1, self.backend.zeros)
-        self._copy_gdn(self._gdn_layers(), [l for l in zero.layers if isinstance(l, GDNState)])
-
     def _reuse(self, prompt: list[int]) -> tuple[int, np.ndarray | None]:
         """Bring the state to the longest usable cached prefix of `prompt`. Returns its length
         and, when the whole prompt is cached, the logits after it."""
@@ -80,17 +70,25 @@ class Generator:
                   if 0 < s.length <= lcp and (s.length < len(prompt) or s.logits is not None)]
         if usable:
             best = max(usable, key=lambda s: s.length)
-            self._copy_gdn(self._gdn_layers(), best.states)
+            self.slots.restore(RUNNING_SLOT, best.slot)
             return best.length, (best.logits if best.length == len(prompt) else None)
-        self._reset_gdn()
+        self.slots.reset(RUNNING_SLOT)
         return 0, None
 
-    def _take_snapshot(self, slot: int, logits: np.ndarray | None) -> None:
-        snap = self._snapshots[slot]
-        self._copy_gdn(snap.states, self._gdn_layers())
+    def _take_snapshot(self, snap: _Snapshot, logits: np.ndarray | None) -> None:
+        self.slots.snapshot(RUNNING_SLOT, snap.slot)
         snap.length, snap.logits = len(self.tokens), logits
 
     # --- steps -------------------------------------------------------------------------
+    def _batch(self, ids: object, pos: object, all_logits: bool = False) -> ForwardBatch:
+        return ForwardBatch.single(ids, pos, RUNNING_SLOT, all_logits)
+
+    def _eager(self, tokens: list[int], start: int, all_logits: bool = False) -> object:
+        """One eager model call on `tokens` at positions start..; the backend's logits."""
+        self.backend.begin_step()
+        ids, pos = self.backend.ids(tokens, start)
+        return self.decoder.forward(self.backend.ops, self._batch(ids, pos, all_logits), self.state)
+
     def prefill(self, prompt: list[int], snapshot_at: int | None = None) -> tuple[np.ndarray, int]:
         """Run the prompt (reusing the cached prefix). Returns (last logits [V], reused count).
         `snapshot_at`: a prefix length worth snapshotting too (where the next turn diverges)."""
@@ -110,24 +108,22 @@ class Generator:
         cuts = [len(prompt)]
         if self._has_gdn and snapshot_at is not None and start < snapshot_at < len(prompt):
             cuts.insert(0, snapshot_at)
-        logits: Any = None
+        logits: object = None
         for end in cuts:
             for c0 in range(len(self.tokens), end, self.prefill_chunk):
                 chunk = prompt[c0 : min(c0 + self.prefill_chunk, end)]
-                self.backend.begin_step()
-                ids, pos = self.backend.ids(chunk, c0)
-                logits = self.decoder.forward(self.backend.ops, ids, pos, self.state)
+                logits = self._eager(chunk, c0)
                 self.tokens.extend(chunk)
             if end != len(prompt):
-                self._take_snapshot(0, None)
+                self._take_snapshot(self._snapshots[0], None)
         last = np.array(self.backend.to_host(logits)[-1], dtype=np.float32)
         if self._has_gdn:
-            self._take_snapshot(1, last)
+            self._take_snapshot(self._snapshots[1], last)
         return last, start
 
     def picks_on_device(self, valid_vocab: int) -> bool:
         """decode_token can pick (argmax or sample) in the decode graph for this vocabulary."""
-        return self.use_graphs and getattr(self.backend, "argmax_vocab", 0) == valid_vocab
+        return self.use_graphs and self.backend.token_pick_vocab == valid_vocab
 
     def decode_token(self, token: int, valid_vocab: int, *, ahead: bool = False, temperature: float = 0.0,
                      seed: int = 0, offset: int = 0) -> int:
@@ -135,8 +131,8 @@ class Generator:
         (temperature 0; lowest id on ties, as np.argmax) or a sample from softmax(logits / T)
         by the Gumbel-max trick with noise from Philox(seed, (offset, id)) (kernels/sampling.py
         pick_feed_kernel). From the decode graph's own pick kernel when the backend captured
-        one for this vocabulary (`argmax_vocab`): 4 bytes come back, not the logits row. Else
-        (CPU, no graphs) the argmax of `decode`'s logits; temperature > 0 needs the graph.
+        one for this vocabulary (`token_pick_vocab`): 4 bytes come back, not the logits row.
+        Else (CPU, no graphs) the argmax of `decode`'s logits; temperature > 0 needs the graph.
 
         ahead=True (the caller will feed the returned token next unless it stops): the step
         that consumes the returned token is queued on the device before this one's token is
@@ -159,21 +155,21 @@ class Generator:
         else:
             if len(self.tokens) >= self.max_context:
                 raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
-            b.discard_tokens()                                                    # type: ignore[attr-defined]
-            b.launch_token_step(forward, token, len(self.tokens), (temperature, seed, offset))  # type: ignore[attr-defined]
+            b.discard_tokens()
+            b.launch_token_step(forward, token, len(self.tokens), (temperature, seed, offset))
             self.tokens.append(token)
-        queued = ahead and b.graph_ready and len(self.tokens) < self.max_context   # type: ignore[attr-defined]
+        queued = ahead and b.graph_ready and len(self.tokens) < self.max_context
         if queued:
-            b.launch_token_step(forward, None, len(self.tokens))                  # type: ignore[attr-defined]
-        nxt = b.collect_token()                                                   # type: ignore[attr-defined]
+            b.launch_token_step(forward, None, len(self.tokens))
+        nxt = b.collect_token()
         if queued:
             self.tokens.append(nxt)
             self._fed_ahead = True
         return nxt
 
-    def _forward_fn(self) -> Any:
+    def _forward_fn(self) -> Forward:
         ops = self.backend.ops
-        return lambda ids, pos: self.decoder.forward(ops, ids, pos, self.state)
+        return lambda ids, pos: self.decoder.forward(ops, self._batch(ids, pos), self.state)
 
     def decode(self, token: int) -> np.ndarray:
         """Feed one sampled token; returns the next logits [V]."""
@@ -183,14 +179,11 @@ class Generator:
             raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
         position = len(self.tokens)
         if self.use_graphs:
-            logits = self.backend.decode_step(self._forward_fn(), token, position)  # type: ignore[attr-defined]
-            self.tokens.append(token)
-            return logits
-        self.backend.begin_step()
-        ids, pos = self.backend.ids([token], position)
-        out = self.decoder.forward(self.backend.ops, ids, pos, self.state)
+            logits = self.backend.decode_step(self._forward_fn(), token, position)
+        else:
+            logits = self.backend.to_host(self._eager([token], position))[-1]
         self.tokens.append(token)
-        return self.backend.to_host(out)[-1]
+        return logits
 
     def logits_all(self, prompt: list[int]) -> np.ndarray:
         """Logits at every position of `prompt` ([T, V]), computed from an empty cache."""
@@ -199,14 +192,11 @@ class Generator:
                 f"{len(prompt)} tokens exceed the context of {self.max_context}")
         self.forget()
         if self._has_gdn:
-            self._reset_gdn()
+            self.slots.reset(RUNNING_SLOT)
         out = []
         for c0 in range(0, len(prompt), self.prefill_chunk):
             chunk = prompt[c0 : c0 + self.prefill_chunk]
-            self.backend.begin_step()
-            ids, pos = self.backend.ids(chunk, c0)
-            out.append(self.backend.to_host(
-                self.decoder.forward(self.backend.ops, ids, pos, self.state, all_logits=True)))
+            out.append(self.backend.to_host(self._eager(chunk, c0, all_logits=True)))
             self.tokens.extend(chunk)
         return np.concatenate(out, axis=0)
 

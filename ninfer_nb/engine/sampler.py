@@ -78,6 +78,17 @@ class Sampler:
         return int(ids[pick]) if ids is not None else pick
 
 
+def gumbel_max_pick(row: np.ndarray, temperature: float, seed: int, offset: int) -> int:
+    """The token a pick (temperature, seed, offset) takes from one logits row [V]: the argmax
+    at temperature 0 (lowest id on ties), else a sample from softmax(row / T) by the Gumbel-max
+    trick with noise keyed by (seed, offset). The CPU backend's token ring; the decode graph's
+    pick kernel (kernels/sampling.py) draws its noise from Philox instead."""
+    if temperature <= 0.0:
+        return int(np.argmax(row))
+    noise = np.random.default_rng([seed, offset]).gumbel(size=row.shape[0])
+    return int(np.argmax(row.astype(np.float64) / temperature + noise))
+
+
 TOP_K_SUBSAMPLE = 4096    # logits a top-k threshold is first estimated from
 
 

@@ -1,7 +1,9 @@
-"""Per-sequence caches: KV for attention layers, conv + recurrent state for GDN layers.
+"""Caches the forward reads and writes: KV for attention layers, GDN conv + recurrent state.
 
-Buffers are allocated once, at the sequence's maximum context, by a backend `zeros(shape)`
-function (NumPy on the CPU, the device arena on the GPU). Knows nothing about weights.
+Buffers are allocated once by a backend `zeros(shape)` function (NumPy on the CPU, the device
+arena on the GPU): KV at the engine's maximum context (one contiguous cache: a token's K / V row
+is its position), GDN state in slots (`GDNSlots`: one conv + recurrent state per slot; a
+`ForwardBatch` says which slot each sequence uses). Knows nothing about weights or requests.
 """
 from __future__ import annotations
 
@@ -28,13 +30,30 @@ class KVCache:
 
 @dataclass
 class GDNState:
+    """One sequence's state of one GDN layer (views into a `GDNSlots` slot)."""
+
     conv: Any        # [K-1, 2*Hk*Dk + Hv*Dv]  the last K-1 pre-conv q|k|v inputs, oldest first
     recurrent: Any   # [Hv, Dv, Dk] fp32
 
 
 @dataclass
+class GDNSlots:
+    """One GDN layer's state for every slot; slot i is `slot(i)`."""
+
+    conv: Any        # [slots, K-1, 2*Hk*Dk + Hv*Dv]
+    recurrent: Any   # [slots, Hv, Dv, Dk] fp32
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.conv.shape[0])
+
+    def slot(self, i: int) -> GDNState:
+        return GDNState(conv=self.conv[i], recurrent=self.recurrent[i])
+
+
+@dataclass
 class SequenceState:
-    layers: list[KVCache | GDNState] = field(default_factory=list)
+    layers: list[KVCache | GDNSlots] = field(default_factory=list)
     max_context: int = 0
 
     def nbytes(self) -> int:
@@ -50,6 +69,14 @@ class SequenceState:
             if isinstance(layer, KVCache):
                 total += sum(int(getattr(b, "nbytes", 0)) for b in vars(layer).values())
         return total
+
+    def gdn_slot_bytes(self) -> int:
+        """Bytes of one sequence's GDN state (one slot of every GDN layer)."""
+        return sum((int(layer.conv.nbytes) + int(layer.recurrent.nbytes)) // layer.num_slots
+                   for layer in self.gdn_layers())
+
+    def gdn_layers(self) -> list[GDNSlots]:
+        return [layer for layer in self.layers if isinstance(layer, GDNSlots)]
 
 
 def _kv_cache(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtype) -> KVCache:
@@ -69,16 +96,18 @@ def _kv_cache(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtyp
     raise InvalidRequestError(f"unknown KV cache type {kv_dtype!r} (fp32, bf16 or int8)")
 
 
-def new_state(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtype = "fp32") -> SequenceState:
-    layers: list[KVCache | GDNState] = []
+def new_state(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtype = "fp32",
+              gdn_slots: int = 1) -> SequenceState:
+    """Every layer's cache: KV rows for `max_context` tokens, `gdn_slots` GDN state slots."""
+    layers: list[KVCache | GDNSlots] = []
     for i in range(cfg.num_layers):
         if cfg.is_full_attention(i):
             layers.append(_kv_cache(cfg, max_context, zeros, kv_dtype))
         else:
             kw = cfg.linear_conv_kernel_dim - 1
-            layers.append(GDNState(
-                conv=zeros((kw, cfg.conv_dim)),
-                recurrent=zeros((cfg.linear_num_value_heads, cfg.linear_value_head_dim,
-                                 cfg.linear_key_head_dim)),
+            layers.append(GDNSlots(
+                conv=zeros((gdn_slots, kw, cfg.conv_dim)),
+                recurrent=zeros((gdn_slots, cfg.linear_num_value_heads,
+                                 cfg.linear_value_head_dim, cfg.linear_key_head_dim)),
             ))
     return SequenceState(layers=layers, max_context=max_context)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ninfer_nb import LLM, SamplingParams
+from ninfer_nb.config import DecodeChoices, EngineConfig
 from ninfer_nb.errors import ContextLengthExceededError, InvalidRequestError
 
 
@@ -59,19 +60,20 @@ def test_logits_equal_incremental_decode(llm: LLM) -> None:
     assert res.token_ids[0] == int(np.argmax(full[-1][: llm.tokenizer.vocab_size]))
 
 
-def test_device_argmax_option_keeps_greedy_tokens(llm: LLM, tiny_qwen35_dir: Path) -> None:
-    """EngineConfig.device_argmax: greedy requests without penalties feed
+def test_device_pick_choice_keeps_greedy_tokens(llm: LLM, tiny_qwen35_dir: Path) -> None:
+    """DecodeChoices.device_pick: greedy requests without penalties feed
     Generator.decode_token (on the CPU backend its np.argmax fallback; the CUDA graph's
     pick kernel is tested in test_gpu_model.py), which must give the sampler's tokens;
     sampled requests (no decode graph to sample in on the CPU) and penalised ones keep the
     logits path."""
     fast = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32)  # the default
-    plain = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32, device_argmax=False)
+    plain = LLM(config=EngineConfig(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32,
+                                    show_progress=False, decode=DecodeChoices(device_pick=False)))
     plain_calls = []
-    plain._generator.decode_token = lambda *a, **kw: plain_calls.append(a)  # type: ignore[method-assign]
+    plain.engine.generator.decode_token = lambda *a, **kw: plain_calls.append(a)  # type: ignore[method-assign]
     calls = []
-    decode_token = fast._generator.decode_token
-    fast._generator.decode_token = lambda *a, **kw: (calls.append((a[0], kw["ahead"])), decode_token(*a, **kw))[1]  # type: ignore[method-assign]
+    decode_token = fast.engine.generator.decode_token
+    fast.engine.generator.decode_token = lambda *a, **kw: (calls.append((a[0], kw["ahead"])), decode_token(*a, **kw))[1]  # type: ignore[method-assign]
     assert fast.generate("Hello world", GREEDY).token_ids == plain.generate("Hello world", GREEDY).token_ids
     assert not plain_calls                                              # off: the logits row
     assert len(calls) == GREEDY.max_tokens - 1                          # every token after the first

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ninfer_nb import api
+from ninfer_nb import llm as llm_module
 from ninfer_nb.config import ModelConfig
 from ninfer_nb.engine.cuda_backend import CudaBackend
 from ninfer_nb.errors import UnsupportedModelError
@@ -70,12 +70,12 @@ def test_every_config_limit_is_named() -> None:
 @pytest.fixture
 def deviceless_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """LLM gets a CudaBackend with no device behind it: anything past check_model would fail."""
-    monkeypatch.setattr(api, "create_backend", lambda *a, **k: CudaBackend.__new__(CudaBackend))
+    monkeypatch.setattr(llm_module, "create_backend", lambda *a, **k: CudaBackend.__new__(CudaBackend))
 
 
 def test_llm_refuses_at_load_before_any_weight_goes_up(tiny_qwen35_dir: Path, deviceless_cuda: None) -> None:
     with pytest.raises(UnsupportedModelError, match=DK16):
-        api.LLM(str(tiny_qwen35_dir), device="cuda")
+        llm_module.LLM(str(tiny_qwen35_dir), device="cuda")
 
 
 def test_cli_reports_it_as_one_error_line(tiny_qwen35_dir: Path, deviceless_cuda: None, capsys) -> None:
@@ -89,7 +89,7 @@ def test_cli_reports_it_as_one_error_line(tiny_qwen35_dir: Path, deviceless_cuda
 
 
 def test_server_reports_it_and_does_not_start(tiny_qwen35_dir: Path, deviceless_cuda: None, capsys) -> None:
-    from server.__main__ import main
+    from ninfer_nb.server.__main__ import main
 
     assert main([str(tiny_qwen35_dir), "--device", "cuda", "--port", "0"]) == 2
     err = capsys.readouterr().err

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ninfer_nb import LLM, SamplingParams
+from ninfer_nb.config import DecodeChoices, EngineConfig
 from ninfer_nb.kernels.linear import linear as K_lin
 from ninfer_nb.kernels.linear.gemm_mma import K_ALIGN
 from ninfer_nb.kernels.linear.linear import GEMV_MAX_T
@@ -36,6 +37,12 @@ BF16_SHAPES = {   # head_dim 64: prefill attention takes the GEMM path (head dim
     # the chunked GDN the TF32 prepare kernel (gdn_prepare_mma.py, Dk >= 64 by default)
     "qwen35_d256": ("qwen35", dict(linear_key_head_dim=128, linear_value_head_dim=128, head_dim=256)),
 }
+
+
+def host_pick(path: Path) -> LLM:
+    """The logits-row path: every token sampled on the host (DecodeChoices.device_pick off)."""
+    return LLM(config=EngineConfig(str(path), device="cuda", max_context=128, show_progress=False,
+                                   decode=DecodeChoices(device_pick=False)))
 
 
 def gpu_checkpoint(tiny_checkpoints, name: str) -> Path:
@@ -118,7 +125,7 @@ def test_graph_replay_equals_eager(name: str, tiny_checkpoints) -> None:
     graph = LLM(str(path), device="cuda", max_context=128)
     eager = LLM(str(path), device="cuda", max_context=128, cuda_graphs=False)
     first = graph.generate(ids, p).token_ids
-    assert graph._generator.backend._graph is not None          # the replay path really ran
+    assert graph.engine.generator.backend._graph is not None          # the replay path really ran
     assert first == eager.generate(ids, p).token_ids
     assert graph.generate(ids[:9], p).token_ids == eager.generate(ids[:9], p).token_ids
 
@@ -136,7 +143,7 @@ def test_pdl_decode_graph_logits_equal_plain_graph(name: str, tiny_checkpoints) 
     feed = [int(t) for t in rng.integers(0, 248000, 10)]
     logits, edges = [], []
     for pdl in (True, False):
-        gen = LLM(str(path), device="cuda", max_context=128, pdl=pdl)._generator
+        gen = LLM(str(path), device="cuda", max_context=128, pdl=pdl).engine.generator
         gen.prefill(prompt)
         logits.append(np.stack([gen.decode(t) for t in feed]))      # eager step, capture, replays
         edges.append(gen.backend._graph.edge_counts())
@@ -149,26 +156,26 @@ def test_pdl_decode_graph_logits_equal_plain_graph(name: str, tiny_checkpoints) 
 
 @pytest.mark.parametrize("name", ["qwen35_moe", "llama"])
 def test_device_argmax_decode_equals_host_argmax(name: str, tiny_checkpoints) -> None:
-    """EngineConfig.device_argmax (the default): the decode graph ends with ops.pick_feed (the
+    """DecodeChoices.device_pick (the default): the decode graph ends with ops.pick_feed (the
     argmax at temperature 0) over the valid ids and 4 bytes come back per token. Greedy generation gives the same tokens as the logits-row
     path, and each step's device argmax is np.argmax of that step's logits."""
     path = gpu_checkpoint(tiny_checkpoints, name)
     rng = np.random.default_rng(13)
     prompt = [int(t) for t in rng.integers(0, 248000, 11)]
     p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    plain = LLM(str(path), device="cuda", max_context=128, device_argmax=False)
-    fast = LLM(str(path), device="cuda", max_context=128)                  # device_argmax by default
-    assert fast.backend.argmax_vocab == fast._valid_vocab > 0
+    plain = host_pick(path)
+    fast = LLM(str(path), device="cuda", max_context=128)                  # device_pick by default
+    assert fast.backend.token_pick_vocab == fast.valid_vocab > 0
     assert fast.generate(prompt, p).token_ids == plain.generate(prompt, p).token_ids
-    gen = fast._generator
+    gen = fast.engine.generator
     gen.forget()
     gen.prefill(prompt)
-    feed = [int(t) for t in rng.integers(0, fast._valid_vocab, 6)]
+    feed = [int(t) for t in rng.integers(0, fast.valid_vocab, 6)]
     for t in feed:                                  # eager step, capture, replays
-        top = gen.decode_token(t, fast._valid_vocab)
+        top = gen.decode_token(t, fast.valid_vocab)
         logits = fast.backend.to_host(fast.backend._graph_out[0])[-1] if fast.backend._graph else None
         if logits is not None:
-            assert top == int(np.argmax(logits[: fast._valid_vocab]))
+            assert top == int(np.argmax(logits[: fast.valid_vocab]))
 
 
 @pytest.mark.parametrize("name", ["qwen35_moe", "llama"])
@@ -183,19 +190,19 @@ def test_pipelined_greedy_decode_keeps_a_consistent_state(name: str, tiny_checkp
     prompt = [int(t) for t in rng.integers(0, 248000, 9)]
     p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     fast = LLM(str(path), device="cuda", max_context=128)
-    plain = LLM(str(path), device="cuda", max_context=128, device_argmax=False)
+    plain = host_pick(path)
     base = fast.generate(prompt, p)
     assert base.token_ids == plain.generate(prompt, p).token_ids
-    assert fast._generator.tokens == prompt + base.token_ids[:-1]      # the budget's last token: not fed
+    assert fast.engine.generator.tokens == prompt + base.token_ids[:-1]      # the budget's last token: not fed
     k = max(i for i in range(15) if base.token_ids[i] not in base.token_ids[:i])   # a first occurrence
     assert k >= 2, base.token_ids
     stop = base.token_ids[k]
     cuts = [llm.generate(prompt, p.replace(stop_token_ids=(stop,))) for llm in (fast, plain)]
     for cut in cuts:
         assert cut.finish_reason == "stop" and cut.token_ids == base.token_ids[: k + 1]
-    assert fast._generator.tokens == prompt + base.token_ids[: k + 1]  # the queued step fed the stop token
-    assert plain._generator.tokens == prompt + base.token_ids[:k]
-    plain._generator.decode(stop)                                       # the same state, the ordinary way
+    assert fast.engine.generator.tokens == prompt + base.token_ids[: k + 1]  # the queued step fed the stop token
+    assert plain.engine.generator.tokens == prompt + base.token_ids[:k]
+    plain.engine.generator.decode(stop)                                       # the same state, the ordinary way
     follow = prompt + base.token_ids[: k + 1] + [int(t) for t in rng.integers(0, 248000, 5)]
     got, want = fast.generate(follow, p.replace(max_tokens=8)), plain.generate(follow, p.replace(max_tokens=8))
     assert got.timings.cached_tokens == want.timings.cached_tokens == len(prompt) + k + 1
@@ -211,15 +218,15 @@ def test_device_sampling_is_seeded_and_leaves_greedy_alone(name: str, tiny_check
     rng = np.random.default_rng(19)
     prompt = [int(t) for t in rng.integers(0, 248000, 7)]
     fast = LLM(str(path), device="cuda", max_context=128)
-    plain = LLM(str(path), device="cuda", max_context=128, device_argmax=False)
+    plain = host_pick(path)
     temps = []
-    decode_token = fast._generator.decode_token
-    fast._generator.decode_token = lambda *a, **kw: (temps.append(kw["temperature"]), decode_token(*a, **kw))[1]  # type: ignore[method-assign]
+    decode_token = fast.engine.generator.decode_token
+    fast.engine.generator.decode_token = lambda *a, **kw: (temps.append(kw["temperature"]), decode_token(*a, **kw))[1]  # type: ignore[method-assign]
     p = SamplingParams(max_tokens=24, temperature=1.0, seed=7, ignore_eos=True)
     a, b, c = fast.generate(prompt, p), fast.generate(prompt, p), fast.generate(prompt, p.replace(seed=8))
     assert temps and set(temps) == {1.0} and len(temps) == 3 * 23     # every token after the first
     assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
-    assert all(0 <= t < fast._valid_vocab for t in a.token_ids + c.token_ids)
+    assert all(0 <= t < fast.valid_vocab for t in a.token_ids + c.token_ids)
     g = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     assert fast.generate(prompt, g).token_ids == plain.generate(prompt, g).token_ids
     assert temps[-1] == 0.0
@@ -244,7 +251,7 @@ def test_wide_moe_decode_matches_cpu_with_and_without_pdl(tiny_checkpoints) -> N
     ref = LLM(str(path), device="cpu", max_context=64, prefill_chunk=8, kv_cache="fp32").logits(ids)  # [24, V]
     logits = []
     for pdl in (True, False):
-        gen = LLM(str(path), device="cuda", max_context=64, prefill_chunk=8, pdl=pdl, kv_cache="fp32")._generator
+        gen = LLM(str(path), device="cuda", max_context=64, prefill_chunk=8, pdl=pdl, kv_cache="fp32").engine.generator
         gen.prefill(ids[:8])
         ops, names = gen.backend.ops, []
         go = ops._go

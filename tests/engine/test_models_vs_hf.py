@@ -74,7 +74,7 @@ def test_shared_expert_folds_only_when_as_wide_as_the_experts(tiny_checkpoints) 
     def ffn(name: str) -> MoEWeights:
         kind, kwargs = VARIANTS[name]
         llm = LLM(str(tiny_checkpoints.get(name, kind, **kwargs)), device="cpu", max_context=64)
-        layer = llm._generator.decoder.weights.layers[0].ffn
+        layer = llm.engine.generator.decoder.weights.layers[0].ffn
         assert isinstance(layer, MoEWeights)
         return layer
 

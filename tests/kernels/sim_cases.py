@@ -3,6 +3,7 @@ CudaOps over NumPy arrays vs ops.cpu, tiny shapes, for the simulator-safe kernel
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run through test_simulator.py"
 
@@ -506,8 +507,7 @@ def test_moe_grouped_top2_hot_expert(ops, monkeypatch):
 def _gdr_chunked_case(ops, seed, t, hk, hv, dk, dv, state_kernel="simt", tol=1e-4, prepare_kernel="simt"):
     """state_kernel / prepare_kernel: "simt" (fp32, exact up to rounding) or "mma" (TF32 tensor
     cores: the operands of the products carry 10 mantissa bits, ~5e-4 relative)."""
-    ops.gdn_state = state_kernel
-    ops.gdn_prepare = prepare_kernel
+    ops.choices = replace(ops.choices, gdn_state=state_kernel, gdn_prepare=prepare_kernel)
     rng = np.random.default_rng(seed)
     q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
     g = -np.abs(rnd(rng, t, hv, scale=0.5))                  # log decay per token, < 0
@@ -629,7 +629,7 @@ def _prefill_mma_case(ops, monkeypatch, seed, cache, hq, hkv, d, start, t):
     """Like _prefill_attn_case, through the mma kernel: vs ops.cpu on the exact inputs (bf16
     rounding of Q, K, V, P by design: 2e-2) and on bf16-rounded q, k, v (the kernel's own
     rounding error only: 6e-3)."""
-    monkeypatch.setattr(ops, "prefill_attention", "mma")
+    monkeypatch.setattr(ops, "choices", replace(ops.choices, prefill_attention="mma"))
     rng = np.random.default_rng(seed)
     s = start + t + 3
     q = rnd(rng, t, hq, d)
@@ -671,7 +671,7 @@ def test_prefill_flash_gqa2_d256(ops, monkeypatch):
     exact inputs (bf16 rounding of Q, K, V, P by design) and on bf16-rounded q, k, v (the
     kernel's own error)."""
     monkeypatch.setattr(ops, "arch", (9, 0))
-    assert ops.prefill_attention == "flash"
+    assert ops.choices.prefill_attention == "flash"
     names = []
     go = ops._go
 
@@ -740,9 +740,9 @@ def test_whole_hybrid_model_prefill_chunk_matches_cpu(ops):
     whole MoE model in CI.)"""
     from ninfer_nb.config import ModelConfig
     from ninfer_nb.engine.backend import random_array
+    from ninfer_nb.engine.batch import ForwardBatch
     from ninfer_nb.models.decoder import Decoder
     from ninfer_nb.models.presets import PRESETS, random_weights
-    from ninfer_nb.engine.batch import ForwardBatch
     from ninfer_nb.models.state import new_state
 
     cfg = ModelConfig.from_hf(dict(
@@ -753,8 +753,8 @@ def test_whole_hybrid_model_prefill_chunk_matches_cpu(ops):
     rng = np.random.default_rng(21)
     w = random_weights(cfg, lambda shape, kind: random_array(rng, shape, kind))
     ids = rng.integers(0, cfg.vocab_size, 34)
-    ops.gdn_state = "simt"       # the TF32 state pass has its own case (simulated mma: CI time)
-    ops.gdn_prepare = "simt"     # so has the TF32 prepare kernel
+    # the TF32 state pass and prepare kernel have their own cases (simulated mma: CI time)
+    ops.choices = replace(ops.choices, gdn_state="simt", gdn_prepare="simt")
     pos = np.arange(34)
     cpu_state = new_state(cfg, 64, np.zeros)
     Decoder(cfg, w).forward(cpu, ForwardBatch.single(ids[:17], pos[:17]), cpu_state)   # first chunk: CPU

@@ -3,12 +3,16 @@
     llm = LLM()                                   # default model: SmolLM2-135M-Instruct
     print(llm.chat([{"role": "user", "content": "Hi"}]).content)
 
-`LLM` owns one model on one backend and one cached sequence (prefix reuse across calls). It
-is not thread-safe: one thread calls it (front-ends use `engine.worker.EngineWorker`).
-Text handling (templates, detokenizing, reasoning / tool-call parsing) comes from `chat/`.
+`LLM` owns one model on one backend and an `LLMEngine` (engine/llm_engine.py) that runs the
+token loop in requests and steps, with prefix reuse across calls. This module is the text edge:
+prompts to ids, ids back to text, stop strings (which finish the request through the engine),
+chat templates and parsing (from `chat/`). It is not thread-safe: one thread calls it
+(front-ends use `engine.worker.EngineWorker`).
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,19 +24,21 @@ from .chat import (ChatDelta, ChatStreamParser, IncrementalDetokenizer, ToolCall
                    prompt_opens_reasoning)
 from .config import KV_CACHE_KINDS, EngineConfig
 from .engine.backend import create_backend
-from .engine.generator import Generator
-from .engine.sampler import Sampler
+from .ops.kernel_choices import KernelChoices
+from .engine.llm_engine import LLMEngine
+from .engine.request import Request, RequestOutput, RequestStatus
 from .errors import ContextLengthExceededError, InvalidRequestError
 from .models import Decoder, build_weights
 from .models.loader import load_checkpoint
+from .models.state import KVDtype
 from .models.presets import preset_config
-
-RANDOM_PREFIX = "random:"
-from .outputs import GenerationResult, StreamEvent, Timings
+from .outputs import FinishReason, GenerationResult, StreamEvent, Timings
 from .params import SamplingParams
 from .stops import StopStringMatcher
 
 __all__ = ["LLM", "SamplingParams", "ChatResult"]
+
+RANDOM_PREFIX = "random:"
 
 
 @dataclass
@@ -47,15 +53,14 @@ class ChatResult:
 class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
-                 kv_cache: str = "auto", show_progress: bool = False, prefill_gemm: str = "auto",
-                 prefill_attention: str = "flash", pdl: bool = True, device_argmax: bool = True,
-                 decode_ahead: bool = True, config: EngineConfig | None = None) -> None:
+                 kv_cache: str = "auto", show_progress: bool = False,
+                 config: EngineConfig | None = None) -> None:
+        """`config` replaces every other argument (bench and tests pass kernel / decode choices
+        through it)."""
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
                                      cuda_graphs=cuda_graphs, kv_cache=kv_cache,
-                                     show_progress=show_progress, prefill_gemm=prefill_gemm,
-                                     prefill_attention=prefill_attention, pdl=pdl, device_argmax=device_argmax,
-                                     decode_ahead=decode_ahead)
+                                     show_progress=show_progress)
         if cfg.kv_cache not in KV_CACHE_KINDS:
             raise InvalidRequestError(f"kv_cache must be auto, fp32, bf16 or int8, got {cfg.kv_cache!r}")
         if cfg.max_context < 2:
@@ -65,13 +70,13 @@ class LLM:
             raise InvalidRequestError(f"prefill_gemm must be auto, mma or wgmma, got {cfg.prefill_gemm!r}")
         if cfg.prefill_attention not in ("flash", "gemm", "simt", "mma"):
             raise InvalidRequestError(f"prefill_attention must be flash, gemm, simt or mma, got {cfg.prefill_attention!r}")
-        self.backend = create_backend(cfg.device, prefill_gemm=cfg.prefill_gemm,
-                                      prefill_attention=cfg.prefill_attention, pdl=cfg.pdl)
+        self.backend = create_backend(cfg.device, choices=KernelChoices(
+            prefill_gemm=cfg.prefill_gemm, prefill_attention=cfg.prefill_attention, pdl=cfg.pdl))
         if cfg.model is not None and cfg.model.startswith(RANDOM_PREFIX):
             # Benchmark shapes with random weights built on the device; token ids only.
             preset = cfg.model[len(RANDOM_PREFIX):]
             self.model_config = preset_config(preset)
-            self.tokenizer = None  # type: ignore[assignment]
+            self.tokenizer: Any = None
             self.model_id = self.source = cfg.model
             self.backend.check_model(self.model_config)
             weights = self.backend.random_weights(self.model_config, seed=cfg.seed or 0)
@@ -88,18 +93,24 @@ class LLM:
             del ckpt
         self.max_context = min(cfg.max_context, max(self.model_config.max_position_embeddings, 2))
         self.kv_cache = cfg.kv_cache if cfg.kv_cache != "auto" else self.backend.default_kv_cache
-        self._generator = Generator(self.model_config, Decoder(self.model_config, weights),
-                                    self.backend, self.max_context, cfg.prefill_chunk,
-                                    use_graphs=cfg.cuda_graphs, kv_dtype=self.kv_cache)  # type: ignore[arg-type]
         self.device_name = self.backend.device_name
         # Ids the sampler may produce: the tokenizer's, never the LM head's padding rows.
         tok_vocab = self.tokenizer.vocab_size if self.tokenizer else self.model_config.vocab_size
-        self._valid_vocab = min(self.model_config.vocab_size, tok_vocab)
-        if cfg.device_argmax and hasattr(self.backend, "argmax_vocab"):
-            self.backend.argmax_vocab = self._valid_vocab                # before the first decode step
         tok_eos = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
         stop_ids = tok_eos | set(self.model_config.eos_token_ids)
-        self._eos_ids = frozenset(i for i in stop_ids if i is not None)
+        self.engine = LLMEngine(
+            self.model_config, Decoder(self.model_config, weights), self.backend,
+            max_context=self.max_context, prefill_chunk=cfg.prefill_chunk,
+            valid_vocab=min(self.model_config.vocab_size, tok_vocab),
+            eos_ids=frozenset(i for i in stop_ids if i is not None), use_graphs=cfg.cuda_graphs,
+            kv_dtype=_kv_dtype(self.kv_cache), seed=cfg.seed, decode=cfg.decode)
+        self._request_ids = itertools.count()
+        self._outputs: dict[str, collections.deque[RequestOutput]] = {}   # per request, not yet read
+
+    @property
+    def valid_vocab(self) -> int:
+        """Ids the model may generate (the tokenizer's vocabulary, not the LM head's padding)."""
+        return self.engine.valid_vocab
 
     # --- chat text ---------------------------------------------------------------------
     def _thinking(self, enable_thinking: bool | None) -> bool:
@@ -145,7 +156,9 @@ class LLM:
         params = (params or SamplingParams()).validate()
         t0 = time.perf_counter()
         ids = self._prompt_ids(prompt)
-        return self._stream(ids, params, cancel, t0, self._turn_start(ids))
+        request = Request(f"req-{next(self._request_ids)}", ids, params, turn_start=self._turn_start(ids),
+                          cancel=cancel or threading.Event(), arrival_time=t0)
+        return self._stream(request)
 
     def _turn_start(self, ids: list[int]) -> int | None:
         """Where the last chat turn starts (the last <|im_start|>): the next turn of the same
@@ -158,68 +171,47 @@ class LLM:
                 return i
         return None
 
-    def _stream(self, ids: list[int], params: SamplingParams, cancel: threading.Event | None,
-                t0: float, snapshot_at: int | None = None) -> Iterator[StreamEvent]:
-        gen = self._generator
-        timings = Timings(prompt_tokens=len(ids))
-        sampler = Sampler(params, self._valid_vocab, seed=self.engine_config.seed)
+    def _stream(self, request: Request) -> Iterator[StreamEvent]:
+        """Step the engine until `request` finishes; its tokens become text here (detokenizer,
+        stop strings: a stop string finishes the request through the engine)."""
+        engine, rid = self.engine, request.request_id
         detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
-        stops = StopStringMatcher(params.stop)
-        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._eos_ids))
-        budget = min(params.max_tokens, self.max_context - len(ids))
+        stops = StopStringMatcher(request.params.stop)
+        engine.add_request(request)             # on the first next(): an unread stream queues nothing
+        self._outputs[rid] = collections.deque()
+        finish: FinishReason | None = None
+        timings: Timings | None = None
         try:
-            logits, timings.cached_tokens = gen.prefill(ids, snapshot_at)
-        except BaseException:
-            gen.forget()
-            raise
-        t_first = time.perf_counter()
-        timings.prefill_s = t_first - t0
-        finish = "length"
-        n = 0
-        # greedy, or temperature alone, without penalties: the next token is picked on the device
-        # (Generator.decode_token: argmax / Gumbel-max); else the host samples the logits row
-        pick = sampler.device_pick() if self.engine_config.device_argmax else None
-        if pick is not None and pick[0] > 0.0 and not gen.picks_on_device(self._valid_vocab):
-            pick = None                          # no decode graph (CPU): the host samples
-        ahead = self.engine_config.decode_ahead
-        nxt: int | None = None
-        try:
-            while True:
-                token = sampler.sample(logits) if nxt is None else nxt
-                n += 1
-                if n == 1:                    # decode time runs from the first token on
-                    t_first = time.perf_counter()
-                    timings.ttft_s = t_first - t0
-                sampler.observe(token)
-                if token in stop_ids:
-                    finish = "stop"
-                    yield StreamEvent(token_id=token, text="")
-                    break
-                text = stops.push(detok.push(token)) if detok else ""
-                yield StreamEvent(token_id=token, text=text)
-                if stops.stopped:
-                    finish = "stop"
-                    break
-                if n >= budget:
-                    break
-                if cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                    break
-                if pick is not None:   # the step after the next token queued too, unless that token is the last
-                    nxt = gen.decode_token(token, self._valid_vocab, ahead=ahead and n + 1 < budget,
-                                           temperature=pick[0], seed=pick[1], offset=n)
-                else:
-                    logits = gen.decode(token)
-        except GeneratorExit:
-            raise
-        except BaseException:
-            gen.forget()
-            raise
+            while finish is None:
+                out = self._next_output(rid)
+                for i, token in enumerate(out.new_token_ids):
+                    if out.finish_reason == "stop" and i == len(out.new_token_ids) - 1:
+                        yield StreamEvent(token_id=token, text="")        # the stop token: no text
+                        continue
+                    yield StreamEvent(token_id=token, text=stops.push(detok.push(token)) if detok else "")
+                    if stops.stopped:
+                        final = engine.finish(rid, RequestStatus.FINISHED_STOPPED)
+                        finish, timings = "stop", (final or out).timings
+                        break
+                if finish is None and out.finished:
+                    finish, timings = out.finish_reason, out.timings
+        finally:
+            self._outputs.pop(rid, None)
+            if not request.finished:            # the caller closed the stream early
+                engine.abort(rid)
         tail = "" if stops.stopped or detok is None else stops.push(detok.flush()) + stops.flush()
-        timings.completion_tokens = n
-        timings.decode_s = time.perf_counter() - t_first if n > 1 else 0.0
-        yield StreamEvent(token_id=None, text=tail, finished=True, finish_reason=finish,  # type: ignore[arg-type]
-                          timings=timings)
+        yield StreamEvent(token_id=None, text=tail, finished=True, finish_reason=finish, timings=timings)
+
+    def _next_output(self, request_id: str) -> RequestOutput:
+        """The next engine output for this request, stepping the engine as needed (outputs of
+        other requests are kept for their own streams)."""
+        queue = self._outputs[request_id]
+        while not queue:
+            if not self.engine.has_unfinished_requests():
+                raise RuntimeError(f"{request_id}: the engine finished it without a final output")
+            for out in self.engine.step():
+                self._outputs.setdefault(out.request_id, collections.deque()).append(out)
+        return queue.popleft()
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> GenerationResult:
         ids = self._prompt_ids(prompt)                      # encoded once, reported back below
@@ -289,13 +281,13 @@ class LLM:
         ids = [int(t) for t in token_ids]
         if not ids:
             raise InvalidRequestError("token_ids is empty")
-        return np.asarray(self._generator.logits_all(ids), dtype=np.float32)
+        return np.asarray(self.engine.logits_all(ids), dtype=np.float32)
 
     def stats(self) -> dict[str, Any]:
         used, total = self.backend.memory_info()
-        state = self._generator.state
+        state = self.engine.generator.state
         kv_total = state.kv_bytes()
-        ctx = len(self._generator.tokens)
+        ctx = self.engine.context_tokens
         return {
             "context_tokens": ctx,
             "max_context": self.max_context,
@@ -309,3 +301,12 @@ class LLM:
             "model_id": self.model_id,
             "architecture": self.model_config.architecture,
         }
+
+
+_KV_DTYPES: dict[str, KVDtype] = {"fp32": "fp32", "bf16": "bf16", "int8": "int8"}
+
+
+def _kv_dtype(kind: str) -> KVDtype:
+    if kind not in _KV_DTYPES:
+        raise InvalidRequestError(f"kv_cache must be auto, fp32, bf16 or int8, got {kind!r}")
+    return _KV_DTYPES[kind]
