@@ -7,6 +7,7 @@ bf16-rounded values (so the tolerance measures the kernel, not the rounding).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -294,12 +295,12 @@ def _best_time(env, fn, reps=3, graph=False):
 
 @contextlib.contextmanager
 def _prefill_kind(ops, kind):
-    saved = ops.prefill_attention
-    ops.prefill_attention = kind
+    saved = ops.choices
+    ops.choices = replace(saved, prefill_attention=kind)
     try:
         yield
     finally:
-        ops.prefill_attention = saved
+        ops.choices = saved
 
 
 def _attn_case(env, rng, cdtype, s, hq, hkv, d, start, t, kind="gemm"):
@@ -348,7 +349,7 @@ def test_attention_decode_splits(env, rng, cdtype, hq, hkv, start, t, monkeypatc
     from ninfer_nb.kernels.attention import attention as K_attn
 
     ops = env.fresh()
-    monkeypatch.setattr(ops, "decode_attention", "simt")
+    monkeypatch.setattr(ops, "choices", replace(ops.choices, decode_attention="simt"))
     s, d = 8192, 256
     pos = np.arange(start, start + t, dtype=np.int32)
     q = rnd(rng, t, hq, d)
@@ -393,7 +394,7 @@ def test_attention_decode_mma(env, rng, hq, hkv, start, t, monkeypatch):
     times = {}
     for name, caches, kind in (("mma", (kc, vc), "auto"), ("simt bf16", (kc, vc), "simt"),
                                ("simt fp32", (kf, vf), "auto")):
-        monkeypatch.setattr(ops, "decode_attention", kind)
+        monkeypatch.setattr(ops, "choices", replace(ops.choices, decode_attention=kind))
         args = (env.up(q), env.up(caches[0]), env.up(caches[1]), env.up(pos), d ** -0.5)
         times[name], o = _best_time(env, lambda: ops.attention(*args), reps=5, graph=True)
         if name != "simt fp32":
@@ -445,7 +446,7 @@ def test_attention_decode_64k(env, rng, hq, hkv, monkeypatch):
     times["mma"], o = _best_time(env, lambda: ops.attention(*args), reps=3, graph=True)
     _check_attention(env.host(o), q, kc.astype(np.float32), vc.astype(np.float32), pos, d ** -0.5, "decode_mma")
     assert "attn_split_mma_d256_kernel" in launched
-    monkeypatch.setattr(ops, "decode_attention", "simt")
+    monkeypatch.setattr(ops, "choices", replace(ops.choices, decode_attention="simt"))
     for waves in (1, 2, 4, 8):
         monkeypatch.setattr(K_attn, "SPLIT_WAVES", waves)
         times[f"SIMT {waves} waves"], o = _best_time(env, lambda: ops.attention(*args), reps=3, graph=True)
@@ -513,8 +514,8 @@ def test_gated_delta_rule(env, rng, t, hk, hv, dk, dv, kind):
     """The recurrent kernel, and the chunked pair with either state pass (T <= 16 and Dk > 128
     fall back to the recurrent kernel), vs the recurrent NumPy reference."""
     ops = env.fresh()
-    ops.gdn_state = "mma" if kind == "mma" else "simt"
-    ops.gdn_prepare = ops.gdn_state                          # both TF32, or both fp32
+    both = "mma" if kind == "mma" else "simt"                # both TF32, or both fp32
+    ops.choices = replace(ops.choices, gdn_state=both, gdn_prepare=both)
     q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
     g = -np.abs(rnd(rng, t, hv, scale=0.5))
     beta = 1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))
@@ -911,8 +912,7 @@ def test_gated_delta_rule_chunked_model_dims(env, rng, t, hk, hv, state_kernel):
     NumPy reference: outputs and final state (errors printed with -s)."""
     dk = dv = 128
     ops = env.fresh()
-    ops.gdn_state = state_kernel
-    ops.gdn_prepare = state_kernel                           # both TF32, or both fp32
+    ops.choices = replace(ops.choices, gdn_state=state_kernel, gdn_prepare=state_kernel)   # both TF32, or both fp32
     q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
     g = -np.abs(rnd(rng, t, hv, scale=0.5))
     beta = (1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32)
@@ -942,8 +942,7 @@ def test_gated_delta_rule_chunked_vs_recurrent_timing(env, rng):
     times = {}
     res = {}
     for name in ("recurrent", "simt", "mma"):
-        ops.gdn_state = name
-        ops.gdn_prepare = "simt" if name == "simt" else "mma"
+        ops.choices = replace(ops.choices, gdn_state=name, gdn_prepare="simt" if name == "simt" else "mma")
         fn = ops.gated_delta_rule if name == "recurrent" else ops.gated_delta_rule_chunked
         ST = env.up(st)
         o = fn(q, k, v, g, beta, ST)                       # warm-up (compiles)
@@ -1015,7 +1014,7 @@ def test_attention_prefill_mma_qwen27b(env, rng, cdtype, monkeypatch):
     times = {}
     outs = {}
     for name in ("simt", "mma", "gemm"):
-        monkeypatch.setattr(ops, "prefill_attention", name)
+        monkeypatch.setattr(ops, "choices", replace(ops.choices, prefill_attention=name))
         times[name], o = _best_time(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
         outs[name] = env.host(o)
     print(f"\nprefill attention T={t} at {start}, Hq={hq} Hkv={hkv} D={d} ({np.dtype(cdtype).name} cache): "
@@ -1040,7 +1039,7 @@ def test_attention_prefill_mma_timing_8k(env, rng, hq, hkv, monkeypatch):
     outs = {}
     launched = _launched(ops, monkeypatch)
     for name in ("simt", "mma", "gemm", "flash"):
-        monkeypatch.setattr(ops, "prefill_attention", name)
+        monkeypatch.setattr(ops, "choices", replace(ops.choices, prefill_attention=name))
         times[name], o = _best_time(env, lambda: ops.attention(Q, KC, VC, P, d ** -0.5))
         outs[name] = env.host(o)
     assert "flash_attn_kernel" in launched, set(launched)
@@ -1221,7 +1220,7 @@ def test_gdn_prepare_mma_27b(env, rng, t):
         close(a, b, TOL_TF32)
     times = {kind: _best_time(env, lambda kind=kind: prepare(kind), graph=True)[0] for kind in ("simt", "mma")}
 
-    ops.gdn_state = ops.gdn_prepare = "mma"
+    ops.choices = replace(ops.choices, gdn_state="mma", gdn_prepare="mma")
     st = rnd(rng, hv, dv, dk, scale=0.1)
     ST = env.up(st)
     o = env.host(ops.gated_delta_rule_chunked(Q, K, V, G, B, ST))
@@ -1245,8 +1244,7 @@ def test_gdn_prepare_mma_ragged(env, rng, t, hk, hv, dk, dv):
     st = rnd(rng, hv, dv, dk, scale=0.1)
     res = {}
     for prep in ("simt", "mma"):
-        ops.gdn_state = "simt"
-        ops.gdn_prepare = prep
+        ops.choices = replace(ops.choices, gdn_state="simt", gdn_prepare=prep)
         ST = env.up(st)
         res[prep] = (env.host(ops.gated_delta_rule_chunked(env.up(q), env.up(k), env.up(v), env.up(g), env.up(beta),
                                                            ST)), env.host(ST))

@@ -13,6 +13,7 @@ class SimStream:
     """Stand-in for runtime.stream.Stream under the CUDA simulator."""
 
     numba = 0
+    cu = None
 
     def synchronize(self) -> None:
         pass

@@ -103,14 +103,14 @@ class AttentionOps(LinearOps):
         else:
             hkv = k_cache.shape[1]                                       # block: 64 (token, q head)
             grid = ((t * (hq // hkv) + K_attn.PRE_BM - 1) // K_attn.PRE_BM, hkv)  # rows of 1 kv head
-            if self.prefill_attention == "flash" and K_fa.supported(d, self.arch) and t > K_lin.GEMV_MAX_T:
+            if self.choices.prefill_attention == "flash" and K_fa.supported(d, self.arch) and t > K_lin.GEMV_MAX_T:
                 self._attention_flash(q, k_cache, v_cache, ks, vs, positions, scale, out)
                 return out
-            if (self.prefill_attention in ("gemm", "flash") and not SIM and d % K_mma.K_ALIGN == 0
+            if (self.choices.prefill_attention in ("gemm", "flash") and not SIM and d % K_mma.K_ALIGN == 0
                     and t > K_lin.GEMV_MAX_T):                           # as the linear layers: T <= 16 stays fp32
                 self._attention_gemm(q, k_cache, v_cache, ks, vs, positions, scale, out)
                 return out
-            if self.prefill_attention == "mma" and K_attn.mma_supported(d):  # tensor cores, bf16 Q/K/V/P
+            if self.choices.prefill_attention == "mma" and K_attn.mma_supported(d):  # tensor cores, bf16 Q/K/V/P
                 kern, threads = K_attn.attn_prefill_mma_kernel, K_attn.MMA_THREADS
             else:                                                        # SIMT, fp32 throughout
                 kern, threads = K_attn.attn_prefill_kernel, K_attn.PRE_THREADS
@@ -128,7 +128,7 @@ class AttentionOps(LinearOps):
         t, hq, d = q.shape
         hkv = k_cache.shape[1]
         tensor_cores = SIM or (self.arch is not None and self.arch >= (8, 0))
-        if (self.decode_attention == "auto" and tensor_cores and k_cache.dtype == bfloat16
+        if (self.choices.decode_attention == "auto" and tensor_cores and k_cache.dtype == bfloat16
                 and K_adm.supported(d, hq // hkv)
                 and _ptr(q) % 16 == 0 and _ptr(k_cache) % 16 == 0 and _ptr(v_cache) % 16 == 0):
             n_split = K_attn.decode_splits(k_cache.shape[0], hkv * t, K_adm.SPLIT_BLOCKS_PER_SM * self.sm_count)

@@ -123,9 +123,9 @@ class GdnOps(NormOps):
         """Same contract as gated_delta_rule, chunked WY form (kernels/gdn/gdn_chunked.py, fixed chunk
         K_gdc.C = 64; `chunk` is accepted for parity with ops.cpu). T <= 16 or Dk > 128: the
         recurrent kernel. The sequential state pass runs on TF32 tensor cores
-        (kernels/gdn/gdn_chunked_mma.py) for Dk % 16 == 0 unless self.gdn_state == "simt"; the
+        (kernels/gdn/gdn_chunked_mma.py) for Dk % 16 == 0 unless self.choices.gdn_state == "simt"; the
         prepare kernel too (kernels/gdn/gdn_prepare_mma.py: Dk % 16 == 0, Dv % 4 == 0, 16-byte
-        aligned q / k / v) unless self.gdn_prepare == "simt"."""
+        aligned q / k / v) unless self.choices.gdn_prepare == "simt"."""
         t, hv, dv = v.shape
         hk, dk = k.shape[1], k.shape[2]
         if t <= K_gdc.RECURRENT_MAX_T or not K_gdc.supported(dk, dv):
@@ -139,7 +139,8 @@ class GdnOps(NormOps):
             ub = self.empty((hv, t, dv))   # [Hv, T, Dv]  U  = T (beta v)
             ks = self.empty((hv, t))       # [Hv, T]      |k|^-1 e^(gam_last - gam)
             ec = self.empty((hv, nc))      # [Hv, nc]     e^gam_last per chunk
-            mma = self.gdn_prepare == "mma" or (self.gdn_prepare == "auto" and dk >= GDN_PREPARE_MMA_MIN_DK)
+            prepare = self.choices.gdn_prepare
+            mma = prepare == "mma" or (prepare == "auto" and dk >= GDN_PREPARE_MMA_MIN_DK)
             if (mma and K_gdp.supported(dk, dv)
                     and _ptr(q) % 16 == 0 and _ptr(k) % 16 == 0 and _ptr(v) % 16 == 0):
                 self._go(K_gdp.gdc_prepare_mma_kernel, (nc, hk), K_gdp.THREADS, q, k, v, g, beta, wb, qb, ub,
@@ -147,7 +148,7 @@ class GdnOps(NormOps):
             else:
                 self._go(K_gdc.gdc_prepare_kernel, (nc, hk), K_gdc.PREP_THREADS, q, k, v, g, beta, wb, qb, ub,
                          ks, ec, out)
-            if self.gdn_state == "mma" and K_gdm.supported(dk, dv):
+            if self.choices.gdn_state == "mma" and K_gdm.supported(dk, dv):
                 self._go(K_gdm.gdc_state_mma_kernel, K_gdm.grid(hv, dv), K_gdm.THREADS,
                          k, wb, qb, ub, ks, ec, state, out)
             else:

@@ -13,11 +13,11 @@ from typing import Any, Iterator
 import numpy as np
 from numba import config
 
+from ninfer_nb.ops.kernel_choices import KernelChoices
 from ninfer_nb.runtime.launch import Launcher, NotDeviceArgs
 from ninfer_nb.runtime.tensor import Tensor, bfloat16
 
 SIM = bool(config.ENABLE_CUDASIM)
-ATTENTION_KINDS = ("flash", "gemm", "simt", "mma")    # prefill attention kernels (CudaOps docstring)
 # Opt-in kernels (name: what), off until a GPU run shows they win, or earlier builds kept for
 # A/B runs (bench --experimental NAME; an unknown name lists them). Promoted after the
 # H200 run of 2026-11-29 (fifth session): the one-launch decode router
@@ -95,33 +95,23 @@ def _need(cond: bool, msg: str) -> None:
 
 class CudaOpsBase:
     def __init__(self, scratch: Any, stream: Any, persistent: Any = None,
-                 arch: tuple[int, int] | None = None, sm_count: int = 132, prefill_gemm: str = "auto",
-                 prefill_attention: str = "flash") -> None:
+                 arch: tuple[int, int] | None = None, sm_count: int = 132,
+                 choices: KernelChoices | None = None) -> None:
         """arch: the device's compute capability; sm_count: its multiprocessors (sizes the
-        decode attention split grid); prefill_gemm: auto (wgmma on cc 9.0, else
-        mma.sync), mma, or wgmma (cc 9.0 only); prefill_attention: flash (mma.sync flash
-        kernel with ldmatrix / cp.async, kernels/attention/attention_flash.py: head dim 256 on cc >= 8.0,
-        else as gemm), gemm (S and P through the tensor-core GEMMs, bf16 Q/K/V/P; head dims
-        % 64, else simt), simt (fp32 flash kernel on CUDA cores) or mma (the first mma.sync
-        flash kernel, kernels/attention/attention.py; measured slower than simt on the H200)."""
-        _need(prefill_gemm in ("auto", "mma", "wgmma"), f"prefill_gemm: {prefill_gemm!r}")
-        _need(prefill_attention in ATTENTION_KINDS, f"prefill_attention: {prefill_attention!r}")
-        self.prefill_attention = prefill_attention
+        decode attention split grid); choices: the kernels of the A/B-able ops (the defaults)."""
+        choices = choices or KernelChoices()
         self.arch = None if arch is None else tuple(arch)
         self.sm_count = sm_count
-        hopper = arch is not None and tuple(arch) == (9, 0)
-        _need(prefill_gemm != "wgmma" or hopper, f"prefill_gemm=wgmma needs a cc 9.0 GPU (this is {arch})")
+        self.hopper = self.arch == (9, 0)
+        _need(choices.prefill_gemm != "wgmma" or self.hopper,
+              f"prefill_gemm=wgmma needs a cc 9.0 GPU (this is {arch})")
+        self.choices = choices
+        self.use_wgmma = self.hopper and choices.prefill_gemm != "mma"   # prefill GEMMs: wgmma, else mma.sync
         self.scratch = scratch
         self.stream = stream
         self.persistent = persistent
-        self.use_wgmma = hopper and prefill_gemm != "mma"
-        # Names from EXPERIMENTAL turned on (kernels not yet validated on a GPU); bench
-        # --experimental.
+        # Names from EXPERIMENTAL turned on (bench --experimental).
         self.experimental: frozenset[str] = frozenset()
-        # Decode attention: "auto" (tensor cores on bf16 caches where the shape allows,
-        # kernels/attention/attention_decode_mma.py; else the per-q-head SIMT split kernel) or "simt"
-        # (always the SIMT kernel: A/B runs, bench --decode-attention simt).
-        self.decode_attention = "auto"
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
         self._launchers: dict[str, Launcher] = {}                     # kernel name -> direct launcher
         self._cluster_ok: dict[tuple[str, int], bool] = {}           # (kernel, cluster size) -> launchable
@@ -131,13 +121,6 @@ class CudaOpsBase:
         # attribute. `_after_kernel` is False after a memset or copy, which keep plain order.
         self._pdl = False
         self._after_kernel = False
-        # Chunked GDN state passing: "mma" (TF32 tensor cores, kernels/gdn/gdn_chunked_mma.py) where
-        # the key head dim allows it, else "simt" (fp32 FMAs, gdn_chunked.gdc_state_kernel).
-        self.gdn_state = "mma"
-        # Its chunk-parallel prepare kernel: "mma" (TF32 tile products, kernels/gdn/gdn_prepare_mma.py)
-        # where the head dims and alignment allow it, "simt" (fp32, gdn_chunked.gdc_prepare_kernel),
-        # or "auto": mma from GDN_PREPARE_MMA_MIN_DK up, simt below.
-        self.gdn_prepare = "auto"
 
     # --- buffers ---------------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float32) -> Any:
