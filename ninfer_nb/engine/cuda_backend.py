@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..models.weights import ModelWeights, map_arrays
+from ..ops.kernel_choices import KernelChoices
 from .backends.base import ARGMAX, Forward, Pick
 
 # Share of the free device memory taken at start, and the part of it kept for per-step scratch.
@@ -60,7 +61,7 @@ class CudaBackend:
     default_kv_cache = "bf16"
 
     def __init__(self, index: int = 0, *, arena_bytes: int | None = None,
-                 prefill_gemm: str = "auto", prefill_attention: str = "flash", pdl: bool = True) -> None:
+                 choices: KernelChoices | None = None) -> None:
         from ..ops.cuda import CudaOps
         from ..runtime import device as dev
         from ..runtime.arena import DeviceArena
@@ -79,9 +80,8 @@ class CudaBackend:
         self.scratch = self.arena.carve(min(int(size * SCRATCH_FRACTION), SCRATCH_MAX))
         self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena,
                            arch=info.compute_capability, sm_count=info.multiprocessors,
-                           prefill_gemm=prefill_gemm,
-                           prefill_attention=prefill_attention)
-        self.pdl = pdl                  # decode graph with programmatic dependent launch (cc >= 9.0)
+                           choices=choices)
+        self.pdl = self.ops.choices.pdl   # decode graph with programmatic dependent launch (cc >= 9.0)
         self._inputs: tuple[Any, Any] | None = None
         self._graph: Any = None
         self._graph_out: tuple[Any, Any] = (None, None)   # the captured step's (logits, argmax)
