@@ -1,5 +1,6 @@
 """`HttpClient`: talks to a running ninfer-serve (or any OpenAI-compatible server) with
-httpx: streams /v1/chat/completions (stream=true), reads /v1/models and /metrics.
+httpx: streams /v1/chat/completions (stream=true; events split by httpx-sse), reads /v1/models
+and /metrics.
 
 Transport failures become one-line messages ("cannot reach ..."); nothing here raises into
 the UI except `ClientError` from `start()`. Knows nothing about Textual.
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from .client import ClientError
 from .events import (
@@ -27,7 +29,7 @@ from .events import (
 from .prom import parse_metrics, stats_from_metrics
 from .rate import RateMeter
 from .settings import ChatSettings
-from .sse import ChunkReader, data_payload
+from .sse import ChunkReader
 from .sysmon import RemoteProbe, SystemProbe
 from .turn import Turn
 
@@ -105,13 +107,15 @@ class HttpClient:
         api_key: str | None = None,
         model: str | None = None,
         connect_timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        """`transport` replaces the network (tests: httpx.MockTransport)."""
         self.url = url.rstrip("/")
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # reads may stall for a long prefill; only connecting is bounded tightly
         timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=30.0, pool=30.0)
-        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
         self.info: ModelInfo | None = None
 
     @property
@@ -174,15 +178,15 @@ class HttpClient:
         reader = ChunkReader()
         meter = RateMeter()
         clock = _Clock(time.monotonic())
-        async with self._http.stream(
-            "POST", "/v1/chat/completions", json=self._body(messages, settings)
-        ) as resp:
-            if resp.status_code != 200:
-                yield Failed(_error_body(resp.status_code, await resp.aread()))
+        async with aconnect_sse(
+            self._http, "POST", "/v1/chat/completions", json=self._body(messages, settings)
+        ) as source:
+            if source.response.status_code != 200:
+                yield Failed(_error_body(source.response.status_code, await source.response.aread()))
                 return
-            async for line in resp.aiter_lines():
-                payload = data_payload(line)
-                if payload is None:
+            async for sse in source.aiter_sse():
+                payload = sse.data.strip()
+                if not payload:
                     continue
                 before = reader.chunks
                 for ev in reader.feed(payload):

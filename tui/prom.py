@@ -1,39 +1,37 @@
 """A lenient reader for Prometheus text exposition (a server's /metrics), and the mapping
 from the ninfer/vLLM metric names to `EngineStats`.
 
-Malformed lines are skipped, never raised on: a monitor must keep working against servers
-that export a little more or less than expected. Metric names are matched by their suffix
-after the namespace (`ninfer:`, `ninfer_`, `vllm:` ...), so renames of the prefix don't matter.
+Each sample line is parsed by `prometheus_client.parser`; a malformed line is skipped, never
+raised on: a monitor must keep working against servers that export a little more or less than
+expected. Metric names are matched by their suffix after the namespace (`ninfer:`, `ninfer_`,
+`vllm:` ...), so renames of the prefix don't matter.
 """
 from __future__ import annotations
 
 import math
-import re
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from .events import EngineStats
-
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?\s*$")
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
 def parse_metrics(text: str) -> Samples:
-    """name -> [(labels, value)], in file order. Unparseable lines are ignored."""
+    """name -> [(labels, value)], in file order. Comments and unparseable lines are ignored.
+    Lines are parsed one at a time so that one bad line costs only itself."""
     out: Samples = {}
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
         try:
-            value = float(m.group(3))
-        except ValueError:
+            families = list(text_string_to_metric_families(line + "\n"))
+        except (ValueError, IndexError):    # what the parser raises on malformed text
             continue
-        labels = dict(_LABEL.findall(m.group(2) or ""))
-        out.setdefault(m.group(1), []).append((labels, value))
+        for family in families:
+            for sample in family.samples:
+                out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
     return out
 
 

@@ -1,9 +1,9 @@
-"""Turn an OpenAI-compatible chat-completions SSE stream into `tui.events`.
+"""Turn an OpenAI-compatible chat-completions stream's JSON chunks into `tui.events`.
 
-`SseDecoder` splits text into `data:` payloads; `ChunkReader` maps each JSON chunk to
-events and remembers usage/timings so the final `Done` can carry them. Lenient by design:
-unknown fields are ignored, timings may arrive in `usage`, `timings` or neither.
-Knows nothing about sockets; the HTTP client feeds it lines.
+`ChunkReader` maps each chunk (an SSE event's data, split from the byte stream by httpx-sse in
+the HTTP client) to events and remembers usage/timings so the final `Done` can carry them.
+Lenient by design: unknown fields are ignored, timings may arrive in `usage`, `timings` or
+neither. Knows nothing about sockets or SSE framing.
 """
 from __future__ import annotations
 
@@ -21,13 +21,6 @@ from .events import (
     ToolCallDelta,
     TurnTimings,
 )
-
-
-def data_payload(line: str) -> str | None:
-    """The payload of an SSE `data:` line, or None for comments, other fields and blanks."""
-    if not line.startswith("data:"):
-        return None
-    return line[5:].strip()
 
 
 def _num(d: dict[str, Any], *keys: str) -> float | None:

@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ninfer_nb.tui import commands as cmd
@@ -23,10 +24,11 @@ from ninfer_nb.tui.events import (
     ToolCallDelta,
     TurnTimings,
 )
+from ninfer_nb.tui.http_client import HttpClient
 from ninfer_nb.tui.prom import metric, parse_metrics, stats_from_metrics
 from ninfer_nb.tui.rate import RateMeter
 from ninfer_nb.tui.settings import ChatSettings, SettingError
-from ninfer_nb.tui.sse import ChunkReader, data_payload
+from ninfer_nb.tui.sse import ChunkReader
 from ninfer_nb.tui.store import HistoryStore
 from ninfer_nb.tui.sysmon import LocalProbe, SystemStats, gpu_index
 from ninfer_nb.tui.transcript import to_markdown
@@ -75,7 +77,6 @@ def _feed(reader: ChunkReader, chunks: list[object]) -> list[ChatEvent]:
 
 
 def test_sse_chunks_to_events_with_usage_and_timings() -> None:
-    assert data_payload("data: {}") == "{}" and data_payload(": keep-alive") is None
     r = ChunkReader()
     events = _feed(r, [
         {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
@@ -113,6 +114,41 @@ def test_sse_error_chunk_and_missing_timings() -> None:
     assert done == Done("stop", TurnTimings())
 
 
+
+def _sse_server(body: bytes, content_type: str = "text/event-stream") -> httpx.MockTransport:
+    """/v1/models and a chat stream sent in 7-byte pieces (lines split across reads)."""
+    async def pieces() -> AsyncIterator[bytes]:
+        for i in range(0, len(body), 7):
+            yield body[i:i + 7]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 64}]})
+        assert request.headers["accept"] == "text/event-stream"
+        return httpx.Response(200, headers={"content-type": content_type}, content=pieces())
+    return httpx.MockTransport(handle)
+
+
+async def test_http_client_splits_the_sse_stream_into_events() -> None:
+    def data(chunk: object) -> bytes:
+        return f"data: {json.dumps(chunk)}\r\n\r\n".encode()
+    body = (b": keep-alive\n\n" + b"event: message\n" + data({"choices": [{"delta": {"content": "Hel"}}]})
+            + data({"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]})
+            + data({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+            + b"data: [DONE]\n\n")
+    client = HttpClient("http://test", transport=_sse_server(body))
+    events = [e async for e in client.chat([{"role": "user", "content": "hi"}], ChatSettings())]
+    await client.close()
+    assert [e for e in events if isinstance(e, ContentDelta)] == [ContentDelta("Hel"), ContentDelta("lo")]
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "stop"
+    assert (done.timings.prompt_tokens, done.timings.completion_tokens) == (3, 2)
+
+    client = HttpClient("http://test", transport=_sse_server(b"<html></html>", "text/html"))
+    events = [e async for e in client.chat([{"role": "user", "content": "hi"}], ChatSettings())]
+    await client.close()
+    assert isinstance(events[-1], Failed) and "text/event-stream" in events[-1].message
+
 METRICS = """# HELP ninfer:kv_cache_usage_perc KV usage
 # TYPE ninfer:kv_cache_usage_perc gauge
 ninfer:kv_cache_usage_perc{model_name="m"} 0.25
@@ -123,6 +159,7 @@ ninfer:request_success_total{model_name="m",finished_reason="stop"} 3
 ninfer:request_success_total{model_name="m",finished_reason="length"} 2
 garbage line without value
 ninfer:weird{a="b"} notanumber
+ninfer:broken{, =.}:".}.
 ninfer:time_to_first_token_seconds_bucket{le="+Inf"} 5 1700000000
 """
 
@@ -131,7 +168,7 @@ def test_prometheus_text_is_parsed_leniently() -> None:
     samples = parse_metrics(METRICS)
     assert metric(samples, "request_success_total") == 5
     assert samples["ninfer:request_success_total"][1][0]["finished_reason"] == "length"
-    assert "ninfer:weird" not in samples
+    assert "ninfer:weird" not in samples and "ninfer:broken" not in samples
     assert metric(samples, "time_to_first_token_seconds_bucket") == 5
     s = stats_from_metrics(samples)
     assert s.kv_usage == 0.25 and s.requests_running == 1
