@@ -2,7 +2,7 @@
 status line to an `EngineClient`, a `HistoryStore` and the slash commands.
 
 It sees only typed events and value objects; which engine runs (in-process or a server)
-is decided by whoever builds the client (`tui.__main__`).
+is decided by whoever builds the client (`ninfer_nb.tui.__main__`).
 """
 from __future__ import annotations
 
