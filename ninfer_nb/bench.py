@@ -17,6 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .config import KV_CACHE_KINDS, DecodeChoices, EngineConfig
+from .ops.kernel_choices import (DECODE_ATTENTIONS, GDN_PREPARES, GDN_STATES, PREFILL_ATTENTIONS,
+                                 PREFILL_GEMMS, KernelChoices)
 from .params import SamplingParams
 
 
@@ -232,6 +234,13 @@ def _experimental_names(arg: str) -> frozenset[str]:
     return names
 
 
+def kernel_choices(args: argparse.Namespace) -> KernelChoices:
+    """The CUDA kernel A/B choices bench's flags name."""
+    return KernelChoices(prefill_gemm=args.gemm, prefill_attention=args.attention,
+                         decode_attention=args.decode_attention, gdn_state=args.gdn_state,
+                         gdn_prepare=args.gdn_prepare, pdl=not args.no_pdl)
+
+
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="ninfer bench", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
@@ -241,9 +250,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument("--kv-cache", choices=list(KV_CACHE_KINDS), default="auto",
                    help="KV cache storage (auto: bf16 on CUDA, fp32 on the CPU)")
-    p.add_argument("--gemm", choices=["auto", "mma", "wgmma"], default="auto",
+    p.add_argument("--gemm", choices=list(PREFILL_GEMMS), default="auto",
                    help="prefill GEMM: wgmma (Hopper), mma.sync, or auto (wgmma on cc 9.0)")
-    p.add_argument("--attention", choices=["flash", "gemm", "simt", "mma"], default="flash",
+    p.add_argument("--attention", choices=list(PREFILL_ATTENTIONS), default="flash",
                    help="prefill attention: mma.sync flash kernel, head dim 256 (flash; else as gemm), "
                         "tensor-core GEMMs + softmax (gemm), fp32 flash kernel (simt), first mma.sync "
                         "flash kernel (mma)")
@@ -259,9 +268,13 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--no-decode-ahead", action="store_true",
                    help="greedy decode waits for each token on the host before queueing the next step "
                         "(the default queues it first: the graph's argmax feeds the next step)")
-    p.add_argument("--decode-attention", choices=["auto", "simt"], default="auto",
+    p.add_argument("--decode-attention", choices=list(DECODE_ATTENTIONS), default="auto",
                    help="decode attention: auto (tensor cores on bf16 KV caches, else CUDA cores) or "
                         "simt (always the per-q-head CUDA-core kernel, for A/B runs)")
+    p.add_argument("--gdn-state", choices=list(GDN_STATES), default="mma",
+                   help="the chunked GDN's state pass: TF32 tensor cores (mma) or fp32 FMAs (simt)")
+    p.add_argument("--gdn-prepare", choices=list(GDN_PREPARES), default="auto",
+                   help="the chunked GDN's prepare kernel: auto (mma from a key head dim of 64), mma, simt")
     p.add_argument("--experimental", default="", metavar="NAME[,NAME]",
                    help="turn on opt-in CUDA kernel choices by name: kernels not yet validated on a GPU, "
                         "or earlier builds kept for A/B runs (ops/cuda.py EXPERIMENTAL; an unknown name lists "
@@ -293,7 +306,7 @@ def main(argv: Sequence[str]) -> int:
     llm = LLM(config=EngineConfig(
         model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
         prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph, kv_cache=args.kv_cache,
-        prefill_gemm=args.gemm, prefill_attention=args.attention, pdl=not args.no_pdl,
+        kernels=kernel_choices(args),
         decode=DecodeChoices(device_pick=not args.host_argmax, decode_ahead=not args.no_decode_ahead)))
     load_s = time.perf_counter() - t_load
     if experimental or args.decode_attention != "auto":
@@ -301,7 +314,6 @@ def main(argv: Sequence[str]) -> int:
             raise SystemExit(f"bench: --experimental / --decode-attention need the CUDA backend "
                              f"(this run is on {llm.backend.name})")
         llm.backend.ops.experimental = experimental
-        llm.backend.ops.decode_attention = args.decode_attention
     first = llm.generate([1, 2, 3], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     start_to_first_token = time.time() - process_start_time() - peer_s
     sys.stderr.write(f"bench: {llm.model_id} on {llm.device_name}; loaded in {load_s:.1f} s, "
@@ -348,7 +360,8 @@ def main(argv: Sequence[str]) -> int:
               "load_s": load_s,
               "start_to_first_token_s": start_to_first_token, "device": llm.device_name,
               "kv_cache": llm.kv_cache, "decode_attention": args.decode_attention, "temperature": args.temperature,
-              "decode_graph_pdl": llm.backend.name == "cuda" and llm.engine_config.pdl and not args.no_cuda_graph,
+              "decode_graph_pdl": llm.backend.name == "cuda" and llm.engine_config.kernels.pdl
+              and not args.no_cuda_graph,
               "device_argmax": llm.engine.picks_on_device,
               "decode_ahead": llm.engine_config.decode.decode_ahead and llm.engine.picks_on_device,
               "copy_bandwidth_GBps": bw / 1e9, "rows": rows}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import UnsupportedModelError
+from .ops.kernel_choices import KernelChoices
 
 Architecture = Literal["qwen3_5", "llama"]
 
@@ -174,8 +175,8 @@ class DecodeChoices:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What the user chose. Each CLI / server flag is one field; `decode` (and the kernel
-    choices) are for bench and tests."""
+    """What the user chose. Each CLI / server flag is one field, but `kernels` and `decode`:
+    A/B switches for bench and tests."""
 
     model: str | None = None                 # HF dir, GGUF file, or preset; None = default model
     device: str = "auto"                     # auto | cpu | cuda | cuda:N
@@ -185,9 +186,7 @@ class EngineConfig:
     # auto (the backend's default: bf16 on CUDA, fp32 on the CPU) | fp32 | bf16 | int8 (one fp32
     # scale per 64 values)
     kv_cache: str = "auto"
-    prefill_gemm: str = "auto"               # auto | mma | wgmma: tensor-core GEMM for prefill chunks
-    prefill_attention: str = "flash"         # flash | gemm | simt | mma: prefill attention kernel
-    pdl: bool = True                         # programmatic dependent launch in the decode graph (cc >= 9.0)
+    kernels: KernelChoices = KernelChoices()  # which CUDA kernel serves an op (A/B runs: bench, tests)
     decode: DecodeChoices = DecodeChoices()
     enable_thinking: bool = True
     show_progress: bool = True

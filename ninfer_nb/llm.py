@@ -24,7 +24,6 @@ from .chat import (ChatDelta, ChatStreamParser, IncrementalDetokenizer, ToolCall
                    prompt_opens_reasoning)
 from .config import KV_CACHE_KINDS, EngineConfig
 from .engine.backend import create_backend
-from .ops.kernel_choices import KernelChoices
 from .engine.llm_engine import LLMEngine
 from .engine.request import Request, RequestOutput, RequestStatus
 from .errors import ContextLengthExceededError, InvalidRequestError
@@ -66,12 +65,7 @@ class LLM:
         if cfg.max_context < 2:
             raise InvalidRequestError(f"max_context must be >= 2, got {cfg.max_context}")
         self.engine_config = cfg
-        if cfg.prefill_gemm not in ("auto", "mma", "wgmma"):
-            raise InvalidRequestError(f"prefill_gemm must be auto, mma or wgmma, got {cfg.prefill_gemm!r}")
-        if cfg.prefill_attention not in ("flash", "gemm", "simt", "mma"):
-            raise InvalidRequestError(f"prefill_attention must be flash, gemm, simt or mma, got {cfg.prefill_attention!r}")
-        self.backend = create_backend(cfg.device, choices=KernelChoices(
-            prefill_gemm=cfg.prefill_gemm, prefill_attention=cfg.prefill_attention, pdl=cfg.pdl))
+        self.backend = create_backend(cfg.device, choices=cfg.kernels)
         if cfg.model is not None and cfg.model.startswith(RANDOM_PREFIX):
             # Benchmark shapes with random weights built on the device; token ids only.
             preset = cfg.model[len(RANDOM_PREFIX):]

@@ -11,6 +11,7 @@ import pytest
 
 from ninfer_nb import LLM, SamplingParams
 from ninfer_nb.config import DecodeChoices, EngineConfig
+from ninfer_nb.ops.kernel_choices import KernelChoices
 from ninfer_nb.kernels.linear import linear as K_lin
 from ninfer_nb.kernels.linear.gemm_mma import K_ALIGN
 from ninfer_nb.kernels.linear.linear import GEMV_MAX_T
@@ -143,7 +144,8 @@ def test_pdl_decode_graph_logits_equal_plain_graph(name: str, tiny_checkpoints) 
     feed = [int(t) for t in rng.integers(0, 248000, 10)]
     logits, edges = [], []
     for pdl in (True, False):
-        gen = LLM(str(path), device="cuda", max_context=128, pdl=pdl).engine.generator
+        gen = LLM(config=EngineConfig(str(path), device="cuda", max_context=128, show_progress=False,
+                                      kernels=KernelChoices(pdl=pdl))).engine.generator
         gen.prefill(prompt)
         logits.append(np.stack([gen.decode(t) for t in feed]))      # eager step, capture, replays
         edges.append(gen.backend._graph.edge_counts())
@@ -251,7 +253,8 @@ def test_wide_moe_decode_matches_cpu_with_and_without_pdl(tiny_checkpoints) -> N
     ref = LLM(str(path), device="cpu", max_context=64, prefill_chunk=8, kv_cache="fp32").logits(ids)  # [24, V]
     logits = []
     for pdl in (True, False):
-        gen = LLM(str(path), device="cuda", max_context=64, prefill_chunk=8, pdl=pdl, kv_cache="fp32").engine.generator
+        gen = LLM(config=EngineConfig(str(path), device="cuda", max_context=64, prefill_chunk=8, kv_cache="fp32",
+                                      show_progress=False, kernels=KernelChoices(pdl=pdl))).engine.generator
         gen.prefill(ids[:8])
         ops, names = gen.backend.ops, []
         go = ops._go
@@ -324,8 +327,7 @@ def test_tensor_core_prefill_matches_bf16_rounded_cpu(tiny_checkpoints, monkeypa
     assert np.abs(tensor_cores - rounded).max() <= 1e-2 * scale
 
 
-@pytest.mark.parametrize("gemm,attention", [("auto", "flash"), ("auto", "gemm"), ("mma", "gemm"), ("auto", "simt"),
-                                            ("auto", "mma")])
+@pytest.mark.parametrize("gemm,attention", [("auto", "flash"), ("auto", "gemm"), ("mma", "gemm"), ("auto", "simt")])
 def test_long_prefill_fast_paths_match_bf16_rounded_cpu(tiny_checkpoints, monkeypatch, gemm: str,
                                                         attention: str) -> None:
     """A 600-token prompt in chunks of 512 + 88 through the prefill fast paths, as real prompts
@@ -339,8 +341,9 @@ def test_long_prefill_fast_paths_match_bf16_rounded_cpu(tiny_checkpoints, monkey
     ids = [int(t) for t in np.random.default_rng(4).integers(0, 248000, 600)]
     ref = cpu_logits_with_bf16_gemm_inputs(path, ids, monkeypatch, max_context=640, prefill_chunk=512,
                                            kv_cache="fp32")
-    llm = LLM(str(path), device="cuda", max_context=640, prefill_chunk=512, prefill_gemm=gemm,
-              prefill_attention=attention, kv_cache="fp32")
+    llm = LLM(config=EngineConfig(str(path), device="cuda", max_context=640, prefill_chunk=512, kv_cache="fp32",
+                                  show_progress=False,
+                                  kernels=KernelChoices(prefill_gemm=gemm, prefill_attention=attention)))
     gpu = llm.logits(ids)
     assert gpu.shape == ref.shape == (600, ref.shape[1])
     scale = np.abs(ref).max()
