@@ -88,7 +88,7 @@ def decode_bytes(llm: Any, context: int) -> int:
 def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3, temperature: float = 0.0) -> dict[str, Any]:
     """Warm-up, then `repeat` cold prefills of prompts that differ in their first token (no
     prefix reuse), the last one followed by `gen` greedy tokens. TTFT and prefill tok/s are
-    the medians over the prefills (single runs of the same code varied by +-30 %); decode
+    the medians over the prefills (single runs of the same code vary widely); decode
     tok/s comes from the last run."""
     rng = np.random.default_rng(prompt_len)
     vocab = llm.valid_vocab

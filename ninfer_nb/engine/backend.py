@@ -132,11 +132,7 @@ def create_backend(device: str, *, choices: KernelChoices | None = None) -> Back
     if device == "cpu":
         return CpuBackend()
     if device == "auto" or device.startswith("cuda"):
-        try:
-            from ..runtime.device import cuda_available
-        except ImportError:
-            cuda_available = None  # type: ignore[assignment]
-        usable = bool(cuda_available and cuda_available())
+        usable = _cuda_usable()
         if device == "auto" and not usable:
             return CpuBackend()
         if not usable:
@@ -146,3 +142,12 @@ def create_backend(device: str, *, choices: KernelChoices | None = None) -> Back
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         return CudaBackend(index, choices=choices)
     raise DeviceError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)")
+
+
+def _cuda_usable() -> bool:
+    """A GPU and the CUDA driver answer (False where cuda-python is not installed)."""
+    try:
+        from ..runtime.device import cuda_available
+    except ImportError:
+        return False
+    return bool(cuda_available())

@@ -54,10 +54,8 @@ class CudaBackend:
     decode_graphs = True
     device_name: str
     ops: Any
-    # bf16 K / V: half the cache bytes, and decode attention on tensor cores (ops/cuda.py
-    # _attention_decode). H200, one device call: 35B decode 390.3 / 376.8 tok/s at 512 / 8K vs
-    # 389.8 / 354.0 with fp32; 27B 70.6 / 68.9 vs 69.6 / 66.9. The prefill flash attention
-    # rounds K / V to bf16 whatever the cache holds.
+    # bf16 K / V: half the cache bytes, and decode attention on tensor cores; the prefill flash
+    # attention rounds K / V to bf16 whatever the cache holds.
     default_kv_cache = "bf16"
 
     def __init__(self, index: int = 0, *, arena_bytes: int | None = None,

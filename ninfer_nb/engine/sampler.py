@@ -94,8 +94,8 @@ TOP_K_SUBSAMPLE = 4096    # logits a top-k threshold is first estimated from
 
 def top_k_ids(z: np.ndarray, k: int) -> np.ndarray:
     """Ascending ids of the k largest values of z [V] (0 < k < V; which of several values
-    tied at the k-th is kept is arbitrary but deterministic). Exact and ~7x faster than an
-    argpartition of the whole row at a 248K vocabulary: the k-th largest value of a strided
+    tied at the k-th is kept is arbitrary but deterministic). Exact, and cheaper than an
+    argpartition of the whole row at a large vocabulary: the k-th largest value of a strided
     subsample is at most the k-th largest of z, so the values at or above it hold the top k,
     and only those are partitioned."""
     n = z.shape[0]

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from ..errors import EngineOverloadedError, NinferError
 
@@ -102,7 +102,7 @@ class JobStream(Generic[T]):
             if isinstance(item, _Failure):
                 self.finished = True
                 raise item.exc
-            return item  # type: ignore[return-value]
+            return cast(T, item)
 
     def __aiter__(self) -> JobStream[T]:
         return self
@@ -141,7 +141,7 @@ class _Call(Generic[R]):
             if exc is not None:
                 self.future.set_exception(exc)
             else:
-                self.future.set_result(result)  # type: ignore[arg-type]
+                self.future.set_result(cast(R, result))
 
         try:
             self.loop.call_soon_threadsafe(apply)
