@@ -21,6 +21,7 @@ from ninfer_nb.params import SamplingParams
 from .app import create_app
 from .cli import parse_args
 from .config import ServerConfig
+from .drain import drain
 from .engine import ChatEngine
 
 log = logging.getLogger("ninfer.server")
@@ -66,6 +67,7 @@ async def serve(engine: ChatEngine, config: ServerConfig) -> None:
         await stop.wait()
         print("ninfer-serve: shutting down, finishing in-flight requests…",
               file=sys.stderr, flush=True)
+        await drain(app, config.shutdown_timeout_s)  # listener open: new requests get 503
     finally:
         await runner.cleanup()
 

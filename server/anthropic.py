@@ -12,7 +12,7 @@ from aiohttp import web
 from .anthropic_input import parse_messages, parse_messages_request, parse_tools, thinking_enabled
 from .errors import to_api_error
 from .fields import Fields, read_json
-from .generation import Delta, Finished, Generation, KeepAlive, Started, ToolCallOut, collect
+from .generation import ChatJob, Delta, Finished, Generation, KeepAlive, Started, ToolCallOut, collect
 from .messages import dump_arguments
 from .sse import SSEWriter
 from .state import REQUEST_ID, STATE, new_id, trace_of
@@ -41,7 +41,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     job, options = parse_messages_request(state, await read_json(request))
     trace_of(request).note(protocol="anthropic", model=options.model, stream=options.stream)
     message_id = new_id("msg_")
-    gen = state.generate(request, job)
+    gen = await state.generate(request, job)
     async with gen:
         if options.stream:
             return await _stream(request, gen, message_id, options.model)
@@ -142,9 +142,6 @@ async def count_tokens(request: web.Request) -> web.Response:
     state = request.app[STATE]
     f = Fields(await read_json(request))
     f.string("model", required=True)
-    msgs, tools, thinking = parse_messages(f), parse_tools(f), thinking_enabled(state, f)
-    engine = state.engine
-    n = await state.worker.call(
-        lambda: engine.count_tokens(msgs, tools, enable_thinking=thinking)
-    )
-    return web.json_response({"input_tokens": n})
+    job = ChatJob(parse_messages(f), parse_tools(f), state.sampling(1),
+                  thinking_enabled(state, f))
+    return web.json_response({"input_tokens": await state.count_tokens(job)})

@@ -1,7 +1,8 @@
 """create_app: the aiohttp Application for one engine — routes, middlewares, lifecycle.
 
 The engine is injected (the real `ninfer_nb.LLM` or a test double); the worker thread that
-owns it starts here and is drained on cleanup. Knows nothing about argument parsing.
+owns it and the prompt threads start here. Shutdown drains (server/drain.py) before aiohttp
+closes the connections, then stops the threads. Knows nothing about argument parsing.
 """
 from __future__ import annotations
 
@@ -14,12 +15,21 @@ from ninfer_nb.engine.worker import EngineWorker
 
 from . import anthropic, info, openai_chat, responses
 from .config import ServerConfig
+from .drain import drain
 from .engine import ChatEngine
 from .metrics import Metrics
 from .middlewares import handle_request, on_response_prepare
+from .prompt import PromptBuilder
 from .request_log import RequestLog
 from .response_store import ResponseStore
 from .state import STATE, ServerState
+
+ENGINE_STOP_S = 5.0   # after the drain: the engine thread's last (cancelled) step
+
+
+async def _drain_on_shutdown(app: web.Application) -> None:
+    """A no-op when `ninfer-serve` already drained with the listener still open."""
+    await drain(app, app[STATE].config.shutdown_timeout_s)
 
 
 def setup_routes(app: web.Application) -> None:
@@ -52,12 +62,14 @@ def create_app(
         log=RequestLog(config.request_log, secrets=(config.api_key or "",))
         if config.request_log else None,
         responses=ResponseStore(config.response_store_max),
+        prompts=PromptBuilder(engine),
     )
     # +1: a body exactly at the limit is allowed; the middleware checks Content-Length first.
     app = web.Application(middlewares=[handle_request],
                           client_max_size=config.max_request_bytes + 1)
     app[STATE] = state
     app.on_response_prepare.append(on_response_prepare)
+    app.on_shutdown.append(_drain_on_shutdown)
     app.cleanup_ctx.append(_lifecycle)
     setup_routes(app)
     return app
@@ -70,10 +82,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
                         max_context=state.engine.max_context,
                         max_pending=state.config.max_pending)
     yield
-    # In-flight requests have been drained by aiohttp's shutdown; stop the engine thread.
+    # The drain has ended every generation: the engine thread has at most a cancelled step left.
     await asyncio.get_running_loop().run_in_executor(
-        None, state.worker.close, state.config.shutdown_timeout_s
+        None, state.worker.close, ENGINE_STOP_S
     )
+    state.prompts.close()
     if state.log is not None:
         state.log.write("server_stop", model_id=state.model_id)
         state.log.close()

@@ -34,13 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output limit when a request gives none")
     p.add_argument("--max-pending", type=int, default=16,
                    help="requests allowed to wait behind the running one (then 429)")
-    p.add_argument("--max-request-mib", type=float, default=384.0, help="request body limit")
+    p.add_argument("--max-request-mib", type=float, default=32.0, help="request body limit")
     p.add_argument("--cors", action="store_true", help="allow any origin (OPTIONS → 204)")
     p.add_argument("--no-thinking", action="store_true", help="thinking off by default")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--request-log", default=None, metavar="FILE",
                    help="append one JSON line per request event")
     p.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up request")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                   help="on SIGINT/SIGTERM, seconds running requests get to finish")
     s = SamplingDefaults()
     p.add_argument("--temperature", type=float, default=s.temperature)
     p.add_argument("--top-p", type=float, default=s.top_p)
@@ -64,6 +66,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         parser.error("--max-pending must be >= 0")
     if a.max_request_mib <= 0:
         parser.error("--max-request-mib must be > 0")
+    if a.shutdown_timeout < 0:
+        parser.error("--shutdown-timeout must be >= 0")
     sampling = SamplingDefaults(
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p,
         presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty, seed=a.seed,
@@ -79,5 +83,5 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         default_max_tokens=a.default_max_tokens, max_pending=a.max_pending,
         max_request_bytes=int(a.max_request_mib * 1024 * 1024), cors=a.cors,
         enable_thinking=not a.no_thinking, request_log=a.request_log,
-        warmup=not a.no_warmup, sampling=sampling,
+        warmup=not a.no_warmup, sampling=sampling, shutdown_timeout_s=a.shutdown_timeout,
     )

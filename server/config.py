@@ -47,12 +47,12 @@ class ServerConfig:
     kv_cache: str = "auto"              # auto (bf16 on CUDA, fp32 on the CPU) | fp32 | bf16 | int8
     default_max_tokens: int = 8192
     max_pending: int = 16
-    max_request_bytes: int = 384 * 1024 * 1024
+    max_request_bytes: int = 32 * 1024 * 1024   # ~8x a 1M-token prompt's JSON; 413 beyond
     cors: bool = False
     enable_thinking: bool = True
     request_log: str | None = None
     keepalive_s: float = 5.0              # SSE comment interval while a request waits
     response_store_max: int = 1024        # stored Responses (LRU)
-    shutdown_timeout_s: float = 60.0      # in-flight requests get this long on SIGINT/SIGTERM
+    shutdown_timeout_s: float = 30.0      # running requests get this long on SIGINT/SIGTERM
     warmup: bool = True
     sampling: SamplingDefaults = SamplingDefaults()

@@ -1,7 +1,10 @@
 """The engine surface the server uses, as a Protocol, so tests can inject a double.
 
-`ninfer_nb.LLM` satisfies it. Everything here is called on the engine thread only (the LLM is
-not thread-safe); handlers reach it through `EngineWorker`. Knows no HTTP.
+`ninfer_nb.LLM` satisfies it. Generation runs on the engine thread only (the LLM is not
+thread-safe), reached through `EngineWorker`; `render_chat` and the tokenizer's encode are
+thread-safe and run on the PromptBuilder's threads. An engine that also has
+`stream(prompt_ids, params, cancel=)` is handed the prompt already tokenized; one without it
+(a test double) renders it again in `chat_stream`. Knows no HTTP.
 """
 from __future__ import annotations
 
@@ -29,6 +32,14 @@ class ChatEngine(Protocol):
 
     @property
     def tokenizer(self) -> TokenizerLike: ...
+
+    def render_chat(
+        self,
+        messages: list[Message],
+        tools: list[Tool] | None = None,
+        *,
+        enable_thinking: bool | None = None,
+    ) -> str: ...
 
     def chat_stream(
         self,

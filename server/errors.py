@@ -1,6 +1,7 @@
 """Maps exceptions to HTTP error bodies in each protocol's shape (OpenAI or Anthropic).
 
-Knows the status → type tables of serving-api.md §9; knows nothing about handlers or routes.
+Knows the status → type tables of serving-api.md §9 and which statuses carry `Retry-After`
+(429 / 503 / 529); knows nothing about handlers or routes.
 """
 from __future__ import annotations
 
@@ -26,9 +27,15 @@ class BadRequest(InvalidRequestError):
 class HttpError(NinferError):
     """An error with an explicit status, for conditions that are not engine errors."""
 
-    def __init__(self, status: int, message: str, *, code: str) -> None:
+    def __init__(self, status: int, message: str, *, code: str,
+                 retry_after_s: int | None = None) -> None:
         super().__init__(message, code=code)
         self.http_status = status
+        self.retry_after_s = retry_after_s
+
+
+RETRY_STATUSES = (429, 503, 529)   # every one of these tells the client when to come back
+DEFAULT_RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class ApiError:
     message: str
     code: str | None
     param: str | None = None
+    retry_after_s: int | None = None   # seconds, sent as `Retry-After` on 429 / 503 / 529
 
     def openai_body(self) -> dict[str, Any]:
         return {
@@ -93,7 +101,8 @@ def to_api_error(exc: BaseException) -> ApiError:
     """The error a client sees for `exc`; unknown exceptions become a 500 without details."""
     if isinstance(exc, NinferError):
         code = "server_overloaded" if exc.http_status == 429 else exc.code
-        return ApiError(exc.http_status, exc.message, code, getattr(exc, "param", None))
+        return ApiError(exc.http_status, exc.message, code, getattr(exc, "param", None),
+                        getattr(exc, "retry_after_s", None))
     if isinstance(exc, web.HTTPException):
         status = exc.status
         message = exc.reason if status != 413 else "request body is too large"
@@ -111,7 +120,11 @@ def error_response(err: ApiError, protocol: Protocol, request_id: str | None) ->
         status = err.anthropic_status()
     else:
         body, status = err.openai_body(), err.status
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+    headers = {}
+    if status in RETRY_STATUSES:
+        headers["Retry-After"] = str(err.retry_after_s or DEFAULT_RETRY_AFTER_S)
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json",
+                        headers=headers)
 
 
 def failure_reason(status: int) -> str:

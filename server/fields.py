@@ -1,27 +1,70 @@
 """Reading a JSON request body and its fields with typed checks.
 
 Every failure is a BadRequest naming the field, so it becomes a 400 in the caller's protocol.
+A body is refused as a whole when it is not UTF-8 JSON, nests deeper than MAX_DEPTH, holds a
+lone UTF-16 surrogate, NaN / Infinity or an integer too long for Python to parse: every later
+step (templates, logs, SSE) may then assume valid, shallow, encodable data.
 Knows nothing about any particular protocol.
 """
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from aiohttp import web
 
 from .errors import BadRequest
 
+MAX_DEPTH = 64                 # arrays / objects inside each other (tool schemas need ~10)
+MAX_INT = 2**63 - 1            # integer fields beyond int64 are refused, not passed on
+MAX_SEED = 2**64 - 1           # seeds are u64 (serving-api.md §3)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
 
 async def read_json(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    return parse_json(await request.read())
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRequest(f"request body is not valid JSON: {name} is not a JSON number",
+                     code="invalid_json")
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a BadRequest saying why not."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8", code="invalid_json") from None
+    except RecursionError:  # json's C scanner stops near 1000 levels
+        raise BadRequest(f"request body nests deeper than {MAX_DEPTH} levels",
+                         code="invalid_json") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
+    _check_tree(body)
     return body
+
+
+def _check_tree(body: dict[str, Any]) -> None:
+    """Refuse nesting beyond MAX_DEPTH and lone surrogates (UTF-8 cannot encode them)."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                raise BadRequest("request body holds a lone UTF-16 surrogate escape "
+                                 "(\\ud800-\\udfff without its pair)", code="invalid_json")
+            continue
+        if not isinstance(v, (dict, list)):
+            continue
+        if depth > MAX_DEPTH:
+            raise BadRequest(f"request body nests deeper than {MAX_DEPTH} levels",
+                             code="invalid_json")
+        items = [*v.keys(), *v.values()] if isinstance(v, dict) else v
+        stack.extend((item, depth + 1) for item in items if isinstance(item, (str, dict, list)))
 
 
 def _type_name(value: Any) -> str:
@@ -65,7 +108,8 @@ class Fields:
         return v
 
     def integer(
-        self, key: str, default: int | None = None, *, minimum: int | None = None
+        self, key: str, default: int | None = None, *, minimum: int | None = None,
+        maximum: int = MAX_INT,
     ) -> int | None:
         if not self.has(key):
             return default
@@ -77,6 +121,8 @@ class Fields:
         if minimum is not None and v < minimum:
             raise BadRequest(f"{self.prefix}{key} must be >= {minimum}, got {v}",
                              param=self.prefix + key)
+        if v > maximum or v < -MAX_INT:
+            raise BadRequest(f"{self.prefix}{key} must be <= {maximum}", param=self.prefix + key)
         return v
 
     def number(self, key: str, default: float | None = None, *,

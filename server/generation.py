@@ -1,9 +1,10 @@
 """One chat generation as the protocols see it: Started, Delta…, Finished (plus KeepAlive ticks).
 
-The job body runs on the engine thread (`chat_job`): it counts the prompt, runs
-`engine.chat_stream` and turns its ChatDelta / final StreamEvent into protocol-neutral events.
-`Generation` is the asyncio side: it waits with keep-alive ticks, cancels the job when the client
-goes away and reports the outcome to the telemetry. Knows no protocol shapes and no HTTP.
+The job body runs on the engine thread (`chat_job`): given the prompt already rendered and
+tokenized (server/prompt.py), it runs the engine and turns its ChatDelta / final StreamEvent into
+protocol-neutral events. `Generation` is the asyncio side: it waits with keep-alive ticks, cancels
+the job when the client goes away or the server aborts it (drain), and reports the outcome to the
+telemetry. Knows no protocol shapes and no HTTP.
 """
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ninfer_nb.chat import ChatDelta, ChatStreamParser, prompt_opens_reasoning
 from ninfer_nb.engine.worker import EngineWorker, JobStream
 from ninfer_nb.errors import ContextLengthExceededError, InvalidRequestError
 from ninfer_nb.outputs import StreamEvent, Timings
 from ninfer_nb.params import SamplingParams
 
 from .engine import ChatEngine, Message, Tool
+from .prompt import Prompt
 from .telemetry import RequestTrace
 
 FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
@@ -74,23 +77,46 @@ KEEPALIVE = KeepAlive()
 Event = Started | Delta | Finished
 
 
-def chat_job(engine: ChatEngine, job: ChatJob) -> Callable[[threading.Event], Iterator[Event]]:
+def check_context(engine: ChatEngine, prompt: Prompt) -> None:
+    if len(prompt) >= engine.max_context:
+        raise ContextLengthExceededError(
+            f"the prompt is {len(prompt)} tokens, over the context of "
+            f"{engine.max_context} tokens"
+        )
+
+
+def _engine_stream(engine: ChatEngine, job: ChatJob, prompt: Prompt, params: SamplingParams,
+                   cancel: threading.Event) -> Iterator[ChatDelta | StreamEvent]:
+    """The engine's chat events for the prompt, from its ids when the engine takes them."""
+    stream_ids = getattr(engine, "stream", None)
+    if stream_ids is None:
+        return iter(engine.chat_stream(job.messages, job.tools, params,
+                                       enable_thinking=job.enable_thinking, cancel=cancel))
+    parser = ChatStreamParser(starts_in_reasoning=prompt_opens_reasoning(prompt.text),
+                              tools=job.tools)
+    return _chat_events(stream_ids(prompt.ids, params, cancel=cancel), parser)
+
+
+def _chat_events(events: Iterator[StreamEvent],
+                 parser: ChatStreamParser) -> Iterator[ChatDelta | StreamEvent]:
+    """Token events in, the parser's reasoning / content / tool-call deltas interleaved."""
+    for ev in events:
+        if ev.text:
+            yield from parser.push(ev.text)
+        if ev.finished:
+            yield from parser.finish()
+        yield ev
+
+
+def chat_job(engine: ChatEngine, job: ChatJob,
+             prompt: Prompt) -> Callable[[threading.Event], Iterator[Event]]:
     """The engine-thread body of one chat request."""
 
     def run(cancel: threading.Event) -> Iterator[Event]:
-        prompt_tokens = engine.count_tokens(
-            job.messages, job.tools, enable_thinking=job.enable_thinking
-        )
-        if prompt_tokens >= engine.max_context:
-            raise ContextLengthExceededError(
-                f"the prompt is {prompt_tokens} tokens, over the context of "
-                f"{engine.max_context} tokens"
-            )
+        prompt_tokens = len(prompt)
         room = max(1, engine.max_context - prompt_tokens)
         params = job.params.replace(max_tokens=min(job.params.max_tokens, room))
-        stream = engine.chat_stream(
-            job.messages, job.tools, params, enable_thinking=job.enable_thinking, cancel=cancel
-        )
+        stream = _engine_stream(engine, job, prompt, params, cancel)
         started = False
         final: StreamEvent | None = None
         tail: list[int] = []  # the last generated ids, to name a matched stop string
@@ -164,7 +190,7 @@ def _matched_stop(engine: ChatEngine, params: SamplingParams, tail: list[int]) -
     return params.stop[min(hits)[1]] if hits else params.stop[0]
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the drain keeps a set of them
 class Generation:
     """The asyncio side of one chat job. Use `async with` so a client that leaves cancels it."""
 
@@ -172,8 +198,21 @@ class Generation:
     trace: RequestTrace
     keepalive_s: float
     is_disconnected: Callable[[], bool]
+    on_exit: Callable[[Generation], None] = lambda _gen: None
     first_token_at: float | None = None
     finished: Finished | None = None
+    abort_error: Exception | None = None
+
+    @property
+    def started(self) -> bool:
+        """The engine has begun this job (it has left the queue)."""
+        return self.stream.started_at is not None or self.stream.finished
+
+    def abort(self, error: Exception) -> None:
+        """End this generation with `error` (raised from `events()` within one poll)."""
+        if self.abort_error is None and self.finished is None:
+            self.abort_error = error
+            self.stream.cancel()
 
     async def __aenter__(self) -> Generation:
         return self
@@ -182,6 +221,7 @@ class Generation:
         self, et: type[BaseException] | None, e: BaseException | None, tb: Any
     ) -> None:
         self.stream.cancel()
+        self.on_exit(self)
         if e is not None and not isinstance(e, (ConnectionError, asyncio.CancelledError)):
             self.trace.failed(e)
         elif self.finished is None:
@@ -191,6 +231,8 @@ class Generation:
         poll = min(0.5, self.keepalive_s)
         idle_since = time.monotonic()
         while True:
+            if self.abort_error is not None:
+                raise self.abort_error
             try:
                 ev = await self.stream.next(timeout=poll)
             except StopAsyncIteration:
@@ -219,16 +261,19 @@ def start_generation(
     worker: EngineWorker,
     engine: ChatEngine,
     job: ChatJob,
+    prompt: Prompt,
     trace: RequestTrace,
     *,
     keepalive_s: float,
     is_disconnected: Callable[[], bool],
+    on_exit: Callable[[Generation], None] = lambda _gen: None,
 ) -> Generation:
     """Queue `job` (EngineOverloadedError when the queue is full)."""
     if not job.messages:
         raise InvalidRequestError("messages must not be empty")
-    stream = worker.submit_stream(chat_job(engine, job))
-    return Generation(stream, trace, keepalive_s, is_disconnected)
+    check_context(engine, prompt)
+    stream = worker.submit_stream(chat_job(engine, job, prompt))
+    return Generation(stream, trace, keepalive_s, is_disconnected, on_exit)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Request plumbing around every handler: request ids, traces, body limit, auth, CORS, errors.
 
 The one place that turns an exception into an error response (in the route's protocol shape),
-so no error can escape to aiohttp or touch another request. Knows no protocol fields.
+so no error can escape to aiohttp or touch another request. Header values arrive as str with
+undecodable bytes as surrogates (aiohttp's surrogateescape), so keys are compared as the bytes
+that were sent. While the server drains, every new request gets a 503. Knows no protocol fields.
 """
 from __future__ import annotations
 
@@ -43,8 +45,19 @@ def _check_request(request: web.Request) -> None:
         if key is None:
             raise HttpError(401, "missing API key: send `Authorization: Bearer KEY` or "
                             "`x-api-key: KEY`", code="invalid_api_key")
-        if not hmac.compare_digest(key.encode(), config.api_key.encode()):
+        if not hmac.compare_digest(_wire_bytes(key), config.api_key.encode()):
             raise HttpError(401, "invalid API key", code="invalid_api_key")
+
+
+def _wire_bytes(value: str) -> bytes:
+    """A header value as the bytes on the wire (aiohttp decoded them with surrogateescape)."""
+    return value.encode("utf-8", "surrogateescape")
+
+
+def _refuse_while_draining(request: web.Request) -> None:
+    state = request.app[STATE]
+    if state.draining and request.path != "/health":
+        raise state.shutting_down()
 
 
 def _prepared(request: web.Request) -> web.StreamResponse | None:
@@ -65,6 +78,7 @@ async def handle_request(request: web.Request, handler: Handler) -> web.StreamRe
         trace.finished_plain(204)
         return web.Response(status=204)
     try:
+        _refuse_while_draining(request)
         _check_request(request)
         response: web.StreamResponse = await handler(request)
     except asyncio.CancelledError:

@@ -48,7 +48,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     job, options = parse_chat_request(state, await read_json(request))
     trace_of(request).note(protocol="openai.chat", model=options.model, stream=options.stream)
-    gen = state.generate(request, job)
+    gen = await state.generate(request, job)
     async with gen:
         if options.stream:
             return await _stream(request, gen, options)

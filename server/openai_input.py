@@ -11,7 +11,7 @@ from typing import Any
 from . import messages as m
 from .engine import Message, Tool
 from .errors import BadRequest
-from .fields import Fields, as_object
+from .fields import MAX_SEED, Fields, as_object
 from .generation import ChatJob
 from .state import ServerState
 
@@ -155,7 +155,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJo
         min_p=f.number("min_p", lo=0.0, hi=1.0),
         presence_penalty=f.number("presence_penalty", lo=-2.0, hi=2.0),
         frequency_penalty=f.number("frequency_penalty", lo=-2.0, hi=2.0),
-        seed=f.integer("seed", minimum=0),
+        seed=f.integer("seed", minimum=0, maximum=MAX_SEED),
         ignore_eos=f.boolean("ignore_eos"),
     )
     thinking = f.boolean("enable_thinking")

@@ -1,6 +1,8 @@
 """RequestLog: one JSON object per line per request event (start, done, error), keys redacted.
 
-Writes from the event loop thread only. Knows nothing about protocols; callers pass plain dicts.
+Writes from the event loop thread only. Text that UTF-8 cannot encode (a header's undecodable
+bytes, kept by aiohttp as surrogates) is written as `\\udcXX` escapes, never an exception.
+Knows nothing about protocols; callers pass plain dicts.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ class RequestLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._secrets = tuple(s for s in secrets if s)
-        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        self._file: IO[str] | None = self.path.open(
+            "a", encoding="utf-8", errors="backslashreplace")
 
     def write(self, event: str, **fields: Any) -> None:
         if self._file is None:

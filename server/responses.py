@@ -57,7 +57,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     trace_of(request).note(protocol="openai.responses", model=req.model, stream=req.stream)
     conversation = _conversation(state, req)
     builder = ResponseBuilder(new_id("resp_", 32), req)
-    gen = state.generate(request, _job(req, conversation))
+    gen = await state.generate(request, _job(req, conversation))
     sse = SSEWriter(request) if req.stream else None
     calls: list[ToolCallOut] = []
 
@@ -128,9 +128,5 @@ async def cancel_response(request: web.Request) -> web.Response:
 async def input_tokens(request: web.Request) -> web.Response:
     state = request.app[STATE]
     req = parse_responses_request(state, await read_json(request))
-    job = _job(req, _conversation(state, req))
-    engine = state.engine
-    n = await state.worker.call(
-        lambda: engine.count_tokens(job.messages, job.tools, enable_thinking=job.enable_thinking)
-    )
+    n = await state.count_tokens(_job(req, _conversation(state, req)))
     return web.json_response({"object": "response.input_tokens", "input_tokens": n})

@@ -13,7 +13,7 @@ from ninfer_nb.params import SamplingParams
 from . import messages as m
 from .engine import Message, Tool
 from .errors import BadRequest
-from .fields import Fields, as_object
+from .fields import MAX_SEED, Fields, as_object
 from .openai_input import content_text
 from .state import ServerState
 
@@ -149,7 +149,7 @@ def parse_responses_request(state: ServerState, body: dict[str, Any]) -> Respons
         temperature=f.number("temperature", lo=0.0, hi=2.0),
         top_p=f.number("top_p", lo=0.0, hi=1.0),
         top_k=f.integer("top_k", minimum=0),
-        seed=f.integer("seed", minimum=0),
+        seed=f.integer("seed", minimum=0, maximum=MAX_SEED),
     )
     include = f.array("include") or []
     instructions = f.string("instructions")

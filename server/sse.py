@@ -44,7 +44,7 @@ class SSEWriter:
 
     async def send(self, data: dict[str, Any], event: str | None = None) -> None:
         head = f"event: {event}\n" if event else ""
-        await self._write(f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n")
+        await self._write(f"{head}data: {_json_line(data)}\n\n")
 
     async def comment(self, text: str = "keep-alive") -> None:
         await self._write(f": {text}\n\n")
@@ -59,3 +59,13 @@ class SSEWriter:
         except ConnectionError:
             pass  # the client left after the last event; nothing more to tell it
         return resp
+
+
+def _json_line(data: dict[str, Any]) -> str:
+    """`data` as one line of JSON that UTF-8 can encode (a stray surrogate becomes \\uXXXX)."""
+    text = json.dumps(data, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(data)
+    return text

@@ -1,7 +1,9 @@
 """ServerState: what every handler needs (config, engine, worker, metrics, log, stores).
 
-Stored once in the app under the typed key `STATE`. `generate` queues one chat job for a request
-and wires it to that request's trace and disconnect check. Knows no protocol shapes.
+Stored once in the app under the typed key `STATE`. `generate` renders and tokenizes a request's
+prompt off the engine thread, queues its chat job and wires it to the request's trace and
+disconnect check; the live generations are kept so that a drain can end them. Knows no protocol
+shapes.
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ from ninfer_nb.params import SamplingParams
 
 from .config import ServerConfig
 from .engine import ChatEngine
-from .errors import BadRequest
+from .errors import BadRequest, HttpError
 from .generation import ChatJob, Generation, start_generation
 from .metrics import Metrics
+from .prompt import PromptBuilder
 from .request_log import RequestLog
 from .response_store import ResponseStore
 from .telemetry import RequestTrace
@@ -37,17 +40,35 @@ class ServerState:
     metrics: Metrics
     log: RequestLog | None
     responses: ResponseStore
+    prompts: PromptBuilder
     started_at: float = field(default_factory=time.time)
+    draining: bool = False                  # set once on SIGINT / SIGTERM; never cleared
+    generations: set[Generation] = field(default_factory=set)
 
-    def generate(self, request: web.Request, job: ChatJob) -> Generation:
+    def shutting_down(self) -> HttpError:
+        return HttpError(503, "the server is shutting down; retry on another instance",
+                         code="server_shutting_down",
+                         retry_after_s=max(1, round(self.config.shutdown_timeout_s)))
+
+    async def generate(self, request: web.Request, job: ChatJob) -> Generation:
         def gone() -> bool:
             transport = request.transport
             return transport is None or transport.is_closing()
 
-        return start_generation(
-            self.worker, self.engine, job, request[TRACE],
+        prompt = await self.prompts.build(job.messages, job.tools, job.enable_thinking)
+        if self.draining:  # the drain began while the prompt was being tokenized
+            raise self.shutting_down()
+        gen = start_generation(
+            self.worker, self.engine, job, prompt, request[TRACE],
             keepalive_s=self.config.keepalive_s, is_disconnected=gone,
+            on_exit=self.generations.discard,
         )
+        self.generations.add(gen)
+        return gen
+
+    async def count_tokens(self, job: ChatJob) -> int:
+        """The prompt's tokens, counted off the engine thread."""
+        return await self.prompts.count(job.messages, job.tools, job.enable_thinking)
 
     def sampling(
         self,
