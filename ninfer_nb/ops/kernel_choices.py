@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 PREFILL_GEMMS = ("auto", "mma", "wgmma")          # auto: wgmma on cc 9.0, else mma.sync
-PREFILL_ATTENTIONS = ("flash", "gemm", "simt", "mma")
+PREFILL_ATTENTIONS = ("flash", "gemm", "simt")
 DECODE_ATTENTIONS = ("auto", "simt")               # auto: tensor cores on bf16 caches where the shape allows
 GDN_STATES = ("mma", "simt")
 GDN_PREPARES = ("auto", "mma", "simt")            # auto: mma from ops/cuda/gdn.py GDN_PREPARE_MMA_MIN_DK up
@@ -27,7 +27,7 @@ _ALLOWED: dict[str, tuple[str, ...]] = {
 class KernelChoices:
     """prefill_gemm: tensor-core GEMM of prefill chunks (wgmma needs cc 9.0).
     prefill_attention: flash (one mma.sync kernel, head dim 256 on cc >= 8.0, else as gemm),
-    gemm (S and P through the GEMMs, head dims % 64, else simt), simt (fp32 on CUDA cores), mma.
+    gemm (S and P through the GEMMs, head dims % 64, else simt) or simt (fp32 on CUDA cores).
     decode_attention: auto (tensor cores on bf16 caches) or simt (the split kernel everywhere).
     gdn_state / gdn_prepare: the chunked GDN's state pass / prepare kernel on TF32 tensor cores
     (mma) or fp32 FMAs (simt). pdl: programmatic dependent launch in the decode graph (cc >= 9.0)."""

@@ -619,46 +619,8 @@ def test_mma_emulation_fragment_layout():
     close(out, c + 2 * (a @ b), 1e-6)
 
 
-# --- tensor-core GQA prefill attention (kernels/attention/attention.py attn_prefill_mma_kernel) ----------
-
 def _bf16r(x):
     return np.asarray(x, np.float32).astype(BF16).astype(np.float32)
-
-
-def _prefill_mma_case(ops, monkeypatch, seed, cache, hq, hkv, d, start, t):
-    """Like _prefill_attn_case, through the mma kernel: vs ops.cpu on the exact inputs (bf16
-    rounding of Q, K, V, P by design: 2e-2) and on bf16-rounded q, k, v (the kernel's own
-    rounding error only: 6e-3)."""
-    monkeypatch.setattr(ops, "choices", replace(ops.choices, prefill_attention="mma"))
-    rng = np.random.default_rng(seed)
-    s = start + t + 3
-    q = rnd(rng, t, hq, d)
-    kf, vf = rnd(rng, s, hkv, d), rnd(rng, s, hkv, d)
-    pos = np.arange(start, start + t, dtype=np.int32)
-    scale = d ** -0.5
-    if cache == "int8":
-        kc, vc = np.zeros((s, hkv, d), np.int8), np.zeros((s, hkv, d), np.int8)
-        ks, vs = np.zeros((s, hkv, d // 64), np.float32), np.zeros((s, hkv, d // 64), np.float32)
-        cpu.kv_store(kc, vc, kf, vf, np.arange(s, dtype=np.int32), ks, vs)
-        assert kc.any() and ks.all()
-        got = ops.attention(q, kc, vc, pos, scale, ks, vs)
-        ref = cpu.attention(q, kc, vc, pos, scale, ks, vs)
-        kd = (kc.astype(np.float32).reshape(s, hkv, d // 64, 64) * ks[..., None]).reshape(s, hkv, d)
-        vd = (vc.astype(np.float32).reshape(s, hkv, d // 64, 64) * vs[..., None]).reshape(s, hkv, d)
-    else:
-        dt = np.float32 if cache == "f32" else BF16
-        kc, vc = kf.astype(dt), vf.astype(dt)
-        got = ops.attention(q, kc, vc, pos, scale)
-        kd, vd = kc.astype(np.float32), vc.astype(np.float32)
-        ref = cpu.attention(q, kd, vd, pos, scale)
-    close(got, ref, 2e-2)
-    close(got, cpu.attention(_bf16r(q), _bf16r(kd), _bf16r(vd), pos, scale), 6e-3)
-
-
-def test_prefill_mma_bf16_gqa3_d64(ops, monkeypatch):
-    """G = 3, bf16 cache, chunk at 10, T = 23: 69 rows = a full and a 5-row tile; the 5-row
-    tile's last token (position 32) needs a second key tile, zero-filled past key 32."""
-    _prefill_mma_case(ops, monkeypatch, 52, "bf16", hq=3, hkv=1, d=64, start=10, t=23)
 
 
 # --- flash prefill attention (kernels/attention/attention_flash.py: ldmatrix, cp.async, mma.sync) --------
@@ -693,12 +655,6 @@ def test_prefill_flash_gqa2_d256(ops, monkeypatch):
     ref = cpu.attention(q, kc[: start + t], vc[: start + t], pos, scale)
     close(got, ref, 2e-2)
     close(got, cpu.attention(_bf16r(q), _bf16r(kc[: start + t]), _bf16r(vc[: start + t]), pos, scale), 6e-3)
-
-
-def test_prefill_mma_int8_d256(ops, monkeypatch):
-    """D = 256 (8 k-steps and 16 O n-tiles per warp, 4 int8 scale groups), G = 1, int8 cache,
-    chunk at 12, T = 5: one key tile, keys 17..31 masked / zero-filled."""
-    _prefill_mma_case(ops, monkeypatch, 54, "int8", hq=1, hkv=1, d=256, start=12, t=5)
 
 
 # --- grouped MoE with tensor-core GEMMs: x and h are bf16 MMA operands (fp32 accumulate) -------

@@ -28,8 +28,7 @@ SLOW_SECONDS = {"test_whole_hybrid_model_prefill_chunk_matches_cpu": 103, "test_
                 "test_moe_grouped_top2_hot_expert": 28, "test_gdr_chunked_tensor_core_state": 25,
                 "test_sampling": 22, "test_norms": 18, "test_gdr_prepare_mma_vs_simt_kernel": 17,
                 "test_gdr_chunked_tensor_core_prepare": 17, "test_attention_gemm_kernels": 15,
-                "test_moe_grouped_top4": 14, "test_prefill_mma_int8_d256": 11, "test_prefill_mma_bf16_gqa3_d64": 10,
-                "test_decode_attention_mma": 27, "test_attention_combine_many_splits": 15,
+                "test_moe_grouped_top4": 14, "test_decode_attention_mma": 27, "test_attention_combine_many_splits": 15,
                 "test_gemv_multi_token": 13, "test_gemv_one_token": 7}
 MIN_CASES = 30
 

@@ -51,22 +51,15 @@ Prefill design (block = 256 threads, grid (ceil(T * G / 64), Hkv), G = Hq / Hkv)
   tiles, one q head per block) did 0.5 FMA per shared load on a serial 256-FMA chain per score.
 * Any D <= 256 works (partial slices are zero-filled). Indices are masked with NNEG where numba
   cannot prove them non-negative, which removes its negative-index wraparound code.
-* `attn_prefill_mma_kernel`: the same contract and grid on tensor cores (mma.sync m16n8k16,
-  bf16 Q / K / V / P, fp32 S, softmax and O), D % 32 == 0; design in its docstring. Only plain
-  indexing, shared arrays, barriers and the emulated mma_bf16 / pack_bf16x2 / as_f32, so it
-  runs in the simulator. CudaOps takes it with prefill_attention="mma". Correct on the H200
-  (GPU tests) but slower than the SIMT kernel there: 32.2 vs 26.8 ms for a 2048-token 27B chunk
-  at 6144..8191 (11 vs 13.5 TFLOP/s), without a cp.async/ldmatrix pipeline and with 4 barriers
-  per 32-key tile. The default prefill path is kernels/attention/attention_gemm.py (4.2 ms, 87 TFLOP/s).
 """
 from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, uint32
+from numba import cuda, float32
 
 from ninfer_nb.kernels.attention.kvquant import GROUP, kv_load
-from ninfer_nb.kernels.common.bf16 import f32_bits, from_f32
+from ninfer_nb.kernels.common.bf16 import from_f32
 from ninfer_nb.kernels.common.nbtypes import (
     f32,
     f32_2,
@@ -77,7 +70,7 @@ from ninfer_nb.kernels.common.nbtypes import (
     i32_1,
     u16_3,
 )
-from ninfer_nb.kernels.common.ptx import as_f32, ldg_f32, mma_bf16, pack_bf16x2
+from ninfer_nb.kernels.common.ptx import ldg_f32
 from ninfer_nb.kernels.common.registry import kernel
 from ninfer_nb.kernels.common.warp import warp_max as _warp_max
 from ninfer_nb.kernels.common.warp import warp_sum as _warp_sum
@@ -555,234 +548,3 @@ def attn_prefill_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale,
                 d = tx + 16 * c
                 if d < d_head:
                     out[rb, d] = acc[i, c] * inv
-
-
-# ---------------------------------------------------------------- tensor-core prefill (mma.sync)
-MMA_THREADS = 256     # 8 warps: warp w -> row group w & 3 (16 rows), head-dim half w >> 2
-MMA_BR = 64           # query rows per block (same GQA packing as attn_prefill_kernel)
-MMA_BC = 32           # keys per tile
-MMA_KW = MAX_D // 2   # words (bf16 pairs) per staged K row: sk[key][dim pair], pitch 128
-MMA_VW = MMA_BC // 2  # words per staged V^T row: sv[dim][key pair], pitch 16
-MMA_SK = MMA_BC * MMA_KW              # 4096 words = 16 KB (K tile; then the row-max exchange)
-MMA_SV = MAX_D * MMA_VW               # 4096 words = 16 KB (V^T tile)
-MMA_SX = (MMA_THREADS // 32) * 512    # 4096 fp32 = 16 KB (partial S per warp, fragment order)
-assert 4 * (MMA_SK + MMA_SV + MMA_SX) <= 48 * 1024 and 16 * 32 <= MMA_SK
-
-
-def mma_supported(d_head: int) -> bool:
-    """Head dims attn_prefill_mma_kernel handles: each of the two dim halves is whole k16 steps."""
-    return d_head % 32 == 0 and 32 <= d_head <= MAX_D
-
-
-@cuda.jit(device=True)
-def _q_at(q, row, d):
-    return q[row, d] if row >= 0 else float32(0.0)
-
-
-@kernel(*_PRE_SIGS, launch_bounds=(MMA_THREADS, 1))
-def attn_prefill_mma_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, out):
-    """Tensor-core (mma.sync m16n8k16 bf16, fp32 accumulate) flash-attention prefill, same
-    contract and grid as attn_prefill_kernel: q, out [T * Hq, D]; grid (ceil(T * G / 64), Hkv),
-    block 256. D % 32 == 0, D <= 256. Q, K, V and P are rounded to bf16; S, softmax and O are fp32.
-
-    Warp w owns rows 16 (w & 3) .. +15 of the block's 64 and head-dim half dh = w >> 2
-    (dims dh D/2 .. +D/2) of O. Per 32-key tile:
-      A  barrier; stage K [key][dim pair] and V^T [dim][key pair] as bf16x2 words (kv_load,
-         any cache dtype; keys past the block's last position are zero), XOR-swizzled so the
-         fragment loads are conflict-free without padding;  B barrier;
-      S_part = Q[:, half] K[:, half]^T (16 x 32, D/32 k-steps x 4 n-tiles; Q A-fragments stay in
-         registers for the whole kernel), written to shared in fragment order;  C barrier;
-      S = S_part + partner warp's (w ^ 4) S_part (both warps of a pair get bit-identical S),
-         scale, causal mask, per-lane row max over its 8 columns -> shared;  D barrier;
-      row max over the 4 lanes of the quad (4 shared loads per row), P = exp(S - m) packed to
-         bf16 A-fragments straight from the C-fragments (FA2 register reuse), O = O * corr +
-         P V[:, half] (2 k-steps x D/16 n-tiles). Row sums stay per lane; they are reduced
-         over the quad once, after the last tile.
-    Per warp and tile at D = 256: 32 + 32 mma, 4 barriers. Registers (D = 256): Q fragments 32,
-    O 64, S 16; ptxas (sm_90a): 184 / 184 / 182 registers (fp32 / bf16 / int8 cache), no spills,
-    no stack, so launch_bounds (256, 1): one block (8 warps) per SM; (256, 2) caps at 128 and
-    spills 172 / 428 B. Shared: K tile 16 KB (MAX_D pitch; reused for the row-max exchange after
-    barrier C), V^T tile 16 KB, partial S 8 warps x 2 KB = 16 KB: exactly 48 KB static, which
-    is why the row max goes through the dead K tile and the row sums through the S exchange.
-    Splitting D over a warp pair (instead of 4 warps of 16 rows x D) keeps O at 64 registers
-    and Q resident in registers; the price is the partial-S exchange (16 KB, 1 barrier, 16
-    shared stores + 16 loads per lane per tile). The quad row max costs 2 stores, 8 loads and
-    1 barrier per tile (no shuffles, so the kernel stays simulator-safe). No global->shared
-    prefetch: the K/V staging (scalar kv_load, bf16 conversion) is not overlapped with the
-    mma work except across the block's 8 warps.
-    """
-    sk = cuda.shared.array(MMA_SK, uint32)
-    sv = cuda.shared.array(MMA_SV, uint32)
-    sx = cuda.shared.array(MMA_SX, float32)
-    qf = cuda.local.array((8, 4), uint32)       # Q A-fragments, k-steps of this warp's dim half
-    o = cuda.local.array((16, 4), float32)      # O C-fragments, n-tiles of this warp's dim half
-    s = cuda.local.array((4, 4), float32)       # S C-fragments, 4 n-tiles of 8 keys
-    tid = cuda.threadIdx.x & 1023
-    lane = tid & 31
-    w = tid >> 5
-    rg = w & 3
-    dh = w >> 2
-    g = lane >> 2
-    t4 = lane & 3
-    hk = cuda.blockIdx.y & 0xFFFF
-    n_tok = positions.shape[0]
-    hq = q.shape[0] // n_tok
-    d_head = q.shape[1]
-    grp = hq // k_cache.shape[1]
-    dhalf = d_head >> 1
-    nks = dhalf >> 4                    # Q.K^T k-steps per warp
-    ndt = dhalf >> 3                    # O n-tiles per warp
-    dw = d_head >> 1                    # staged words per K row
-    d0 = dh * dhalf
-    n_rows = n_tok * grp
-    r0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * MMA_BR      # longest rows first
-    kmax = positions[(min(r0 + MMA_BR, n_rows) - 1) // grp]   # positions increase
-    ra = r0 + rg * 16 + g
-    rb = ra + 8
-    qa = -1
-    pa = -1
-    qb = -1
-    pb = -1
-    if ra < n_rows:
-        ta = ra // grp
-        qa = ta * hq + hk * grp + (ra - ta * grp)
-        pa = positions[ta]
-    if rb < n_rows:
-        tb = rb // grp
-        qb = tb * hq + hk * grp + (rb - tb * grp)
-        pb = positions[tb]
-    for kk in range(8):
-        if kk < nks:
-            d = d0 + 16 * kk + 2 * t4
-            qf[kk, 0] = pack_bf16x2(_q_at(q, qa, d + 1), _q_at(q, qa, d))
-            qf[kk, 1] = pack_bf16x2(_q_at(q, qb, d + 1), _q_at(q, qb, d))
-            qf[kk, 2] = pack_bf16x2(_q_at(q, qa, d + 9), _q_at(q, qa, d + 8))
-            qf[kk, 3] = pack_bf16x2(_q_at(q, qb, d + 9), _q_at(q, qb, d + 8))
-    for nt in range(16):
-        for e in range(4):
-            o[nt, e] = float32(0.0)
-    m0 = float32(NEG)
-    m1 = float32(NEG)
-    l0 = float32(0.0)
-    l1 = float32(0.0)
-    xo = w * 512 + lane                 # this lane's slots of the partial-S exchange
-    xp = (w ^ 4) * 512 + lane           # the partner warp's
-    mo = w * 64 + lane                  # this lane's slots of the row-max exchange (in sk)
-    mq = w * 64 + 4 * g                 # the quad's
-    kw0 = (d0 >> 1) + t4                # K word of this lane's B-fragment (k-step 0)
-    for j0 in range(0, kmax + 1, MMA_BC):
-        j0 = j0 & NNEG
-        cuda.syncthreads()
-        # ---- stage K [key][word ^ swizzle] and V^T [dim][key word ^ swizzle] as bf16 pairs
-        for idx in range(tid, MMA_BC * dw, MMA_THREADS):
-            kr = idx // dw
-            wd = idx - kr * dw
-            j = j0 + kr
-            u = uint32(0)
-            if j <= kmax:
-                u = pack_bf16x2(kv_load(k_cache, k_scale, j, hk, 2 * wd + 1), kv_load(k_cache, k_scale, j, hk, 2 * wd))
-            sk[(kr * MMA_KW + (wd ^ ((kr & 7) << 2))) & NNEG] = u
-        for idx in range(tid, MMA_VW * d_head, MMA_THREADS):
-            kv = idx // d_head
-            d = idx - kv * d_head
-            j = j0 + 2 * kv
-            lo = kv_load(v_cache, v_scale, j, hk, d) if j <= kmax else float32(0.0)
-            hi = kv_load(v_cache, v_scale, j + 1, hk, d) if j + 1 <= kmax else float32(0.0)
-            sv[(d * MMA_VW + (kv ^ (((d >> 1) & 3) << 2))) & NNEG] = pack_bf16x2(hi, lo)
-        cuda.syncthreads()
-        # ---- partial S over this warp's dim half
-        for nt in range(4):
-            for e in range(4):
-                s[nt, e] = float32(0.0)
-        for kk in range(8):
-            if kk < nks:
-                a = (qf[kk, 0], qf[kk, 1], qf[kk, 2], qf[kk, 3])
-                for nt in range(4):
-                    kb = (nt * 8 + g) * MMA_KW
-                    sw = g << 2
-                    r = mma_bf16(a, sk[kb + ((kw0 + 8 * kk) ^ sw)], sk[kb + ((kw0 + 8 * kk + 4) ^ sw)],
-                                 (s[nt, 0], s[nt, 1], s[nt, 2], s[nt, 3]))
-                    s[nt, 0] = r[0]
-                    s[nt, 1] = r[1]
-                    s[nt, 2] = r[2]
-                    s[nt, 3] = r[3]
-        for nt in range(4):
-            for e in range(4):
-                sx[xo + (nt * 4 + e) * 32] = s[nt, e]
-        cuda.syncthreads()
-        # ---- full S, scale, mask, per-lane row max
-        mx0 = float32(NEG)
-        mx1 = float32(NEG)
-        for nt in range(4):
-            for e in range(4):
-                v = (s[nt, e] + sx[xp + (nt * 4 + e) * 32]) * scale
-                key = j0 + nt * 8 + 2 * t4 + (e & 1)
-                if key > (pa if e < 2 else pb):
-                    v = float32(NEG)
-                s[nt, e] = v
-                if e < 2:
-                    mx0 = max(mx0, v)
-                else:
-                    mx1 = max(mx1, v)
-        sk[mo] = f32_bits(mx0)
-        sk[mo + 32] = f32_bits(mx1)
-        cuda.syncthreads()
-        # ---- quad row max, P, rescale, O += P V
-        mt0 = m0
-        mt1 = m1
-        for i in range(4):
-            mt0 = max(mt0, as_f32(sk[mq + i]))
-            mt1 = max(mt1, as_f32(sk[mq + 32 + i]))
-        c0 = math.exp(m0 - mt0)
-        c1 = math.exp(m1 - mt1)
-        m0 = mt0
-        m1 = mt1
-        ls0 = float32(0.0)
-        ls1 = float32(0.0)
-        for nt in range(4):
-            for e in range(4):
-                v = s[nt, e]
-                p = math.exp(v - (mt0 if e < 2 else mt1)) if v > float32(NEG) else float32(0.0)
-                s[nt, e] = p
-                if e < 2:
-                    ls0 += p
-                else:
-                    ls1 += p
-        l0 = l0 * c0 + ls0
-        l1 = l1 * c1 + ls1
-        for nt in range(16):
-            if nt < ndt:
-                o[nt, 0] *= c0
-                o[nt, 1] *= c0
-                o[nt, 2] *= c1
-                o[nt, 3] *= c1
-        for ks in range(2):
-            a = (pack_bf16x2(s[2 * ks, 1], s[2 * ks, 0]), pack_bf16x2(s[2 * ks, 3], s[2 * ks, 2]),
-                 pack_bf16x2(s[2 * ks + 1, 1], s[2 * ks + 1, 0]), pack_bf16x2(s[2 * ks + 1, 3], s[2 * ks + 1, 2]))
-            for nt in range(16):
-                if nt < ndt:
-                    d = d0 + nt * 8 + g
-                    vb = d * MMA_VW
-                    sw = ((d >> 1) & 3) << 2
-                    r = mma_bf16(a, sv[vb + ((8 * ks + t4) ^ sw)], sv[vb + ((8 * ks + 4 + t4) ^ sw)],
-                                 (o[nt, 0], o[nt, 1], o[nt, 2], o[nt, 3]))
-                    o[nt, 0] = r[0]
-                    o[nt, 1] = r[1]
-                    o[nt, 2] = r[2]
-                    o[nt, 3] = r[3]
-    # ---- row sums over the quad (sx is free: its last reads were before the last barrier D)
-    sx[xo] = l0
-    sx[xo + 32] = l1
-    cuda.syncthreads()
-    q0 = w * 512 + 4 * g
-    lt0 = sx[q0] + sx[q0 + 1] + sx[q0 + 2] + sx[q0 + 3]
-    lt1 = sx[q0 + 32] + sx[q0 + 33] + sx[q0 + 34] + sx[q0 + 35]
-    for nt in range(16):
-        if nt < ndt:
-            d = d0 + nt * 8 + 2 * t4
-            if qa >= 0:
-                out[qa, d] = o[nt, 0] / lt0
-                out[qa, d + 1] = o[nt, 1] / lt0
-            if qb >= 0:
-                out[qb, d] = o[nt, 2] / lt1
-                out[qb, d + 1] = o[nt, 3] / lt1

@@ -110,11 +110,7 @@ class AttentionOps(LinearOps):
                     and t > K_lin.GEMV_MAX_T):                           # as the linear layers: T <= 16 stays fp32
                 self._attention_gemm(q, k_cache, v_cache, ks, vs, positions, scale, out)
                 return out
-            if self.choices.prefill_attention == "mma" and K_attn.mma_supported(d):  # tensor cores, bf16 Q/K/V/P
-                kern, threads = K_attn.attn_prefill_mma_kernel, K_attn.MMA_THREADS
-            else:                                                        # SIMT, fp32 throughout
-                kern, threads = K_attn.attn_prefill_kernel, K_attn.PRE_THREADS
-            self._go(kern, grid, threads, _rows(q, d), k_cache, v_cache,
+            self._go(K_attn.attn_prefill_kernel, grid, K_attn.PRE_THREADS, _rows(q, d), k_cache, v_cache,
                      ks, vs, positions, np.float32(scale), _rows(out, d))
         return out
 

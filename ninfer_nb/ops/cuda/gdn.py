@@ -17,18 +17,12 @@ from ninfer_nb.kernels.gdn import gdn_prepare_mma as K_gdp
 from .launch import F32, SIM, _flat_parts, _need, _part_bounds, _ptr, _rows
 from .norm import NormOps
 
-# The TF32 GDN prepare kernel (gdn_prepare_mma.py) by default from this key head dim up. Below the
-# chunk length (64) a chunk's keys are linearly dependent, and (I + A)^-1 likely amplifies TF32
-# rounding (a hypothesis; the measurement is this):
-# H200, tiny Qwen3.5 with Dk = 32, the logits moved 2.5-3.4e-2 of the max logit from the CPU
-# (8e-3 with the fp32 prepare kernel; one greedy token changed), against 6e-4 output error at the
-# 27B shape (Dk = 128) in the kernel test.
+# The TF32 GDN prepare kernel (gdn_prepare_mma.py) by default from this key head dim up: below
+# the chunk length (64) a chunk's keys are linearly dependent and the logits drift from the CPU's.
 GDN_PREPARE_MMA_MIN_DK = 64
 # The GDN mixer's decode middle (conv + gated delta rule + gated norm) as one kernel
-# (kernels/gdn/gdn_decode.py, cc >= 9.0: clusters of the value heads that share a key head) instead of
-# three launches. H200, graph-timed (tests/kernels test_gdn_decode): 35B shape 8.6 -> 6.9 us,
-# 27B shape 9.2 -> 7.4 us; with the warp's 4 state rows reduced together (seventeenth
-# session) 6.4 and 7.0 us against the three launches' 8.7 and 9.2.
+# (kernels/gdn/gdn_decode.py, cc >= 9.0: clusters of the value heads that share a key head)
+# instead of three launches.
 GDN_DECODE_FUSED = True
 
 

@@ -18,45 +18,12 @@ from ninfer_nb.runtime.launch import Launcher, NotDeviceArgs
 from ninfer_nb.runtime.tensor import Tensor, bfloat16
 
 SIM = bool(config.ENABLE_CUDASIM)
-# Opt-in kernels (name: what), off until a GPU run shows they win, or earlier builds kept for
-# A/B runs (bench --experimental NAME; an unknown name lists them). Promoted after the
-# H200 run of 2026-11-29 (fifth session): the one-launch decode router
-# (moe_router_fused_kernel, 10.6 -> 10.3 us and one launch less per 35B layer) and the
-# SwiGLU-epilogue GEMV (gemv_bf16_swiglu_kernel, 89.2 -> 86.3 us per 27B MLP). Promoted after
-# a later H200 run that day: the GDN output norm one warp per row (norm.gated_rms_norm_warp_kernel,
-# 98304x128: 200.9 -> 52.6 us) and split on a 2-D grid (elementwise.split_rows_kernel,
-# T = 2048: 162.3 -> 139.3 us); swiglu on a 2-D grid (279.9 -> 283.3 us) was dropped.
-# Dropped after its H200 run of 2026-11-30 (twelfth session): attn_tiled, decode attention with a
-# block per (split, kv head) over cp.async-staged K / V tiles (27B 8K fp32 60.3 vs 56.2 us,
-# bf16 49.5 vs 50.7; 512 keys 13.3 vs 11.5; both models' decode no faster). Dropped after its
-# H200 run of 2026-11-30 (thirteenth session): attn_vec, the split kernel with 16-byte K / V
-# loads (35B heads at 8K: fp32 36.4 vs 37.6 us, bf16 32.9 vs 35.1; 27B heads bf16 63.6 vs 51.1;
-# decode 35B 381.6 / 358.0 vs 388.4 / 350.7 tok/s at 512 / 8K, 27B 70.4 / 67.4 vs 70.7 / 67.5).
-# Promoted after its H200 runs of 2026-11-30 (fourteenth session, the kernel built per head
-# dim with its loads batched): attn_mma, decode attention on tensor cores for bf16 KV caches
-# (kernels/attention/attention_decode_mma.py), with bf16 the CUDA backend's default cache. Split +
-# combine vs the SIMT kernel on the same bf16 cache: 35B heads 16.9 vs 34.8 us at 8K keys,
-# 9.2 vs 8.7 at 512; 27B heads 19.5 vs 51.0 and 8.9 vs 10.2. Decode 35B 390.3 / 376.8 tok/s
-# at 512 / 8K (fp32 cache 389.8 / 354.0), 27B 70.6 / 68.9 (69.6 / 66.9).
-# Promoted after its H200 runs of 2026-11-30 (sixteenth session): the one-token decode GEMVs
-# (kernels/linear/linear.py gemv_one_token, one_token_build below). Decode tok/s at 512 / 8K, one
-# machine: 35B 406.3 / 388.3 vs 395.8 / 380.2, 27B 72.8 / 71.8 vs 70.8 / 69.7. Dropped in the
-# same session: the general decode GEMVs built for 3 blocks per SM (80 registers; every shape
-# slower, 35B 359.0 / 363.9 vs 390.1 / 394.5 tok/s at 512).
-# Promoted after their H200 runs of 2026-11-30 (seventeenth session): the one-token GEMVs of
-# rows longer than 4096 in blocks of 4 warps, and whole rows in one wave for the 27B's 5120-row
-# plain weights (one_token_build). 27B decode tok/s at 512 / 8K, one machine: 74.0 / 72.2 vs
-# 72.8 / 71.4 (4 warps alone 73.7 / 72.0). The 35B keeps 8-warp blocks (one_token_build says
-# why). Dropped in the same session: plain GEMVs at 2 blocks per SM everywhere (27B 72.7 /
-# 72.6 vs 71.7 / 72.5 tok/s at 512: noise); normed and SwiGLU ones at 5 blocks of 4 warps (96
-# registers, no spills) instead of 4: chain 192.7 vs 186.6 us per layer, 27B 72.5 / 72.5 vs
-# 74.7 / 74.6 tok/s at 512.
-EXPERIMENTAL: dict[str, str] = {
-    "gemv_x8": "the one-token decode GEMVs in 8-warp blocks at every shape, for A/B runs "
-               "(ops/cuda/linear.py one_token_build_x8)",
-}
+# Kernels on trial (name: what), off unless `bench --experimental NAME` puts the name into
+# CudaOps.experimental; none at present (the ones tried, kept and dropped: docs/perf-log.md).
+EXPERIMENTAL: dict[str, str] = {}
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
+
 
 def _kv(t: Any) -> Any:
     """Kernel-facing view: NumPy bf16 arrays become uint16 (Tensors already export '<u2')."""
@@ -110,7 +77,7 @@ class CudaOpsBase:
         self.scratch = scratch
         self.stream = stream
         self.persistent = persistent
-        # Names from EXPERIMENTAL turned on (bench --experimental).
+        # Names from EXPERIMENTAL turned on (bench --experimental); a kernel on trial reads it.
         self.experimental: frozenset[str] = frozenset()
         self._router_counter: Any = None   # fused_router's arrival counter [1] int32 (persistent)
         self._launchers: dict[str, Launcher] = {}                     # kernel name -> direct launcher

@@ -14,15 +14,11 @@ from ninfer_nb.runtime.tensor import bfloat16
 from .launch import F32, SIM, _need, _ptr, _rows
 from .norm import Normed, NormOps
 
-# Split-K decode GEMV (4 K slices per row pair) for 2-16 tokens (one token: one_token_build) and
-# weights with at most SPLITK_MAX_N rows and at least SPLITK_MIN_K columns. H200, T = 1 (before
-# the one-token GEMVs), in the 27B profile: 5120x17408 85 % -> 93 % of copy bandwidth; 5120x6144
-# 79 % -> 70 % and 2048x4096 65 % -> 57 % (slower), hence the K floor.
+# Split-K decode GEMV (4 K slices per row pair) for 2-16 tokens (one token: one_token_build),
+# weights of at most SPLITK_MAX_N rows and at least SPLITK_MIN_K columns (shorter rows lose).
 SPLITK_MAX_N = 8192
 SPLITK_MIN_K = 12288
-# The 2-slice variant (8 rows per block) for K from SPLITK2_MIN_K up to SPLITK_MIN_K. H200, T = 1,
-# graph-timed: 5120x6144 20.4 -> 19.9 us (whole rows -> 2 slices; 4 slices 23.2), 2048x4096
-# 7.2 -> 6.6 us (4 slices 7.7).
+# The 2-slice variant (8 rows per block) for K from SPLITK2_MIN_K up to SPLITK_MIN_K.
 SPLITK2_MIN_K = 4096
 
 
@@ -39,17 +35,7 @@ def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str
     rows at 4 blocks (128 registers).
     Shorter rows (the 35B's K = 2048 / 4096, a block's rows stream in 2-4 passes): blocks of 8
     warps; plain 2 K slices at 3 blocks per SM from 32 M weights up, else 2; normed and SwiGLU
-    whole rows at 2 blocks.
-
-    H200 (seventeenth session): scripts/chain_probe.py, the 27B GDN layer's four GEMVs
-    graph-timed in model order over 4 layers of distinct weights: 193.7 us per layer with the
-    8-warp builds, 190.5 with 4 warps, 187.3 with 4 warps and the one-wave rows at 5 blocks
-    (190.4 at 6); 2 warps 192.0. Decode on one machine, against all-8-warp builds (bench
-    --experimental gemv_x8): 27B 73.4 / 73.4 vs 70.9 / 71.1 tok/s at 512; 35B with 4-warp
-    builds for its shapes too 389.8 / 398.3 / 391.6 vs 395.9 / 400.4 / 395.1 (at 8K 374.2 /
-    382.0 / 374.4 vs 377.1 / 383.4 / 377.2), hence 8 warps there. The 8-warp builds (sixteenth
-    session, scripts/gemv_probe.py, best of 1 / 2 / 4 / 8 slices x 2 / 3 / 4 blocks): 27B
-    5120x17408 48.9 -> 46.1 us against the split-K kernel, 35B lm_head 248320x2048 273 -> 236."""
+    whole rows at 2 blocks. (The measurements behind these builds: docs/perf-log.md.)"""
     if k <= 4096:
         return one_token_build_x8(mode, n, k)
     warps = 4
@@ -61,9 +47,8 @@ def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str
 
 
 def one_token_build_x8(mode: str, n: int, k: int) -> tuple[str, int, int, int]:
-    """one_token_build's 8-warp builds (short rows; every shape under bench --experimental
-    gemv_x8): plain 2 K slices at 3 blocks per SM from 32 M weights up, else 2; normed and
-    SwiGLU whole rows at 2."""
+    """one_token_build's 8-warp builds for short rows: plain 2 K slices at 3 blocks per SM from
+    32 M weights up, else 2; normed and SwiGLU whole rows at 2."""
     if mode == "plain":
         return mode, 2, (3 if n * k >= 32 << 20 else 2), 8
     return mode, 1, 2, 8
@@ -109,8 +94,7 @@ class LinearOps(NormOps):
         """split(linear(x, weight, bias), sizes). For a tensor-core chunk (T > 16), one GEMM
         per part on the part's rows of the fused weight (contiguous: weight[n0:n1]) writes each
         part straight into its own buffer, so the split copy pass goes away; x is converted to
-        bf16 once for all parts. H200, 2048-token chunk: 16480x5120 36.3 -> 30.1 ms per 27B
-        chunk, 12352x2048 10.8 -> 6.6 ms per 35B chunk. Decode keeps linear + split (views)."""
+        bf16 once for all parts. Decode keeps linear + split (views)."""
         n, k = weight.shape
         t = x.size // k if k else 0
         bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
@@ -198,8 +182,6 @@ class LinearOps(NormOps):
         (ignored by "plain")."""
         n, k = weight.shape
         mode, ways, blocks, warps = one_token_build(mode, n, k, self.sm_count)
-        if "gemv_x8" in self.experimental:
-            mode, ways, blocks, warps = one_token_build_x8(mode, n, k)
         pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
         per_block = warps // ways
         self._go(K_lin.gemv_one_token(mode, ways, blocks, warps), (pairs + per_block - 1) // per_block,

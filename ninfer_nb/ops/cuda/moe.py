@@ -18,18 +18,13 @@ from .linear import LinearOps
 from .norm import Normed
 
 # Prefill MoE on the pipelined GEMMs (kernels/moe/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
-# from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs. H200, 35B shape,
-# the whole op: T = 2048, k = 9: wgmma 1.02, pipelined 1.40, grouped 3.38 ms; T = 512, k = 8:
-# 0.68 / 1.00 / 1.84 ms; 140-280 pairs (pipelined): slower than grouped (more launches).
+# from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs (fewer launches).
 MOE_PIPELINED_MIN_PAIRS = 1024
 # MoE decode expert kernels with more loads in flight per lane (kernels/moe/moe.py), for up
-# to this many tokens. H200, 35B profile: 1.04 -> 0.92 ms per decode token; at T = 4 the
-# kernel test timed them slower than the plain pair, so batches keep the plain kernels.
+# to this many tokens; batches keep the plain pair (faster there).
 MOE_UNROLLED_MAX_T = 1
-# The decode router as one thread-block cluster (kernels/moe/moe.py moe_router_cluster_kernel, cc >=
-# 9.0, up to 256 routed experts) instead of the arrival-counter kernel. H200, 35B shape
-# (scripts/moe_probe.py, 8 layers of distinct weights in a graph): router 9.2 -> 7.9 us, MoE
-# block 28.0 -> 27.0 us.
+# The decode router as one thread-block cluster (kernels/moe/moe.py moe_router_cluster_kernel,
+# cc >= 9.0, up to 256 routed experts) instead of the arrival-counter kernel.
 ROUTER_CLUSTER = True
 
 

@@ -157,7 +157,7 @@ class NormOps(CudaOpsBase):
 
     def gated_rms_norm(self, x: Any, z: Any, weight: Any, eps: float) -> Any:
         """Rows up to WARP_ROW_MAX_D wide (the GDN heads' 128): one warp per row; wider rows:
-        one block per row. H200, 98304x128 (a 2048-token 27B chunk): 200.9 -> 52.6 us."""
+        one block per row."""
         d = x.shape[-1]
         out = self.empty(x.shape)
         rows = x.size // d if d else 0
