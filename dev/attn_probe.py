@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ def main() -> None:
     s = args.pos + 1
     for dtype in (BF16,) if args.mma else (np.float32, BF16):
         ops = env.fresh()
-        ops.decode_attention = "auto" if args.mma else "simt"
+        ops.choices = replace(ops.choices, decode_attention="auto" if args.mma else "simt")
         q = env.up(rnd(rng, 1, args.hq, D))
         kc = env.up(rnd(rng, s, args.hkv, D).astype(dtype))
         vc = env.up(rnd(rng, s, args.hkv, D).astype(dtype))
