@@ -1,14 +1,10 @@
 """Elementwise fp32 kernels: add, silu, sigmoid, sigmoid_mul (grid-stride loops over flat
 vectors), swiglu and split (row-wise: [T, N] inputs).
 
-swiglu_kernel walks a flat index and divides it by the row length per element. split used to
-do the same (64-bit integer division, ~50 instructions, and a branch per part): it ran at 22 %
-of the copy bandwidth in the 27B prefill profile (189 us per 2048 x 10240 call).
-split_rows_kernel runs on a 2-D grid instead (column blocks x rows, `row_grid`), each thread
-taking its row and column from the block indices. Measured on the H200 (T = 2048, the 27B
-shapes: swiglu 2048 x 2 x 17408, split 2048 x 10240): split flat 162.3 us, 2-D grid 139.3 us;
-swiglu flat 279.9 us, 2-D grid 283.3 us. So split runs only on the 2-D grid and swiglu keeps
-the flat kernel (its 2-D variant was deleted). No bf16 here.
+swiglu_kernel walks a flat index and divides it by the row length per element (a 2-D grid
+was no faster for it); split_rows_kernel runs on a 2-D grid (column blocks x rows, `row_grid`),
+each thread taking its row and column from the block indices, with no 64-bit division. No bf16
+here.
 """
 from __future__ import annotations
 

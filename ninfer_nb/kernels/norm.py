@@ -1,25 +1,18 @@
 """Row norms (fp32): rms_norm, add + rms_norm (fused residual), gated_rms_norm (GDN output
 norm: rmsnorm * silu(z)). One block per row with a block reduction, except gated_rms_norm on
 rows up to WARP_ROW_MAX_D (256) wide: one warp per row (gated_rms_norm_warp_kernel), the
-GDN heads' 128-wide rows. Measured on the H200, 98304x128 (a 2048-token 27B chunk): block per
-row 200.9 us (752 GB/s), warp per row 52.6 us (2872 GB/s). Wider rows keep
+GDN heads' 128-wide rows (4x faster there than a block per row). Wider rows keep
 gated_rms_norm_kernel (one block per row).
 
 Rows are [R, D] fp32; weights [D] fp32. The block size is the launcher's choice
-(`threads_for`): a decode step normalises one hidden-size row, and with 256 threads each thread
-walked 20 dependent-latency loads of a 5120 row (~10 us per call in the 27B decode profile);
-wide rows therefore get 1024 threads (5 loads each), narrow head rows no more threads than
-elements. The block sum is warp shuffles plus one shared exchange (2 barriers); a shared-memory
-tree over 1024 threads took 11 barriers and left add_rms_norm at 6.5 us per 5120 row (H200
-profile). Under the CUDA simulator, which has no shuffles, the same sum is the shared tree.
-add_rms_norm_rows_kernel takes every row count (>= ROWS_MIN_R = 1) whose width is a multiple
-of 1024 and whose arrays are 16-byte aligned: 256 threads per row and float4 loads / stores;
-H200, graph-timed: one 5120 row 4.1 us against 5.5 us for the 1024-thread kernel, one 2048 row
-2.8 vs 3.4 us, 2048 x 5120 44.4 vs 88.0 us. add_rms_norm (always a hidden-size row) keeps each thread's (at most PER_THREAD) elements in
-registers and issues all its loads before any store. Its loops used to alternate load and
-store (which the compiler may not reorder: the arrays may alias) and re-read the stored
-residual for the output pass, ~16 dependent L2 round trips per 2048 row: 4.8 us per 35B
-decode row; 3.2 us with registers (H200 profile).
+(`threads_for`): a decode step normalises one hidden-size row, so wide rows get 1024 threads
+(few dependent loads each), narrow head rows no more threads than elements. The block sum is
+warp shuffles plus one shared exchange (2 barriers); under the CUDA simulator, which has no
+shuffles, it is a shared tree. add_rms_norm_rows_kernel takes every row count
+(>= ROWS_MIN_R = 1) whose width is a multiple of 1024 and whose arrays are 16-byte aligned:
+256 threads per row and float4 loads / stores. add_rms_norm (always a hidden-size row) keeps
+each thread's (at most PER_THREAD) elements in registers and issues all its loads before any
+store (the arrays may alias, so the compiler may not reorder loads past stores itself).
 Its rows may not exceed PER_THREAD x 1024 = 8192 (CudaOps checks); launch_bounds(1024, 1)
 keeps it at <= 64 registers, so a 1024-thread block can launch (a register-array
 gated_rms_norm at 1024 threads failed with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES without it).
@@ -153,8 +146,7 @@ def add_rms_norm_rows_kernel(x, residual, w, out, new_residual, d, eps):
     <= MAX_D), flat row-major [R * d] arrays, 16-byte aligned. Each thread keeps d / 1024
     float4 of x + residual in registers (16-byte loads, all issued before any store), so a
     2048-token chunk's rows run several blocks per SM instead of add_rms_norm_kernel's two
-    1024-thread blocks: H200, 2048 x 5120: 44.4 us (3,777 GB/s) against 87.9 us (1,908 GB/s);
-    per 27B prefill chunk 12.7 -> 5.7 ms. One decode row: 5120 wide 4.1 vs 5.5 us, 2048 2.8 vs 3.4.
+    1024-thread blocks.
     Aliasing as add_rms_norm_kernel (every element is read by the thread that writes it)."""
     red = cuda.shared.array(MAX_BLOCK, float32)
     hv = cuda.local.array(ROWS_REGS, float32)
@@ -235,10 +227,8 @@ def gated_rms_norm_warp_kernel(x, z, w, out, eps):
     """grid ceil(R / WARP_ROWS), block 32 * WARP_ROWS: out = rms_norm(x) * w * silu(z), one warp
     per row of D <= WARP_ROW_MAX_D (lane: elements lane + 32 e, every load issued before the
     math, the sum of squares by shuffles: no shared memory, no barrier). For the GDN output
-    norm's 128-wide rows, where gated_rms_norm_kernel runs one 128-thread block per row (T x Hv
-    blocks: 98K for a 2048-token 27B chunk) with two barriers each: 210 us per 27B prefill call
-    in the profile, 18 % of the copy bandwidth. Measured on the H200 at 98304x128: 200.9 us
-    block per row, 52.6 us here (752 -> 2872 GB/s); CudaOps uses it for every row it fits."""
+    norm's 128-wide rows, where gated_rms_norm_kernel runs one 128-thread block per row with
+    two barriers each; CudaOps uses it for every row it fits."""
     red = cuda.shared.array(WARP_RED, float32)             # the simulator's lane exchange only
     xv = cuda.local.array(8, float32)
     zv = cuda.local.array(8, float32)

@@ -8,16 +8,14 @@ keys 0..positions[i]; q-head h reads kv-head h // (Hq / Hkv). D <= 256.
   merges the splits. The split count is fixed per launch (CudaOps sizes it to fill the GPU:
   `decode_splits`), and each split's length follows the query's position on the device:
   ceil((pos + 1) / n_split) keys, at least MIN_SPLIT_KEYS. So one graph covers every position
-  and every block does a few passes at any context. (With fixed 256-key splits, every active
-  block walked 32 dependent passes: ~55 us per layer at 512 and at 8K context alike.)
+  and every block does a few passes at any context.
   bf16 caches (the CUDA default) take attention_decode_mma.py's tensor-core split kernel,
   with the same outputs (a block per kv head) and this combine kernel, where the shape allows.
 * prefill (T > 4): `attn_prefill_kernel`, a SIMT flash-attention kernel (fp32 FMA on CUDA cores,
   no tensor cores, no inline PTX, so it runs in the simulator; ptxas: 128 registers, no spills,
-  46,848 B static shared memory). On the H200: 26.8 ms for a 2048-token 27B chunk at
-  6144..8191 (13.5 TFLOP/s). CudaOps uses it for prefill_attention="simt", for head dims that
-  are not a multiple of 64, and for chunks of 5..16 tokens; longer chunks take the GEMM path
-  (kernels/attention/attention_gemm.py, 4.2 ms for the same chunk).
+  46,848 B static shared memory). CudaOps uses it for prefill_attention="simt", for head dims
+  that are not a multiple of 64, and for chunks of 5..16 tokens; longer chunks take the flash
+  kernel (attention_flash.py) or the GEMM path (attention_gemm.py).
 
 Prefill design (block = 256 threads, grid (ceil(T * G / 64), Hkv), G = Hq / Hkv):
 * GQA packing: a block owns 64 query rows of one kv head, row = t * G + g (q-head hk * G + g),
@@ -79,7 +77,7 @@ NEG = -1.0e30
 MAX_D = 256
 SPLIT_WARPS = 4
 MIN_SPLIT_KEYS = 16   # decode: shortest split (two passes of the 4 warps)
-SPLIT_WAVES = 1       # decode: splits x heads x tokens ~ this many waves of resident blocks (H200: 1 beat 2 and 4 at 512 and 8K)
+SPLIT_WAVES = 1       # decode: splits x heads x tokens ~ this many waves of resident blocks
 SPLIT_BLOCKS_PER_SM = 4   # attn_split_kernel's launch_bounds minimum
 MAX_SPLITS = 1024     # decode splits the combine kernel merges
 

@@ -12,9 +12,8 @@ CudaOps sizes n_split for SPLIT_BLOCKS_PER_SM blocks per SM: few, long splits, b
 block pays a fixed cost (Q's fragments, the warps' merge) and the combine reads every split.
 
 Why: the per-q-head SIMT kernel spends ~170 warp instructions per (q head, key) on loads,
-address arithmetic, bf16 unpacking and 5-shuffle dot-product reductions (Nsight Compute,
-35B heads at 8K keys: 0.66 issued per scheduler and cycle, 33 us, fp32 and bf16 caches alike).
-Here a 16-key tile costs a warp 32 mma for S and 32 for P V, for all the group's heads at once.
+address arithmetic, bf16 unpacking and 5-shuffle dot-product reductions. Here a 16-key tile
+costs a warp 32 mma for S and 32 for P V, for all the group's heads at once.
 
 Each warp of the block (DEC_WARPS) takes 16-key tiles j0 = k0 + 16 w, + 64, ... of the split.
 A tile's K and V loads (16-byte, streaming; `load_tile`) are all issued together: the first
@@ -42,17 +41,9 @@ written and read by the same lane, so no barrier), which kept ptxas under 255 re
 without spills (in registers: 196 bytes spilled). Simulator-safe (mma, shuffles
 and 16-byte loads are emulated by ptx_sim.py).
 
-Status (H200, 2026-11-30): the default decode attention for bf16 caches (ops/cuda.py
-_attention_decode), bf16 being the CUDA backend's default cache. Split + combine against the
-SIMT kernel on the same bf16 cache: 35B heads (16 / 2) 16.9 vs 34.8 us at 8K keys, 9.2 vs 8.7
-at 512; 27B heads (24 / 4) 19.5 vs 51.0 and 8.9 vs 10.2. The first version (opt-in then) took
-21.4 / 27.2 us at 8K and 14.5 / 14.4 at 512: its Q loads waited one round trip per k-step pair
-and a branch + WARPSYNC sat around every mma (2,950 SASS instructions, 255 registers). Now the
+The default decode attention for bf16 caches (ops/cuda/attention.py _attention_decode). The
 16 Q loads are issued together, the kernel is built per head dim (`SPLIT_MMA_KERNELS`: the
-k-step / chunk / m-tile guards fold away) and the first tile's K / V loads go out with Q's
-(2,568 instructions, 238 registers, no spills; nvdisasm). Left: ptxas issues a tile's V loads
-after its first S mma (~1.5 round trips per tile; the source order does not change that),
-and numba's 64-bit index arithmetic is ~20 % of the instructions (IMAD, LEA).
+k-step / chunk / m-tile guards fold away) and the first tile's K / V loads go out with Q's.
 """
 from __future__ import annotations
 

@@ -30,11 +30,7 @@ D == HEAD_DIM (the O accumulator is 32 m16n8 tiles per warp: 128 fp32 registers)
 increasing within the chunk (prefill). Knows nothing of the gathers' cache formats or of
 models.
 
-Measured on the H200 (gathers included, 2048-token chunk at positions 6144..8191, bf16 cache):
-27B heads (24 / 4) 1.57 ms = 230 TFLOP/s of causal work against 3.91 ms through the GEMMs
-(attention_gemm); 35B heads (16 / 2) 1.04 vs 2.45 ms. ptxas (sm_90a): 254 registers, no spills.
-Tried, no faster: 8 warps / 128-row blocks (half the K / V traffic per row, one block per SM:
-1.54 ms) and skipping the O rescale when no row maximum of the warp moved (1.57 ms).
+ptxas (sm_90a): 254 registers, no spills.
 """
 from __future__ import annotations
 

@@ -8,11 +8,10 @@ x [T, C] fp32, conv_state [K-1, C] fp32 (oldest first, updated in place), weight
 * `conv1d_tokens_kernel` + `conv1d_state_kernel`: prefill chunks. The first computes every
   (token, channel) output in parallel, TOKENS_PER_THREAD tokens per thread, reading the window
   from x or the old state, and writes nothing else; the second then rolls the state (one thread
-  per channel), so no block reads a state row another block has already overwritten. A
-  2048-token chunk of the 27B's 10240 channels was 1.4 ms with the serial kernel (80 blocks).
+  per channel), so no block reads a state row another block has already overwritten.
   The first can write its output already split by channel ranges (CudaOps.causal_conv1d_split:
   the GDN's q | k | v, each part a contiguous [T, width] block), which saves the separate
-  split pass over [T, C] (8.0 ms per 27B 2048-token chunk, 3.4 ms per 35B one, on the H200).
+  split pass over [T, C].
 """
 from __future__ import annotations
 
@@ -111,8 +110,7 @@ def conv1d_tokens_k4_kernel(x, conv_state, weight, out, b1, b2):
     """conv1d_tokens_kernel for the models' kernel width 4 (weight [C, 4]): the taps and the
     3-input window are scalars, so they stay in registers. The general kernel indexes its
     window and taps with the runtime width and keeps them in local memory (64-byte stack
-    frame): 134 us per 2048 x 10240 chunk written split, 31 % of the copy bandwidth; this
-    kernel 72.0 us (H200; conv + separate split was 210.8 us)."""
+    frame), about twice as slow."""
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     n_ch = x.shape[1]
     if c >= n_ch:

@@ -54,20 +54,14 @@ Shared-memory indices are `masked base & NN + constant` (no numba wraparound cod
 folds into the load), and the tile-load loops start at a runtime offset so they are not
 unrolled: ptxas (sm_90) then reports 80 registers for kernel 1 and 125 for kernel 2, no spills.
 Scratch: W, Q', U = T Hv (2 Dk + Dv) fp32 (~75 MB at T=1024), handed back after the call.
-Measured on the H200: T = 8192, Hv = 48: 11.7 ms (the recurrent kernel: 17.4 ms); in the
-27B prefill profile 2.97 ms per layer for a 2048-token chunk, a third of the chunk's time and
-several times the model above. The likely reason, found by reading the code after that run:
-kernel 2's tile loads were load-then-store loops that the compiler does not unroll, so each
-thread had one global load in flight, ~32 of them per X tile (4 tiles) and 64 per K chunk,
-every chunk step: ~190 dependent global-latency waits per step, ~75 us at the measured speed.
-Kernel 2 now issues LOAD_BATCH = 8 loads before storing them (ptxas: 87 registers, was 125;
-no spills): 11.7 -> 9.5 ms for the pair. CudaOps now runs the state pass on TF32 tensor cores
-(kernels/gdn/gdn_chunked_mma.py: 3.9 ms for the pair, the prepare kernel 2.3 ms of it) and keeps
-kernel 2 for key head dims that kernel does not take (and `gdn_state="simt"`). Kernel 1 keeps
-its loops: batching them there spills at its 80-register budget.
+Kernel 2 issues LOAD_BATCH = 8 tile loads before storing them (a load-then-store loop, which
+the compiler does not unroll, keeps one global load in flight per thread; ptxas: 87 registers,
+no spills). Kernel 1 keeps its loops: batching them there spills at its 80-register budget.
+CudaOps runs the state pass on TF32 tensor cores (gdn_chunked_mma.py) and the prepare on
+gdn_prepare_mma.py where they apply; these kernels serve the other head dims and
+`gdn_state="simt"` / `gdn_prepare="simt"`.
 test_gated_delta_rule_chunked_vs_recurrent_timing (-s) prints the prepare kernel alone and
-both state passes. Next for kernel 1, now the larger half: tensor cores for its tile products
-(the Gram matrices, M = P T and W / U / Q' / O_intra are all small GEMMs).
+both state passes.
 """
 from __future__ import annotations
 

@@ -28,24 +28,18 @@ Layout choices:
   16-byte shared-load phase (g in {0, 1}, t in 0..3) hit 32 distinct banks.
 - Out-of-range rows (past T in the last chunk) and columns (past Dv, past Dk) load from a
   clamped in-range address and are replaced by zero, so every load is unconditional and the
-  mma count is uniform; Dk < 128 wastes the zero k blocks (tiny test models only). Loads that
-  sat behind per-element branches were serialised (each waited before the next was issued):
-  making them unconditional took the state pass from 2.1 to 1.6 ms at T = 8192.
+  mma count is uniform; Dk < 128 wastes the zero k blocks (tiny test models only). Loads
+  behind per-element branches were serialised (each waited before the next was issued).
 - The A fragments of the next chunk are loaded during the update (half before it, half after:
   all of them before it spills at 128 registers); U / out after the X product and K~ after the
   first barrier (earlier spills too: 324-616 B, tried).
 Two barriers per chunk. Limits: Dk % 16 == 0 and Dk <= 128 (`supported`); any Dv. ptxas
 (sm_90a): 128 registers, 96 B of spill stores (the first chunk's A fragments), 46 KB of
 static shared memory, 2 blocks per SM (MIN_BLOCKS; 1 block per SM at 214 registers was
-slower: 2.0 vs 1.6 ms).
-
-Measured on the H200 (27B GDN layer, T = 8192, Hv = 48): the pair of kernels 3.9-4.6 ms against
-9.2-10.0 with gdc_state_kernel (the state pass alone ~1.6 vs ~6.9 ms); output and state within
-1.7e-4 to 6.2e-4 of the largest value of the fp32 recurrence. That is still ~12 us per chunk
-step against ~1-2 us of tensor work: every step waits on global loads (U / out, K~, half the
-next A fragments) in sequence. Next: stage U, K~ and ks for the next chunk in shared memory
-with cp.async during the current one (no registers), which needs dynamic shared memory (~94 KB
-per block).
+slower). Output and state stay within ~6e-4 of the largest value of the fp32 recurrence.
+Each chunk step still waits on global loads (U / out, K~, half the next A fragments) in
+sequence; staging them with cp.async during the previous step (~94 KB of dynamic shared
+memory) is the next step.
 """
 from __future__ import annotations
 

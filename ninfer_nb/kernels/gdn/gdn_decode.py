@@ -21,8 +21,7 @@ that share a key head form one thread-block cluster of C = (Hv / Hk) * S blocks 
   the same). The state thus loads while the input projection still runs.
 * The latency chain after the wait is short reductions: q / k norms (two warp sums) and a
   warp's 4 state rows (two warp sums each), now reduced together (`warp_sum2`, `warp_sum4`:
-  15 dependent shuffles instead of 50 in SASS; H200, test_gdn_decode: 27B shape 7.4 -> 7.0
-  us, 35B 6.9 -> 6.4).
+  15 dependent shuffles instead of 50 in SASS).
 Knows nothing of the model's layout beyond the GDN's [q | k | v] channel order.
 """
 from __future__ import annotations

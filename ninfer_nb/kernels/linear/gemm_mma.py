@@ -12,9 +12,7 @@ Two kernels, launched back to back by `CudaOps.linear` for M > GEMV_MAX_T and K 
   - 3-stage `cp.async.cg` (16 B) ring, one `__syncthreads` per k-tile, prefetch distance 2.
     Stage = (128 + 128) rows x 64 B = 16 KB; 3 stages = 48 KB of *static* shared memory, so no
     `cuKernelSetAttribute` opt-in is needed, and 2 CTAs fit per SM (launch_bounds (256, 2):
-    <= 128 registers). Measured in the design spike (numba-kernels-measured.md section 2): this
-    configuration reached 343-356 TFLOP/s on an H200; 128x128x64 with 96 KB dynamic smem gained
-    only ~3 % more.
+    <= 128 registers). 128x128x64 with 96 KB of dynamic shared memory was only ~3 % faster.
   - 64-byte tile rows, 16-byte chunk c of row r stored at chunk c ^ ((r >> 1) & 3): the 8 row
     addresses of every `ldmatrix` 8x8 matrix then fall in 8 distinct 16-byte bank groups.
   - Both operands use non-transposed `ldmatrix.x4`: x[M, K] row-major is the `.row` A operand

@@ -4,8 +4,7 @@ Same contract as `gemm_mma_kernel` (x already rounded to bf16 by `f32_to_bf16_ke
 as uint16, K % 64 == 0, 16-byte aligned operands, ragged M and N), but the products run on
 `wgmma.mma_async` instead of `mma.sync`; `CudaOps.linear` picks it on cc 9.0 for M >= 256.
 
-Design (the design spike's best large-M configuration, numba-kernels-measured.md section 2:
-686-747 TFLOP/s at M = 4096-8192, 86-92 % of cuBLAS, against ~360 for mma.sync):
+Design (the best large-M configuration of the design spike, about twice mma.sync's rate):
 * CTA tile 256 x 128 x 64, 4 warpgroups (512 threads); warpgroup g owns rows 64g..64g+63 of the
   tile and all 128 columns: one m64n128k16 wgmma per 16-wide k step, 64 fp32 accumulators per
   thread (one UniTuple, tied asm operands, so registers).
@@ -27,12 +26,7 @@ CTA's 128 B rows are gate rows n0.. n0+63 and the matching up rows, so each thre
 gate and up of its outputs and writes h = bf16(silu(gate) * up) [M, I], the down GEMM's bf16
 operand as is (CudaOps.linear_swiglu returns it as uint16; `linear` takes it without the fp32
 -> bf16 pass). Same values as the unfused path (its fp32 h is rounded the same way before the
-down GEMM). H200, 27B MLP at 2048 tokens: 1.63 ms against 1.92 ms for GEMM + swiglu + GEMM;
-`linear_swiglu` in the 27B chunk profile 87.8 -> 70.7 ms.
-Measured on the H200 (tests/kernels/test_gemm_mma_gpu.py, which also checks it against NumPy
-and mma.sync), 17408 x 5120 weights: 495 / 680 / 715 TFLOP/s at M = 512 / 2048 / 8192 (mma.sync:
-286 / 352 / 372). In the 27B prefill profile the projections run at 570-690 TFLOP/s including
-the f32 -> bf16 conversion of their input.
+down GEMM). tests/kernels/test_gemm_mma_gpu.py checks it against NumPy and mma.sync.
 """
 from __future__ import annotations
 

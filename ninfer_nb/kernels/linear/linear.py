@@ -3,24 +3,20 @@
 * `gemv_bf16_kernel` (T <= 16, decode; T = 1 goes to gemv_one_token): memory-bound. A warp
   owns 2 weight rows and streams them with 16-byte inline-PTX loads
   (`ld.global.nc.L1::no_allocate.L2::256B.v4`), 4 chunks of 256 columns per row issued
-  together (8 loads in flight per lane: with 2 in flight the kernel averaged ~3.0 TB/s in the
-  27B decode profile; the design spike's 4-deep SIMT variant reached ~4.0 TB/s,
-  numba-kernels-measured.md section 3), 4 tokens per pass, fp32 FMA, warp-shuffle reduction.
+  together (8 loads in flight per lane: 2 in flight left bandwidth unused), 4 tokens per pass,
+  fp32 FMA, warp-shuffle reduction.
   `vec = 0` selects a scalar path (K % 8 != 0 or unaligned).
 * `gemv_bf16_splitk_kernel` / `gemv_bf16_splitk2_kernel`: the same loop over 4 / 2 K slices
   per row pair, for weights with few, long rows (see the docstring); CudaOps picks them by
-  shape for 2-16 tokens (ops/cuda.py SPLITK_*: on the H200, at T = 1 before gemv_one_token
-  took that case, 4 slices lifted 5120x17408 from 85 % to 93 % of copy bandwidth, 2 slices
-  took 5120x6144 from 20.4 to 19.9 us and 2048x4096 from 7.2 to 6.6 us).
+  shape for 2-16 tokens (ops/cuda/linear.py SPLITK_*).
 * `gemv_bf16_swiglu_kernel`: the MLP's gate_up GEMV with the SwiGLU applied as
   each warp finishes its gate and up row.
 * `gemv_one_token(mode, ways, blocks, warps)`: the one-token decode GEMVs (T = 1, the batch-1
-  decode step), built per K-split, blocks per SM and warps per block (ops/cuda.py
+  decode step), built per K-split, blocks per SM and warps per block (ops/cuda/linear.py
   one_token_build picks them per shape: blocks of 4 warps for rows longer than 4096, else 8):
   "plain", "normed" (one token of rms_norm(x) * w as input, the norm fused in:
   `_stream_pair_normed` scales x by the norm weight as it is read, sums x^2 over the same
-  loads, applies 1 / rms to the dot products at the end; H200, against the norm kernel + GEMV:
-  12352x2048 20.3 -> 16.1 us, 16480x5120 50.3 -> 43.9 us) and "swiglu" (the MLP's normed
+  loads, applies 1 / rms to the dot products at the end: no norm launch) and "swiglu" (the MLP's normed
   gate_up with the SwiGLU applied as each warp finishes its gate and up row).
 * All the GEMVs above are `self_sync` kernels: each pass issues its weight loads before
   `grid_dependency_sync()`, so under programmatic dependent launch the first ones overlap
@@ -116,7 +112,7 @@ def _stream_pair(x, w, r0, r1, k, k_end, t0, k_dim, ok1, ok2, ok3, acc):
     over columns k, k + 256, ... < k_end (k = first column + lane * 8). UNROLL chunks of 256
     columns per pass: all 2 * UNROLL weight loads are issued before any math, so each lane
     keeps 8 x 16 B in flight (latency hiding); then the last < UNROLL chunks, one per round
-    trip (issuing them together, predicated, measured no faster on the H200).
+    trip (issuing them together, predicated, was no faster).
     Each pass calls ptx.grid_dependency_sync() after its weight loads, before the first read of
     x: a kernel registered with self_sync=True thus streams its first weights while the kernel
     before it (which wrote x) finishes; later calls return at once."""
@@ -306,8 +302,7 @@ def gemv_bf16_swiglu_kernel(x, w, h):
     token t (T <= 16, 4 per pass). w = [gate; up] [2I, K] bf16, K % 8 == 0, 16-byte aligned
     (the vectorised loop only). A warp streams the gate row j and the up row I + j as
     gemv_bf16_kernel streams a row pair, so the SwiGLU costs no launch and the [T, 2I]
-    intermediate is never written (the MLP's swiglu kernel: 64 launches per 27B decode token).
-    H200, 27B MLP (34816x5120, T = 1), timed in a graph: 86.3 us vs 89.2 for the pair."""
+    intermediate is never written."""
     lane = cuda.threadIdx.x & 31
     warp = cuda.threadIdx.x >> 5
     inter = h.shape[1]
@@ -357,8 +352,8 @@ def _make_splitk(ways: int, name: str):
 
         For weights with few rows and long rows (the 27B's 5120 x 17408 and 5120 x 6144, the 35B's
         2048 x 4096): gemv_bf16_kernel gives each warp 2 whole rows, so N = 5120 is 320 blocks for
-        264 resident (2 per SM), and the second, 56-block wave leaves most SMs idle (86 % and 79 %
-        of the copy bandwidth in the 27B profile). Here the `ways` warps of a row pair each stream
+        264 resident (2 per SM), and the second, 56-block wave leaves most SMs idle. Here the
+        `ways` warps of a row pair each stream
         one K slice (a multiple of 256 columns) of both rows: at 4 ways 4 rows per block, N = 5120
         is 1280 short blocks (~5 waves, so the last one costs little); at 2 ways 8 rows per block,
         each slice twice as long. The slices' sums meet in shared memory in
@@ -447,14 +442,7 @@ def gemv_one_token(mode: str, ways: int, min_blocks: int, warps: int = GEMV_WARP
     Grid ceil(pairs / (warps / ways)), block 32 * warps; pairs = ceil(N / 2) (plain, normed) or I.
     Without the token loop of gemv_bf16_kernel (up to 16 tokens, 8 accumulators) the plain
     loop fits 80 registers without spills (ptxas, sm_90a), so 3 blocks (24 warps) per SM keep
-    their loads in flight, and the K slices even out the last wave of a few-row weight. H200,
-    graph-timed over distinct weights (scripts/gemv_probe.py), against the kernels it
-    replaced (gemv_bf16_splitk_kernel, gemv_bf16_normed_kernel): 27B 5120x17408 48.9 -> 46.1
-    us (2 slices, 3 blocks), 5120x6144 19.4 -> 18.1, 14336x5120 normed 39.9 -> 37.7 (whole
-    rows, 2 blocks); 4 blocks (64 registers) lost everywhere, 8 slices too. Also lost (H200,
-    seventeenth session): an L2 bulk prefetch of each warp's next 2 passes before its
-    grid-dependency wait (27B decode 66.1 vs 72.8 tok/s at 512; gate_up 93.4 vs 86.0 us) and a
-    slice's last < 4 chunks issued in one round trip (71.1 vs 72.8; probe: no change)."""
+    their loads in flight, and the K slices even out the last wave of a few-row weight."""
     key = (mode, ways, min_blocks, warps)
     if key not in _ONE_TOKEN:
         if (mode not in ONE_TOKEN_MODES or ways not in (1, 2, 4, 8) or warps not in (2, 4, 8) or ways > warps

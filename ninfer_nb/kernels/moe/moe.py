@@ -13,14 +13,12 @@
   one warp per (t, n), slots summed in order (deterministic, no atomics). Both stream weights
   with 16-byte loads when `vec` (H % 8 == 0 and I % 8 == 0), else scalar loads.
 * Decode (T <= CudaOps' MOE_UNROLLED_MAX_T, H % 1024 == 0, I % 256 == 0): the same contracts
-  with more 16-byte loads in flight. The plain kernels keep one or two loads in flight per
-  lane, so a 35B decode layer took 26 us for its expert weights (54 % of the copy bandwidth).
+  with more 16-byte loads in flight (the plain kernels keep one or two per lane).
   `moe_gate_up_wide_kernel` (H % 2048 == 0) issues all 16 loads of a 2048-wide gate + up row
   pair before any math, `moe_gate_up_unrolled_kernel` 8 (4 chunks of both rows);
   `moe_down_wide_kernel` flattens (slot, chunk) items, issues 9 at a time, scales each lane's
   partial by its slot weight and reduces once (local arrays that ptxas keeps in registers:
-  128, no spills). H200, 35B shape with 9 slots: plain 26.2, 4-wide unrolled pair 23.1, wide
-  pair 21.9 us per layer (the 4-wide down kernel was removed for the 9-wide one).
+  128, no spills).
 Decode-oriented (each routed pair streams its expert's weights): CudaOps.moe_experts uses them for
 T < moe_grouped.GROUPED_MIN_T; longer prefill chunks take the grouped-by-expert path (moe_grouped.py).
 """
@@ -117,9 +115,7 @@ def _route_row(row, n_exp, gate, top_k, renorm, shared, ids, weights, t):
     is -inf with ids after every real one: it ranks after them and fills the slots of a tile
     with fewer than k experts, so every candidate slot is written.
     The compares read 4 values per 16-byte broadcast load and count in float32 without
-    branches (`_beaten4`), so a lane's loads are all in flight at once. H200, E = 256, k = 8
-    (%clock64 stamps, scripts/route_probe.py): the first version (scalar loads, compares
-    counted in int64) took ~5,800 cycles, one ranking by 32 shuffles per value ~2,800."""
+    branches (`_beaten4`), so a lane's loads are all in flight at once."""
     top_p = cuda.shared.array(MAX_TOPK, float32)
     red = cuda.shared.array(ROUTE_BLOCK, float32)
     cand_v = cuda.shared.array(ROUTE_CAND_ROW, float32, alignment=ROW_ALIGN)
@@ -220,7 +216,7 @@ def moe_router_fused_kernel(x, nw, eps, w, xn, logits, counter, top_k, renorm, s
     Each block writes its rows' logits, fences, and bumps `counter` [1] (device memory, 0
     between launches); the router block that arrives last routes over all logits and sets the
     counter back to 0, so a captured graph replays it. Replaces the norm + router GEMV +
-    moe_route triple; H200, 35B shape, timed in a graph (without the norm): 10.3 vs 10.6 us.
+    moe_route triple.
 
     Launched with ceil(I / 8) more blocks after the router's ceil((E + 1) / 16) (shared = 1),
     they compute the shared expert's SwiGLU row h[k] [I] (expert E of gate_up [E + 1, 2I, H], one
@@ -282,9 +278,7 @@ def moe_router_cluster_kernel(x, nw, eps, w, xn, top_k, renorm, shared, n_h, ids
     fence and an arrival counter: the first C = ceil(E / 16) blocks are one thread-block
     cluster (launched with cluster size C; the grid a multiple of C); each warp stores its two
     logits straight into block 0's shared row (mapa + st.shared::cluster), one cluster barrier
-    (release / acquire), block 0 routes. H200, 35B router (E = 256, 16 blocks), graph-timed
-    over 8 layers: the fused kernel's exchange (fence, atomic, fence, reload) and routing took
-    5.5 of its 8.6 us (a normed 257-row GEMV alone: 3.1 us); this kernel 7.6 us.
+    (release / acquire), block 0 routes: no fence, atomic and reload of the logits.
 
     The blocks after the cluster do the shared expert's work items: j < n_h: the SwiGLU row
     h[k, j] (expert E of gate_up [E + 1, 2 n_h, H], as the fused kernel's extra blocks);
@@ -295,9 +289,7 @@ def moe_router_cluster_kernel(x, nw, eps, w, xn, top_k, renorm, shared, n_h, ids
     The logits travel by st.async into block 0's row, each completing 4 transaction bytes on
     block 0's mbarrier, which block 0 alone waits for; the other blocks exit after their
     stores. So there is no cluster barrier at the end and no release fence (ptx.py's mbarrier
-    notes). H200, scripts/moe_probe.py (8 layers in a graph): router 6.04-6.09 vs 6.17-6.20 us,
-    MoE block 24.89-25.17 vs 25.30-25.32 us with st.shared::cluster stores and a release /
-    acquire cluster barrier."""
+    notes)."""
     row = cuda.shared.array(ROUTE_MAX_E, float32, alignment=ROW_ALIGN)
     mbar = cuda.shared.array(1, int64)
     lane = cuda.threadIdx.x & 31

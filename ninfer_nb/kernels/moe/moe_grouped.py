@@ -77,17 +77,12 @@ Expected cost at the Qwen3.6-35B-A3B shape (H 2048, E 256, k 8, I 512, bf16 expe
   (~8 rows x ~257 tiles x 2 GEMMs, ~+10 %), on the tensor cores. Per block and k-tile each warp
   issues 16 MMAs (65.5 kFLOP) against 16 32-bit fragment loads, and each thread loads 12
   global words and stores 12 shared words: the loads are plain 4-byte LDG/LDS (no
-  ldmatrix / cp.async, to stay simulator-checkable), so this is expected to reach well under
-  gemm_mma.py's ~350 TFLOP/s, perhaps 100-200 TFLOP/s: ~0.5-1 ms of MMA work per layer at
-  P = 16384, about the time the ~2.4 GB of weights take at ~4.8 TB/s (~0.5 ms), against an
-  estimated ~4-5 ms for the previous fp32 SIMT version (103 GFLOP at ~20-30 TFLOP/s).
+  ldmatrix / cp.async, to stay simulator-checkable), so it runs well under gemm_mma.py's rate;
+  from MOE_PIPELINED_MIN_PAIRS routed pairs CudaOps takes moe_pipelined.py / moe_wgmma.py.
   Numerics: x and h are rounded to bf16 (relative ~2^-9 each), accumulation is fp32; tests
   compare against ops.cpu on bf16-rounded x and h (sim_cases._moe_ref_bf16).
-* Measured on the H200 (tests/kernels/test_kernels_gpu.py::test_moe_grouped_mma, correct
-  against the bf16-operand reference at 2e-3): T = 2048, 257 experts (shared one folded in),
-  k = 9: 4.08 ms per layer, 28 TFLOP/s -- well below the estimate above, and 48 % of a 35B
-  prefill chunk. The plain 4-byte LDG/LDS staging with one barrier per 32-wide k-tile is the
-  suspect; the next steps below are what would close it. GROUPED_MIN_T is an untuned estimate
+* tests/kernels/test_kernels_gpu.py::test_moe_grouped_mma checks it against the bf16-operand
+  reference at 2e-3. GROUPED_MIN_T is an untuned estimate
   (per-pair cost grows ~linearly with T, grouped cost starts at roughly one read of every
   touched expert; they cross near k * T ~ 2 E at this shape).
 

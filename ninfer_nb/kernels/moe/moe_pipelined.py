@@ -1,8 +1,7 @@
 """Grouped-by-expert MoE prefill on the pipelined mma.sync GEMM of gemm_mma.py (cp.async ring,
 swizzled shared tiles, ldmatrix), in place of the GEMMs of moe_grouped.py (which stage their
-operands with plain 4-byte loads: 28-32 TFLOP/s on the H200, 52 % of a 35B prefill chunk) from
-CudaOps' MOE_PIPELINED_MIN_PAIRS routed pairs up, on GPUs without wgmma (on cc 9.0,
-moe_wgmma.py's 64-row tiles replace it: 1.02 vs 1.40 ms at a 35B chunk).
+operands with plain 4-byte loads) from CudaOps' MOE_PIPELINED_MIN_PAIRS routed pairs up, on
+GPUs without wgmma (on cc 9.0, moe_wgmma.py's 64-row tiles replace it).
 
 After moe_grouped's hist / scan / scatter (offs [E+1] row offsets, order [P] expert-sorted
 pairs), CudaOps runs:
@@ -26,12 +25,8 @@ rows past the expert's last row are clamped to it (never stored), B = rows bx*12
 expert's [N, K] weight. A warp whose 64 rows are all past the expert's end skips its ldmatrix
 and MMAs (warp-uniform; it still copies and meets the barriers): with ~64 rows per expert in a
 35B chunk that halves the tensor work of most tiles. K % 32 == 0, N even, 16-byte alignment.
-Cost model, 35B shape, 2048-token chunk (P = 18432 with the shared expert): 116 GFLOP per
-layer; at gemm_mma's ~350 TFLOP/s and ~half-full tiles, ~0.7 ms per layer. Measured on the
-H200: 2.08 ms (56 TFLOP/s) against moe_grouped's 4.04 ms; in the 35B profile a 2048-token
-chunk's MoE went from 130 to 53 ms. Left: the G round trip (fp32 [P, 2I] written and re-read
-for the SwiGLU), the gather, and 128-row tiles for ~64-row experts (a 64-row tile variant, or
-wgmma). GPU only (inline PTX).
+Left: the G round trip (fp32 [P, 2I] written and re-read for the SwiGLU), the gather, and
+128-row tiles for ~64-row experts (moe_wgmma.py has 64-row tiles). GPU only (inline PTX).
 """
 from __future__ import annotations
 

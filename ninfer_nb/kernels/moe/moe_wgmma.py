@@ -28,12 +28,7 @@ Numerics are moe_pipelined's: x and h rounded to bf16, fp32 accumulation, determ
 H % 64 == 0 and I % 64 == 0 (k-tiles, gate/up pairing), 16-byte aligned operands (checked by
 CudaOps). GPU only (inline PTX, sm_90a): not simulator-safe; tests/kernels compare it with
 the bf16-operand NumPy reference on the GPU.
-Measured on the H200 (test_moe_grouped_mma, the whole `moe_experts` with the sort and the
-combine): T = 2048, E = 257, k = 9 (a 35B chunk with the shared expert): 1.02-1.04 ms against
-moe_pipelined's 1.40-1.42 ms and moe_grouped's 3.38-3.53 ms; T = 512: 0.68-0.70 vs 1.00-1.05
-ms. In the 35B prefill profile a 2048-token chunk's MoE went from 53.9 to 37.9 ms (0.95 ms per
-layer; reading the 1.6 GB of expert weights once at copy speed would take ~0.4 ms). ptxas
-(sm_90a): gate_up 114, down 138 registers, no spills.
+ptxas (sm_90a): gate_up 114, down 138 registers, no spills.
 """
 from __future__ import annotations
 
