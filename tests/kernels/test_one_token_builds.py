@@ -1,4 +1,4 @@
-"""The one-token decode GEMV builds ops/cuda.py picks for the real model shapes (no GPU).
+"""The one-token decode GEMV builds ops/cuda/linear.py picks for the real model shapes (no GPU).
 
 `one_token_build` picks a kernels/linear/linear.py gemv_one_token build (K slices, blocks per SM,
 warps per block) per weight shape. A build that is not registered at import

@@ -39,7 +39,7 @@ Kernels:
 The last chunk may be partial (rows past T are zero: beta = g = 0, k = q = v = 0, which leaves
 every product exact and gam_last = the last real token's). Limits: Dk <= 128 (the state slice
 and the K chunk live in shared memory); any Dv; T <= 16 (decode, speculative verify) and Dk > 128
-use the recurrent kernel (ops/cuda.py decides).
+use the recurrent kernel (ops/cuda/gdn.py decides).
 
 Expected cost (27B shape, Hk=16, Hv=48, Dk=Dv=128, one GDN layer, C=64), a model, not a
 measurement: kernel 1 ~1.5 M FMA per (chunk, V head) (Gram ~0.22 M after sharing over the 3 V

@@ -608,7 +608,7 @@ def gemv_f32_kernel(x, w, bias, out, has_bias):
             out[t, row] = acc + (bias[row] if has_bias else float32(0.0))
 
 
-# The one-token builds ops/cuda.py picks (one_token_build), registered at import so that the
+# The one-token builds ops/cuda/linear.py picks (one_token_build), registered at import so that the
 # compile tests see them; others are built on first use (scripts/gemv_probe.py sweeps them).
 ONE_TOKEN_BUILDS = (("plain", 2, 2, 8), ("plain", 2, 3, 8), ("normed", 1, 2, 8), ("swiglu", 1, 2, 8),
                     ("plain", 2, 4, 4), ("plain", 2, 6, 4), ("plain", 1, 5, 4), ("normed", 1, 4, 4),

@@ -4,7 +4,7 @@ streamed once per 64-row tile instead of once per routed pair.
 
 `CudaOps.moe_experts` takes this path for T >= GROUPED_MIN_T (and always under the simulator);
 smaller T (decode, short verify batches) keeps the per-pair GEMV kernels of kernels/moe/moe.py.
-From MOE_PIPELINED_MIN_PAIRS routed pairs up (ops/cuda.py) the bookkeeping below stays and the
+From MOE_PIPELINED_MIN_PAIRS routed pairs up (ops/cuda/moe.py) the bookkeeping below stays and the
 GEMMs 4-5 are replaced by kernels/moe/moe_pipelined.py (twice as fast at a 35B prefill chunk).
 
 Pairs: p = t * k + s for token t, slot s (ids/weights flattened, [P = T*k]).
