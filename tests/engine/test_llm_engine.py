@@ -159,3 +159,22 @@ def test_state_slots_snapshot_restore_round_trip() -> None:
         assert not np.array_equal(layer.recurrent[1], rec)             # the forward advanced it
     with pytest.raises(NotImplementedError):
         ForwardBatch(ids, pos, (0, 1, 3), (0, 1)).only_slot()
+
+
+def test_interleaved_streams_and_an_abandoned_one(llm: LLM) -> None:
+    """Two streams of one LLM read in turn each get their own request's tokens (the engine runs
+    one request at a time; outputs of the other wait for their stream); closing a stream early
+    aborts its request, and the engine serves the next one."""
+    want_a = llm.generate(PROMPT, GREEDY).token_ids
+    want_b = llm.generate(PROMPT[::-1], GREEDY).token_ids
+    sa, sb = llm.stream(PROMPT, GREEDY), llm.stream(PROMPT[::-1], GREEDY)
+    first = next(sa)                                  # a runs
+    events_b = list(sb)                               # steps a to its end, then b
+    events_a = [first, *sa]
+    assert [e.token_id for e in events_a[:-1]] == want_a and events_a[-1].finish_reason == "length"
+    assert [e.token_id for e in events_b[:-1]] == want_b and events_b[-1].finish_reason == "length"
+    s = llm.stream(PROMPT, GREEDY.replace(max_tokens=30))
+    next(s), next(s)
+    s.close()
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.generate(PROMPT[::-1], GREEDY).token_ids == want_b
