@@ -11,7 +11,6 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from ninfer_nb.kernels import norm as K_norm  # noqa: E402
 from ninfer_nb.kernels import sampling as S  # noqa: E402
 from ninfer_nb.ops import cpu  # noqa: E402
 from ninfer_nb.ops.cuda import CudaOps  # noqa: E402
@@ -36,75 +35,6 @@ def close(a, b, tol=1e-5):
     assert np.isfinite(a).all(), "NaN/inf in kernel output (unwritten element?)"
     err = np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)
     assert err <= tol, f"relative error {err:.3e} > {tol}"
-
-
-def test_elementwise(ops):
-    rng = np.random.default_rng(1)
-    x, y = rnd(rng, 3, 37), rnd(rng, 3, 37)
-    close(ops.add(x, y), cpu.add(x, y))
-    close(ops.silu(x), cpu.silu(x))
-    close(ops.sigmoid(x), cpu.sigmoid(x))
-    close(ops.sigmoid_mul(x, y), cpu.sigmoid_mul(x, y))
-    for i in (19, 300):                          # swiglu (flat, grid-stride): short and long rows
-        gu = rnd(rng, 3, 2 * i)
-        close(ops.swiglu(gu), cpu.swiglu(gu))
-    # split on the 2-D grid: one and two 256-column blocks, 2-4 parts; one token: views
-    for rows, sizes in ((3, (5, 7, 2, 9)), (3, (10, 13)), (2, (100, 200, 50)), (1, (4, 6, 3))):
-        p = rnd(rng, rows, sum(sizes))
-        got, want = ops.split(p, sizes), cpu.split(p, sizes)
-        assert len(got) == len(sizes)
-        for g, w in zip(got, want):
-            assert np.array_equal(np.asarray(g), w)
-
-
-def test_embedding(ops):
-    rng = np.random.default_rng(2)
-    table = rnd(rng, 50, 40)
-    ids = np.array([3, 0, 49, 3], dtype=np.int32)
-    close(ops.embedding(table, ids), cpu.embedding(table, ids))
-    tb = table.astype(BF16)
-    close(ops.embedding(tb, ids), cpu.embedding(tb.astype(np.float32), ids), 0)
-
-
-def test_norms(ops):
-    rng = np.random.default_rng(3)
-    x, r, z = rnd(rng, 2, 3, 300), rnd(rng, 2, 3, 300), rnd(rng, 2, 3, 300)
-    w = rnd(rng, 300)
-    close(ops.rms_norm(x, w, 1e-6), cpu.rms_norm(x, w, 1e-6))
-    o, res = ops.add_rms_norm(x, r, w, 1e-6)
-    close(res, x + r)
-    close(o, cpu.rms_norm(x + r, w, 1e-6))
-    assert x.shape[-1] > K_norm.WARP_ROW_MAX_D                   # wide rows: one block per row
-    close(ops.gated_rms_norm(x, z, w, 1e-6), cpu.gated_rms_norm(x, z, w, 1e-6))
-    # one warp per row (rows <= WARP_ROW_MAX_D): a ragged last block; D % 32 != 0; the widest
-    for rows, d in ((11, 128), (3, 100), (2, K_norm.WARP_ROW_MAX_D)):
-        xg, zg, wg = rnd(rng, rows, d), rnd(rng, rows, d), rnd(rng, d)
-        close(ops.gated_rms_norm(xg, zg, wg, 1e-6), cpu.gated_rms_norm(xg, zg, wg, 1e-6))
-    xw, rw, ww = rnd(rng, 1, 2500), rnd(rng, 1, 2500), rnd(rng, 2500)   # a wide row: 1024 threads
-    o, res = ops.add_rms_norm(xw, rw, ww, 1e-6)
-    close(res, xw + rw)
-    close(o, cpu.rms_norm(xw + rw, ww, 1e-6))
-    xa, ra = xw.copy(), rw.copy()                # in place: normed over x, sum over residual
-    o, res = ops.add_rms_norm(xa, ra, ww, 1e-6, out=(xa, ra))
-    close(ra, xw + rw)
-    close(xa, cpu.rms_norm(xw + rw, ww, 1e-6))
-
-
-def test_add_rms_norm_rows(ops, monkeypatch):
-    """The rows add_rms_norm (float4 per thread, block per row; every row count since it beat
-    the 1024-thread kernel on one decode row too) on two rows, then in place with two float4
-    per thread."""
-    assert K_norm.ROWS_MIN_R == 1
-    rng = np.random.default_rng(5)
-    for rows, d in ((2, 1024), (1, 2048)):
-        x, r, w = rnd(rng, rows, d), rnd(rng, rows, d), rnd(rng, d)
-        o, res = ops.add_rms_norm(x, r, w, 1e-6)
-        close(res, x + r)
-        close(o, cpu.rms_norm(x + r, w, 1e-6))
-        xa, ra = x.copy(), r.copy()
-        ops.add_rms_norm(xa, ra, w, 1e-6, out=(xa, ra))
-        close(ra, x + r)
-        close(xa, cpu.rms_norm(x + r, w, 1e-6))
 
 
 @pytest.mark.parametrize("wdtype", [np.float32, BF16])

@@ -37,53 +37,6 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     return np.random.default_rng(abs(hash(request.node.name)) % (2**32))
 
 
-@pytest.mark.parametrize("t,h", [(1, 5120), (7, 2048), (33, 5120)])
-def test_elementwise(env, rng, t, h):
-    ops = env.fresh()
-    x, y = rnd(rng, t, h), rnd(rng, t, h)
-    X, Y = env.up(x), env.up(y)
-    close(env.host(ops.add(X, Y)), cpu.add(x, y), TOL32)
-    close(env.host(ops.silu(X)), cpu.silu(x), TOL32)
-    close(env.host(ops.sigmoid(X)), cpu.sigmoid(x), TOL32)
-    close(env.host(ops.sigmoid_mul(X, Y)), cpu.sigmoid_mul(x, y), TOL32)
-    gu = rnd(rng, t, 2 * 17408)
-    close(env.host(ops.swiglu(env.up(gu))), cpu.swiglu(gu), TOL32)
-
-
-@pytest.mark.parametrize("shape", [(1, 5120), (1, 2048), (9, 2048), (3, 48, 128), (2, 24, 256), (4, 6, 64),
-                                   (2, 3, 32), (2, 8192), (3, 20), (1, 3000), (2048, 5120), (64, 2048), (100, 8192)])
-def test_norms(env, rng, shape):
-    ops = env.fresh()
-    x, r, z = rnd(rng, *shape), rnd(rng, *shape), rnd(rng, *shape)
-    w = rnd(rng, shape[-1])
-    X, R, Z, W = env.up(x), env.up(r), env.up(z), env.up(w)
-    close(env.host(ops.rms_norm(X, W, 1e-6)), cpu.rms_norm(x, w, 1e-6), TOL32)
-    o, res = ops.add_rms_norm(X, R, W, 1e-6)
-    close(env.host(res), x + r, TOL32)
-    close(env.host(o), cpu.rms_norm(x + r, w, 1e-6), TOL32)
-    close(env.host(ops.gated_rms_norm(X, Z, W, 1e-6)), cpu.gated_rms_norm(x, z, w, 1e-6), TOL32)
-    ops.add_rms_norm(X, R, W, 1e-6, out=(X, R))            # in place, as the decoder layers call it
-    close(env.host(R), x + r, TOL32)
-    close(env.host(X), cpu.rms_norm(x + r, w, 1e-6), TOL32)
-    if shape in ((2048, 5120), (1, 5120), (1, 2048)):   # 27B prefill chunk, decode rows: rows vs block kernel
-        from ninfer_nb.kernels import norm as K_norm
-
-        X2, R2 = env.up(x), env.up(r)
-        floor = K_norm.ROWS_MIN_R
-        try:
-            K_norm.ROWS_MIN_R = 1
-            rows = _best_time(env, lambda: ops.add_rms_norm(X2, R2, W, 1e-6), graph=True)[0]
-            o_rows = env.host(ops.add_rms_norm(X2, R2, W, 1e-6)[0])
-            K_norm.ROWS_MIN_R = 1 << 30
-            block = _best_time(env, lambda: ops.add_rms_norm(X2, R2, W, 1e-6), graph=True)[0]
-        finally:
-            K_norm.ROWS_MIN_R = floor
-        close(o_rows, cpu.rms_norm(x + r, w, 1e-6), TOL32)
-        gbs = 4 * x.size * 4 / 1e9
-        print(f"\nadd rms norm {shape[0]}x{shape[1]}: rows kernel {rows * 1e6:.1f} us ({gbs / rows:.0f} GB/s), "
-              f"1024-thread block {block * 1e6:.1f} us ({gbs / block:.0f} GB/s)")
-
-
 @pytest.mark.parametrize("n,k", [(17408, 5120), (5120, 17408), (2048, 4096), (1000, 100), (77, 40),
                                  (333, 1288), (5, 2056)])   # unrolled GEMV loop + its tail
 @pytest.mark.parametrize("t", [1, 4, 7, 16, 17, 100])
@@ -143,41 +96,6 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
     for ways in (2, 4):
         close(outs[ways], ref, TOL32 * 10)
         close(outs[ways], outs[0], TOL32 * 10)
-
-
-@pytest.mark.parametrize("t", [2048, 17, 3])
-def test_row_elementwise(env, rng, t):
-    """Prefill swiglu (flat kernel) and split (2-D grid kernel) against NumPy: the 27B MLP
-    (2 x 17408 columns) and GDN conv-output split (2048 | 2048 | 6144) shapes; prints both
-    times for a 2048-token chunk (-s). H200: swiglu 279.9 us, split 139.3 us."""
-    ops = env.fresh()
-    gu = rnd(rng, t, 2 * 17408)
-    x = rnd(rng, t, 10240)
-    GU, X = env.up(gu), env.up(x)
-    sizes = (2048, 2048, 6144)
-    t_swiglu, o = _best_time(env, lambda: ops.swiglu(GU), reps=5, graph=True)
-    close(env.host(o), cpu.swiglu(gu), TOL32)
-    t_split, parts = _best_time(env, lambda: ops.split(X, sizes), reps=5, graph=True)
-    for got, want in zip(parts, cpu.split(x, sizes)):
-        np.testing.assert_array_equal(env.host(got), want)
-    if t == 2048:
-        print(f"\nrow elementwise T=2048: swiglu {t_swiglu * 1e6:.1f} us, split {t_split * 1e6:.1f} us")
-
-
-@pytest.mark.parametrize("rows,d", [(2048 * 48, 128), (48, 128), (13, 100), (5, 256), (7, 300), (3, 2500)])
-def test_gated_rms_norm_rows(env, rng, rows, d):
-    """The GDN output norm against NumPy: one warp per row up to WARP_ROW_MAX_D (a 2048-token
-    27B chunk's rows, a decode step's, a ragged block, the widest row it takes), one block per
-    row above it (300, and 2500 on 1024 threads); prints the time for the chunk (-s). H200,
-    98304x128: 52.6 us (2872 GB/s; 200.9 us block per row)."""
-    ops = env.fresh()
-    x, z, w = rnd(rng, rows, d), rnd(rng, rows, d), rnd(rng, d)
-    X, Z, W = env.up(x), env.up(z), env.up(w)
-    secs, o = _best_time(env, lambda: ops.gated_rms_norm(X, Z, W, 1e-6), reps=5, graph=True)
-    close(env.host(o), cpu.gated_rms_norm(x, z, w, 1e-6), TOL32)
-    if rows > 10000:
-        gb = 3 * x.nbytes / 1e9
-        print(f"\ngated rms norm {rows}x{d}: {secs * 1e6:.1f} us ({gb / secs:.0f} GB/s)")
 
 
 @pytest.mark.parametrize("i,k,t", [(17408, 5120, 1), (512, 2048, 4), (96, 264, 6), (3, 16, 16)])
@@ -244,13 +162,6 @@ def test_lm_head_and_embedding_vocab(env, rng, t):
     ids = rng.integers(0, v, 13).astype(np.int32)
     ids[:2] = [0, v - 1]
     close(env.host(ops.embedding(W, env.up(ids))), w[ids].astype(np.float32), 0)
-
-
-def test_embedding_fp32(env, rng):
-    ops = env.fresh()
-    table = rnd(rng, 1000, 2048)
-    ids = rng.integers(0, 1000, 9).astype(np.int32)
-    close(env.host(ops.embedding(env.up(table), env.up(ids))), cpu.embedding(table, ids), 0)
 
 
 @pytest.mark.parametrize("t,heads,d,rd", [(5, 24, 256, 64), (3, 4, 128, 128), (70, 16, 256, 64)])

@@ -1,4 +1,4 @@
-"""Runs tests/kernels/sim_cases.py under the CUDA simulator in subprocesses (the simulator must
+"""Runs the simulator cases (CASE_FILES) under the CUDA simulator in subprocesses (the simulator must
 be enabled before numba is imported, so it cannot share the test process), optionally in the
 background while the rest of the suite runs.
 
@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import IO
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ROOT / "tests" / "kernels" / "sim_cases.py"
+# the simulator cases: sim_cases.py and the family modules whose cases run here and on the GPU
+# (tests/kernels/device.py)
+CASE_FILES = [ROOT / "tests" / "kernels" / name for name in ("sim_cases.py", "test_norm.py")]
 # one-process seconds of the slow cases on this project's machine (2026-11-30)
 SLOW_SECONDS = {"test_whole_hybrid_model_prefill_chunk_matches_cpu": 103, "test_prefill_flash_gqa2_d256": 76,
                 "test_moe_grouped_top2_hot_expert": 28, "test_gdr_chunked_tensor_core_state": 25,
@@ -62,16 +64,17 @@ class SimulatorRun:
     def __init__(self, processes: int) -> None:
         self.error = ""
         if processes > 1:
-            collected = subprocess.run(_pytest_cmd() + ["--collect-only", str(CASES)], cwd=ROOT, env=_env(),
-                                       capture_output=True, text=True, timeout=300)
-            ids = [line.strip() for line in collected.stdout.splitlines() if f"{CASES.name}::" in line]
+            collected = subprocess.run(_pytest_cmd() + ["--collect-only"] + [str(f) for f in CASE_FILES], cwd=ROOT,
+                                       env=_env(), capture_output=True, text=True, timeout=300)
+            names = tuple(f"{f.name}::" for f in CASE_FILES)
+            ids = [line.strip() for line in collected.stdout.splitlines() if any(n in line for n in names)]
             if collected.returncode != 0 or len(ids) < MIN_CASES:
                 self.error = f"collecting the cases failed:\n{collected.stdout[-3000:]}{collected.stderr[-3000:]}"
                 groups: list[list[str]] = []
             else:
                 groups = shard(ids, processes)
         else:
-            groups = [[str(CASES)]]
+            groups = [[str(f) for f in CASE_FILES]]
         self.logs: list[IO[str]] = []
         self.procs: list[subprocess.Popen[str]] = []
         for group in groups:
