@@ -39,6 +39,16 @@ class _Snapshot:
         self.length, self.logits = -1, None
 
 
+@dataclass
+class _Prefill:
+    """A prompt being prefilled: the prefix lengths where chunks must end (a snapshot cut, then
+    the prompt's end), or the logits when the whole prompt was cached."""
+
+    prompt: list[int]
+    cuts: list[int]
+    cached: np.ndarray | None
+
+
 class Generator:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, max_context: int,
                  prefill_chunk: int, use_graphs: bool = True, kv_dtype: KVDtype = "fp32") -> None:
@@ -51,6 +61,7 @@ class Generator:
         self.slots = StateSlots(self.state, backend)
         self.tokens: list[int] = []           # ids whose effects are in `state`
         self._fed_ahead = False               # decode_token(ahead=True) queued a step for tokens[-1]
+        self._prefill: _Prefill | None = None
         self._has_gdn = self.slots.num_slots > 0
         self._snapshots = [_Snapshot(TURN_SNAPSHOT), _Snapshot(PROMPT_SNAPSHOT)] if self._has_gdn else []
 
@@ -89,8 +100,9 @@ class Generator:
         ids, pos = self.backend.ids(tokens, start)
         return self.decoder.forward(self.backend.ops, self._batch(ids, pos, all_logits), self.state)
 
-    def prefill(self, prompt: list[int], snapshot_at: int | None = None) -> tuple[np.ndarray, int]:
-        """Run the prompt (reusing the cached prefix). Returns (last logits [V], reused count).
+    def start_prefill(self, prompt: list[int], snapshot_at: int | None = None) -> int:
+        """Bring the caches to the longest usable cached prefix of `prompt` and plan the rest;
+        returns the reused count. Then call prefill_step until it returns the logits.
         `snapshot_at`: a prefix length worth snapshotting too (where the next turn diverges)."""
         if len(prompt) >= self.max_context:
             raise ContextLengthExceededError(
@@ -100,26 +112,53 @@ class Generator:
         self._fed_ahead = False                # a queued step's token is in `tokens`, like any other
         start, cached = self._reuse(prompt)
         self.tokens = self.tokens[:start]
-        if cached is not None:
-            return cached, start
-        for snap in self._snapshots:           # tokens past `start` are being replaced
-            if snap.length > start:
-                snap.invalidate()
         cuts = [len(prompt)]
-        if self._has_gdn and snapshot_at is not None and start < snapshot_at < len(prompt):
-            cuts.insert(0, snapshot_at)
-        logits: object = None
-        for end in cuts:
-            for c0 in range(len(self.tokens), end, self.prefill_chunk):
-                chunk = prompt[c0 : min(c0 + self.prefill_chunk, end)]
-                logits = self._eager(chunk, c0)
-                self.tokens.extend(chunk)
-            if end != len(prompt):
-                self._take_snapshot(self._snapshots[0], None)
+        if cached is None:
+            for snap in self._snapshots:       # tokens past `start` are being replaced
+                if snap.length > start:
+                    snap.invalidate()
+            if self._has_gdn and snapshot_at is not None and start < snapshot_at < len(prompt):
+                cuts.insert(0, snapshot_at)
+        self._prefill = _Prefill(prompt, cuts, cached)
+        return start
+
+    def prefill_step(self) -> np.ndarray | None:
+        """Run the next prefill chunk (up to prefill_chunk tokens, ending at a snapshot cut);
+        the logits [V] after the prompt once all of it is in the caches, else None."""
+        p = self._prefill
+        if p is None:
+            raise RuntimeError("prefill_step: no prefill was started")
+        if p.cached is not None:
+            self._prefill = None
+            return p.cached
+        end = p.cuts[0]
+        c0 = len(self.tokens)
+        chunk = p.prompt[c0 : min(c0 + self.prefill_chunk, end)]
+        logits = self._eager(chunk, c0)
+        self.tokens.extend(chunk)
+        if len(self.tokens) < end:
+            return None
+        p.cuts.pop(0)
+        if p.cuts:                             # a snapshot cut inside the prompt
+            self._take_snapshot(self._snapshots[0], None)
+            return None
+        self._prefill = None
         last = np.array(self.backend.to_host(logits)[-1], dtype=np.float32)
         if self._has_gdn:
             self._take_snapshot(self._snapshots[1], last)
-        return last, start
+        return last
+
+    @property
+    def prefilling(self) -> bool:
+        """A prefill was started and has chunks left."""
+        return self._prefill is not None
+
+    def prefill(self, prompt: list[int], snapshot_at: int | None = None) -> tuple[np.ndarray, int]:
+        """Run the whole prompt (reusing the cached prefix). Returns (last logits [V], reused count)."""
+        start = self.start_prefill(prompt, snapshot_at)
+        while (logits := self.prefill_step()) is None:
+            pass
+        return logits, start
 
     def picks_on_device(self, valid_vocab: int) -> bool:
         """decode_token can pick (argmax or sample) in the decode graph for this vocabulary."""
@@ -142,6 +181,8 @@ class Generator:
         returned token too (it is in `tokens`), a consistent state (the next prompt reuses it,
         or diverges before it)."""
         b = self.backend
+        if self._prefill is not None:
+            raise RuntimeError("decode_token: a prefill is still running")
         if not self.picks_on_device(valid_vocab):
             if temperature > 0.0:
                 raise RuntimeError("decode_token: sampling on the device needs the decode graph's pick")
@@ -173,6 +214,8 @@ class Generator:
 
     def decode(self, token: int) -> np.ndarray:
         """Feed one sampled token; returns the next logits [V]."""
+        if self._prefill is not None:
+            raise RuntimeError("decode: a prefill is still running")
         if self._fed_ahead:
             raise RuntimeError("decode: decode_token(ahead=True) already fed the last token")
         if len(self.tokens) >= self.max_context:
@@ -204,5 +247,6 @@ class Generator:
         """Drop the cached prefix (after an error left the state half-written)."""
         self.tokens = []
         self._fed_ahead = False
+        self._prefill = None
         for snap in self._snapshots:
             snap.invalidate()

@@ -1,9 +1,9 @@
 """LLMEngine: requests in, token ids out, one `step()` at a time.
 
 `add_request` queues a `Request`; each `step()` advances the engine by one model call and
-returns a `RequestOutput` per request it moved: a waiting request is prefilled (reusing the
-longest cached prefix, in chunks) and gets its first token from the host sampler; a running one
-gets its next token, picked in the decode graph when the request allows it (greedy, or
+returns a `RequestOutput` per request that got a token or finished: a waiting request is
+prefilled one chunk per step (after reusing the longest cached prefix) and gets its first token
+from the host sampler after its last chunk; a running one gets its next token, picked in the decode graph when the request allows it (greedy, or
 temperature alone: `Sampler.device_pick`), with the step after it queued ahead on the device
 (`DecodeChoices.decode_ahead`), else sampled on the host from the logits row. A request
 finishes on a stop token, on its token budget (max_tokens, or the context is full), when its
@@ -42,6 +42,7 @@ class _Run:
     pick: tuple[float, int] | None         # (temperature, seed) picked on the device, or None
     stop_ids: frozenset[int]
     budget: int                            # tokens it may generate
+    prefilling: bool = False               # its prefill started and has chunks left
 
 
 class LLMEngine:
@@ -101,8 +102,8 @@ class LLMEngine:
 
     # --- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One model call: the running request's next token, or the next waiting one's prefill
-        and first token. [] when there is nothing to do."""
+        """One model call: the running request's next token, or a prefill chunk of the next
+        waiting one (its first token after the last chunk). [] when no request got a token."""
         run = self._running
         if run is None:
             if not self._waiting:
@@ -114,6 +115,8 @@ class LLMEngine:
             return [self._finish(run, RequestStatus.FINISHED_ABORTED)]
         try:
             token = self._next_token(run)
+            if token is None:                    # a prefill chunk, more to come
+                return []
         except BaseException:
             self.generator.forget()              # the caches may be half-written
             self._finish(run, RequestStatus.FINISHED_ERROR)
@@ -127,12 +130,19 @@ class LLMEngine:
             return [self._finish(run, RequestStatus.FINISHED_LENGTH, [token])]
         return [RequestOutput(req.request_id, [token])]
 
-    def _next_token(self, run: _Run) -> int:
+    def _next_token(self, run: _Run) -> int | None:
         req, gen = run.request, self.generator
         n = len(req.output_ids)
         if n == 0:
-            logits, cached = gen.prefill(req.prompt_ids, req.turn_start)
-            req.num_cached_tokens = req.timings.cached_tokens = cached
+            if not run.prefilling:
+                cached = gen.start_prefill(req.prompt_ids, req.turn_start)
+                req.num_cached_tokens = req.timings.cached_tokens = cached
+                run.prefilling = True
+            logits = gen.prefill_step()
+            req.num_computed_tokens = len(gen.tokens)
+            if logits is None:
+                return None
+            run.prefilling = False
             req.timings.prefill_s = time.perf_counter() - req.arrival_time
             token = run.sampler.sample(logits)
             req.first_token_time = time.perf_counter()            # decode time runs from here

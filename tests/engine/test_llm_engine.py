@@ -178,3 +178,33 @@ def test_interleaved_streams_and_an_abandoned_one(llm: LLM) -> None:
     s.close()
     assert not llm.engine.has_unfinished_requests()
     assert llm.generate(PROMPT[::-1], GREEDY).token_ids == want_b
+
+
+def test_prefill_runs_one_chunk_per_step(llm: LLM, tiny_qwen35_dir: Path) -> None:
+    """A prompt longer than a chunk is prefilled one chunk per step (ending at the turn-start
+    cut, whose snapshot the next request reuses); the first token comes with the last chunk
+    and equals the one-shot prefill's. Cancelling between chunks ends the request there."""
+    engine = llm.engine
+    engine.forget()
+    prompt = [int(t) for t in np.random.default_rng(3).integers(100, 5000, 40)]     # chunks of 16
+    req = Request("long", prompt, GREEDY.replace(max_tokens=2), turn_start=20)
+    engine.add_request(req)
+    computed = []
+    while not req.output_ids:
+        assert engine.step() == [] or req.output_ids
+        computed.append(req.num_computed_tokens)
+    assert computed == [16, 20, 36, 40]                  # the cut at the turn start ends a chunk
+    while not req.finished:
+        engine.step()
+    cold = LLM(str(tiny_qwen35_dir), device="cpu", max_context=48, prefill_chunk=64)
+    assert req.output_ids == cold.generate(prompt, GREEDY.replace(max_tokens=2)).token_ids
+    again = Request("again", prompt[:20] + [7, 8, 9], GREEDY.replace(max_tokens=2))
+    run(engine, again)
+    assert again.num_cached_tokens == 20                   # from the turn-start snapshot
+    stopped = Request("stopped", prompt[::-1], GREEDY)
+    engine.add_request(stopped)
+    assert engine.step() == [] and stopped.num_computed_tokens == 16
+    stopped.cancel.set()
+    (out,) = engine.step()
+    assert out.finish_reason == "cancelled" and out.new_token_ids == [] and not engine.has_unfinished_requests()
+    assert tokens(run(engine, Request("after", PROMPT, GREEDY))) == llm.generate(PROMPT, GREEDY).token_ids
