@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import UnsupportedModelError
+from .errors import ModelFormatError, UnsupportedModelError
 from .ops.kernel_choices import KernelChoices
 
 Architecture = Literal["qwen3_5", "llama"]
@@ -20,12 +20,131 @@ _MODEL_TYPES: dict[str, tuple[Architecture, bool]] = {
     "qwen3_5_text": ("qwen3_5", False),
     "qwen3_5_moe": ("qwen3_5", True),
     "qwen3_5_moe_text": ("qwen3_5", True),
-    "qwen3_next": ("qwen3_5", True),
     "llama": ("llama", False),
     "mistral": ("llama", False),
     "qwen2": ("llama", False),
     "qwen3": ("llama", False),
 }
+# model types that look close to a supported one but are not: refused with the reason
+_REFUSED_MODEL_TYPES: dict[str, str] = {
+    "qwen3_next": "Qwen3-Next's layers (gated attention layout, MoE and norms) differ from Qwen3.5's "
+                  "and are not implemented",
+}
+
+RopeType = Literal["default", "linear", "llama3", "yarn"]
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """`rope_parameters` / `rope_scaling` beyond rope_theta and the rotary fraction: how the
+    rotary frequencies are stretched for long context (models/rope.py has the formulas, those
+    of transformers' modeling_rope_utils). Fields a type does not use keep their defaults."""
+
+    rope_type: RopeType = "default"
+    factor: float = 1.0                          # linear, llama3, yarn
+    original_max_position_embeddings: int = 0    # llama3, yarn: the pretraining context
+    low_freq_factor: float = 1.0                 # llama3
+    high_freq_factor: float = 4.0                # llama3
+    beta_fast: float = 32.0                      # yarn: rotations bounding the frequency ramp
+    beta_slow: float = 1.0                       # yarn
+    truncate: bool = True                        # yarn: the ramp's ends rounded to whole dims
+    attention_factor: float | None = None        # yarn: cos/sin scale (None: from factor, mscale)
+    mscale: float = 0.0                          # yarn
+    mscale_all_dim: float = 0.0                  # yarn
+
+
+# keys every rope dict may carry (mrope sections: text-only positions make them plain RoPE)
+_ROPE_COMMON_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor",
+                               "mrope_section", "mrope_interleaved"})
+_ROPE_KEYS: dict[str, frozenset[str]] = {
+    "default": frozenset(),
+    "linear": frozenset({"factor"}),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings"}),
+    "yarn": frozenset({"factor", "original_max_position_embeddings", "attention_factor",
+                       "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}),
+}
+_ROPE_REQUIRED: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+}
+_ROPE_REFUSED: dict[str, str] = {
+    "dynamic": "its frequencies follow the running sequence length, so keys cached at one "
+               "length would be rotated for another (not graph-safe)",
+    "longrope": "it switches frequency sets with the running sequence length, so keys cached "
+                "at one length would be rotated for another (not graph-safe)",
+}
+
+
+def _rope_number(field: str, rope: dict[str, Any], key: str, default: float | None = None,
+                 positive: bool = True) -> float:
+    value = rope.get(key)
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and value <= 0):
+        raise ModelFormatError(f"config {field}.{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def parse_rope_scaling(field: str, rope: dict[str, Any], original_max: Any,
+                       max_position_embeddings: int) -> RopeScaling:
+    """The RopeScaling of a config's rope dict (`field` names it in errors); `original_max` is a
+    root-level original_max_position_embeddings (it wins, as in transformers). Unknown types,
+    unknown keys and bad values are refused: a rope the engine does not compute exactly would
+    give wrong logits without a word."""
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in _ROPE_REFUSED:
+        raise UnsupportedModelError(
+            f"{field}.rope_type = {rope_type} is not supported: {_ROPE_REFUSED[rope_type]}")
+    if rope_type not in _ROPE_KEYS:
+        raise UnsupportedModelError(
+            f"{field}.rope_type = {rope_type!r} is not supported (supported: {', '.join(_ROPE_KEYS)})")
+    unknown = sorted(set(rope) - _ROPE_COMMON_KEYS - _ROPE_KEYS[rope_type])
+    if unknown:
+        raise UnsupportedModelError(f"{field}: {', '.join(unknown)} not supported for rope_type {rope_type}")
+    for key in _ROPE_REQUIRED.get(rope_type, ()):
+        if rope.get(key) is None:
+            raise ModelFormatError(f"config {field} (rope_type {rope_type}) lacks {key}")
+    if rope_type == "default":
+        return RopeScaling()
+    if rope_type == "linear":
+        return RopeScaling("linear", factor=_rope_number(field, rope, "factor"))
+    if original_max is None:
+        original_max = rope.get("original_max_position_embeddings", max_position_embeddings)
+    original = int(_rope_number(field, {"original_max_position_embeddings": original_max},
+                                "original_max_position_embeddings"))
+    if rope_type == "llama3":
+        low = _rope_number(field, rope, "low_freq_factor")
+        high = _rope_number(field, rope, "high_freq_factor")
+        if high <= low:
+            raise ModelFormatError(f"config {field}: high_freq_factor {high} must exceed low_freq_factor {low}")
+        return RopeScaling("llama3", factor=_rope_number(field, rope, "factor"),
+                           original_max_position_embeddings=original,
+                           low_freq_factor=low, high_freq_factor=high)
+    factor = rope.get("factor")
+    attention = rope.get("attention_factor")
+    truncate = rope.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ModelFormatError(f"config {field}.truncate must be true or false, got {truncate!r}")
+    return RopeScaling(
+        "yarn", original_max_position_embeddings=original,
+        factor=(max_position_embeddings / original if factor is None
+                else _rope_number(field, rope, "factor")),
+        beta_fast=_rope_number(field, rope, "beta_fast", 32.0),
+        beta_slow=_rope_number(field, rope, "beta_slow", 1.0),
+        truncate=truncate,
+        attention_factor=None if attention is None else _rope_number(field, rope, "attention_factor"),
+        mscale=_rope_number(field, rope, "mscale", 0.0, positive=False),
+        mscale_all_dim=_rope_number(field, rope, "mscale_all_dim", 0.0, positive=False),
+    )
+
+
+def _required(cfg: dict[str, Any], name: str) -> int:
+    """An integer field a config must have, or a one-line error naming it."""
+    value = cfg.get(name)
+    if value is None:
+        raise ModelFormatError(f"config lacks the required field {name!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ModelFormatError(f"config field {name!r} must be an integer, got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -45,6 +164,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rotary_dim: int = 0                     # rotated dims per head (partial RoPE); = head_dim for Llama
     max_position_embeddings: int = 32768
+    rope_scaling: RopeScaling = RopeScaling()
     tie_word_embeddings: bool = False
     attention_bias: bool = False            # qwen2: q/k/v biases
     qk_norm: bool = False                   # qwen3 / qwen3_5: per-head RMSNorm on q and k
@@ -92,6 +212,9 @@ class ModelConfig:
         text = raw.get("text_config") or raw
         model_type = str(text.get("model_type") or root_type)
         key = model_type if model_type in _MODEL_TYPES else root_type
+        if model_type in _REFUSED_MODEL_TYPES or root_type in _REFUSED_MODEL_TYPES:
+            name = model_type if model_type in _REFUSED_MODEL_TYPES else root_type
+            raise UnsupportedModelError(f"model_type {name!r} is not supported: {_REFUSED_MODEL_TYPES[name]}")
         if key not in _MODEL_TYPES:
             supported = ", ".join(sorted(_MODEL_TYPES))
             raise UnsupportedModelError(
@@ -99,19 +222,30 @@ class ModelConfig:
             )
         arch, _ = _MODEL_TYPES[key]
         get = text.get
-        hidden = int(get("hidden_size"))
-        heads = int(get("num_attention_heads"))
+        hidden = _required(text, "hidden_size")
+        heads = _required(text, "num_attention_heads")
         head_dim = int(get("head_dim") or hidden // heads)
-        rope = get("rope_parameters") or get("rope_scaling") or {}
+        rope_field = "rope_parameters" if get("rope_parameters") else "rope_scaling"
+        rope = get(rope_field) or {}
+        if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
+            raise UnsupportedModelError(f"config {rope_field}: expected one flat dict of RoPE "
+                                        "parameters (per-layer-type RoPE is not supported)")
         rope_theta = float(rope.get("rope_theta") or get("rope_theta") or 10000.0)
         partial = float(rope.get("partial_rotary_factor") or get("partial_rotary_factor") or 1.0)
+        rotary_dim = int(head_dim * partial)
+        if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+            raise UnsupportedModelError(f"config partial_rotary_factor {partial} gives {rotary_dim} "
+                                        f"rotary dims of a {head_dim}-dim head (want an even 2..{head_dim})")
+        max_positions = int(get("max_position_embeddings") or 32768)
+        rope_scaling = parse_rope_scaling(rope_field, rope, get("original_max_position_embeddings"),
+                                          max_positions)
         eos = get("eos_token_id", raw.get("eos_token_id"))
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        num_layers = int(get("num_hidden_layers"))
+        num_layers = _required(text, "num_hidden_layers")
         common: dict[str, Any] = dict(
             architecture=arch,
             model_type=model_type,
-            vocab_size=int(get("vocab_size")),
+            vocab_size=_required(text, "vocab_size"),
             hidden_size=hidden,
             num_layers=num_layers,
             intermediate_size=int(get("intermediate_size") or 0),
@@ -120,8 +254,9 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            rotary_dim=int(head_dim * partial),
-            max_position_embeddings=int(get("max_position_embeddings") or 32768),
+            rotary_dim=rotary_dim,
+            max_position_embeddings=max_positions,
+            rope_scaling=rope_scaling,
             tie_word_embeddings=bool(
                 raw.get("tie_word_embeddings", get("tie_word_embeddings", False))
             ),
@@ -143,10 +278,10 @@ class ModelConfig:
             **common,
             layer_types=layer_types,
             attn_output_gate=bool(get("attn_output_gate", True)),
-            linear_num_key_heads=int(get("linear_num_key_heads")),
-            linear_num_value_heads=int(get("linear_num_value_heads")),
-            linear_key_head_dim=int(get("linear_key_head_dim")),
-            linear_value_head_dim=int(get("linear_value_head_dim")),
+            linear_num_key_heads=_required(text, "linear_num_key_heads"),
+            linear_num_value_heads=_required(text, "linear_num_value_heads"),
+            linear_key_head_dim=_required(text, "linear_key_head_dim"),
+            linear_value_head_dim=_required(text, "linear_value_head_dim"),
             linear_conv_kernel_dim=int(get("linear_conv_kernel_dim") or 4),
             num_experts=int(get("num_experts") or 0),
             num_experts_per_tok=int(get("num_experts_per_tok") or 0),

@@ -304,6 +304,10 @@ class CudaBackend:
             return t
 
         out = random_weights(cfg, make)
+        # what presets computes rather than draws (the rotary table) is a host array: upload it
+        from ..models.weights import map_weights
+        out = map_weights(out, lambda w: w, lambda a: self.ops.from_numpy(a, np.float32)
+                          if isinstance(a, np.ndarray) else a)
         self.stream.synchronize()
         return out
 

@@ -31,8 +31,8 @@ def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
     k = k.reshape(t, cfg.num_kv_heads, d)
     v = v.reshape(t, cfg.num_kv_heads, d)
     # q / k head norms, RoPE, and K / V into the cache (one kernel on the GPU)
-    q = ops.qk_norm_rope_store(q, k, v, w.q_norm, w.k_norm, positions, cfg.rotary_dim, cfg.rope_theta,
-                               cfg.rms_norm_eps, cache.k, cache.v, cache.k_scale, cache.v_scale)
+    q = ops.qk_norm_rope_store(q, k, v, w.q_norm, w.k_norm, positions, w.rope_table, cfg.rms_norm_eps,
+                               cache.k, cache.v, cache.k_scale, cache.v_scale)
     if gate is not None:                                   # the output gate applied as attention writes
         out = ops.attention_gated(q, cache.k, cache.v, positions, d ** -0.5, gate, cache.k_scale, cache.v_scale)
     elif cache.k_scale is not None:                                         # int8 KV cache

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
+from .rope import rope_table
 from .tensors import NamedTensors, f32, mlp_weights, qkv_weights
 from .weights import LayerWeights, ModelWeights
 
@@ -19,13 +20,14 @@ def _opt(t: NamedTensors, name: str) -> np.ndarray | None:
 
 def build_weights(cfg: ModelConfig, weights: dict[str, np.ndarray], source: str) -> ModelWeights:
     t = NamedTensors(weights, source)
+    table = rope_table(cfg)                                  # [3, rotary_dim/2], shared by the layers
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
         mixer = qkv_weights(
             t(a + "q_proj.weight"), t(a + "k_proj.weight"), t(a + "v_proj.weight"),
-            t(a + "o_proj.weight"),
+            t(a + "o_proj.weight"), table,
             biases=(_opt(t, a + "q_proj.bias"), _opt(t, a + "k_proj.bias"), _opt(t, a + "v_proj.bias")),
             q_norm=_opt(t, a + "q_norm.weight"), k_norm=_opt(t, a + "k_norm.weight"),
         )

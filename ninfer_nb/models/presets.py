@@ -11,6 +11,7 @@ from typing import Any, Callable, Literal
 
 from ..config import ModelConfig
 from ..errors import ModelNotFoundError
+from .rope import rope_table
 from .weights import (AttentionWeights, GDNWeights, LayerWeights, MLPWeights, ModelWeights,
                       MoEWeights)
 
@@ -52,12 +53,13 @@ def preset_config(name: str) -> ModelConfig:
 
 def random_weights(cfg: ModelConfig, make: Make) -> ModelWeights:
     h, d = cfg.hidden_size, cfg.head_dim
+    table = rope_table(cfg)          # computed, not random: a host array the backend places
     layers = []
     for i in range(cfg.num_layers):
         if cfg.is_full_attention(i):
             rows = (2 if cfg.attn_output_gate else 1) * cfg.num_heads * d + 2 * cfg.num_kv_heads * d
             mixer: AttentionWeights | GDNWeights = AttentionWeights(
-                qkv=make((rows, h), "matrix"), o=make((h, cfg.num_heads * d), "matrix"),
+                qkv=make((rows, h), "matrix"), o=make((h, cfg.num_heads * d), "matrix"), rope_table=table,
                 gated=cfg.attn_output_gate, q_norm=make((d,), "norm"), k_norm=make((d,), "norm"))
         else:
             vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim

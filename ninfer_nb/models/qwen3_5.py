@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
+from .rope import rope_table
 from .tensors import NamedTensors, f32, fold_shared_expert, fuse_rows, mlp_weights, qkv_weights
 from .weights import AttentionWeights, GDNWeights, LayerWeights, ModelWeights, MoEWeights
 
 
-def _attention(cfg: ModelConfig, t: NamedTensors, p: str) -> AttentionWeights:
+def _attention(cfg: ModelConfig, t: NamedTensors, p: str, table: np.ndarray) -> AttentionWeights:
     d, heads = cfg.head_dim, cfg.num_heads
     q_proj = t(p + "q_proj.weight")
     gate = None
@@ -23,7 +24,7 @@ def _attention(cfg: ModelConfig, t: NamedTensors, p: str) -> AttentionWeights:
         qg = q_proj.reshape(heads, 2, d, -1)
         q_proj, gate = qg[:, 0].reshape(heads * d, -1), qg[:, 1].reshape(heads * d, -1)
     return qkv_weights(q_proj, t(p + "k_proj.weight"), t(p + "v_proj.weight"),
-                       t(p + "o_proj.weight"), gate=gate,
+                       t(p + "o_proj.weight"), table, gate=gate,
                        q_norm=1.0 + t(p + "q_norm.weight"), k_norm=1.0 + t(p + "k_norm.weight"))
 
 
@@ -50,10 +51,11 @@ def _moe(cfg: ModelConfig, t: NamedTensors, p: str) -> MoEWeights:
 
 def build_weights(cfg: ModelConfig, weights: dict[str, np.ndarray], source: str) -> ModelWeights:
     t = NamedTensors(weights, source)
+    table = rope_table(cfg)                                  # [3, rotary_dim/2], shared by the layers
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        mixer = (_attention(cfg, t, p + "self_attn.") if cfg.is_full_attention(i)
+        mixer = (_attention(cfg, t, p + "self_attn.", table) if cfg.is_full_attention(i)
                  else _gdn(cfg, t, p + "linear_attn."))
         ffn = _moe(cfg, t, p + "mlp.") if cfg.is_moe else mlp_weights(t, p + "mlp.")
         layers.append(LayerWeights(

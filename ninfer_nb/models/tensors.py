@@ -42,7 +42,7 @@ def fuse_biases(biases: list[np.ndarray | None], rows: list[int]) -> np.ndarray 
                                for b, n in zip(biases, rows)]))
 
 
-def qkv_weights(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
+def qkv_weights(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, rope_table: np.ndarray,
                 gate: np.ndarray | None = None, biases: tuple = (None, None, None),
                 q_norm: np.ndarray | None = None, k_norm: np.ndarray | None = None
                 ) -> AttentionWeights:
@@ -51,7 +51,7 @@ def qkv_weights(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
     qb, kb, vb = biases
     bias_parts = [qb] + ([None] if gate is not None else []) + [kb, vb]
     return AttentionWeights(
-        qkv=fuse_rows(*parts), o=f32(o), gated=gate is not None,
+        qkv=fuse_rows(*parts), o=f32(o), rope_table=rope_table, gated=gate is not None,
         qkv_bias=fuse_biases(bias_parts, [p.shape[0] for p in parts]),
         q_norm=None if q_norm is None else f32(q_norm), k_norm=None if k_norm is None else f32(k_norm),
     )

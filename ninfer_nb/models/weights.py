@@ -116,6 +116,7 @@ def as_linear(w: LinearWeight | Array) -> LinearWeight:
 class AttentionWeights:
     qkv: LinearWeight            # [heads*D (+ heads*D gate) + 2*kv*D, H]  rows: q | gate | k | v
     o: LinearWeight              # [H, heads*D]
+    rope_table: Array            # [3, rotary_dim/2] fp32 (models/rope.py); one array shared by the layers
     gated: bool = False          # Qwen3.5 output gate rows present (de-interleaved from q_proj)
     qkv_bias: Array | None = None  # [rows of qkv] (zeros where a part has no bias)
     q_norm: Array | None = None  # [D]

@@ -76,10 +76,11 @@ class Ops(Protocol):
 
     # --- attention -----------------------------------------------------------------
     def qk_norm_rope_store(self, q: Array, k: Array, v: Array, q_norm: Array | None, k_norm: Array | None,
-                           positions: Array, rotary_dim: int, theta: float, eps: float, k_cache: Array,
+                           positions: Array, rope_table: Array, eps: float, k_cache: Array,
                            v_cache: Array, k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
-        """Head-norm (if given) and rotate q [T, Hq, D], k [T, Hkv, D]; store k, v into the caches
-        [S, Hkv, D] at positions [T] in place (int8 codes with scales [S, Hkv, D/64]). Returns q."""
+        """Head-norm (if given) and rotate q [T, Hq, D], k [T, Hkv, D] by rope_table [3, R/2]
+        (models/rope.py); store k, v into the caches [S, Hkv, D] at positions [T] in place
+        (int8 codes with scales [S, Hkv, D/64]). Returns q."""
         ...
 
     def attention(self, q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float,

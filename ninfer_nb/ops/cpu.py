@@ -127,29 +127,31 @@ def linear_add(x: Array, weight: LinearWeight | Array, residual: Array) -> Array
 
 # --- rotary embedding + attention ----------------------------------------------------------
 
-@lru_cache(maxsize=16)
-def _inv_freq(rotary_dim: int, theta: float) -> np.ndarray:
-    return 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
-
-
 @lru_cache(maxsize=8)
-def _cos_sin(pos_bytes: bytes, rotary_dim: int, theta: float) -> tuple[Array, Array]:
-    """cos/sin [T, 1, rotary_dim/2] for these positions; cached because every attention layer
-    of a decode step (and both q and k) rotates by the same positions."""
+def _cos_sin(pos_bytes: bytes, table_bytes: bytes) -> tuple[Array, Array]:
+    """cos/sin [T, 1, rotary_dim/2] for these positions and rotary table (models/rope.py: rows
+    inv_freq hi, lo and the amplitude); cached because every attention layer of a decode step
+    (and both q and k) rotates by the same positions."""
     positions = np.frombuffer(pos_bytes, dtype=np.int64)
-    ang = positions.astype(np.float64)[:, None] * _inv_freq(rotary_dim, theta)[None, :]
-    return np.cos(ang).astype(np.float32)[:, None, :], np.sin(ang).astype(np.float32)[:, None, :]
+    table = np.frombuffer(table_bytes, dtype=np.float32).reshape(3, -1)
+    inv_freq = table[0].astype(np.float64) + table[1].astype(np.float64)
+    ang = positions.astype(np.float64)[:, None] * inv_freq[None, :]          # [T, rotary_dim/2]
+    amp = table[2].astype(np.float64)
+    return ((np.cos(ang) * amp).astype(np.float32)[:, None, :],
+            (np.sin(ang) * amp).astype(np.float32)[:, None, :])
 
 
-def rope(x: Array, positions: Array, rotary_dim: int, theta: float) -> Array:
-    """Partial NeoX RoPE on the first `rotary_dim` dims of each head. x [T, heads, D], positions [T]."""
-    half = rotary_dim // 2
-    cos, sin = _cos_sin(np.asarray(positions, dtype=np.int64).tobytes(), rotary_dim, float(theta))
+def rope(x: Array, positions: Array, table: Array) -> Array:
+    """Partial NeoX RoPE on the first rotary_dim = 2 * table.shape[1] dims of each head.
+    x [T, heads, D], positions [T], table [3, rotary_dim/2] fp32 (models/rope.py)."""
+    table = np.ascontiguousarray(table, dtype=np.float32)
+    half = table.shape[1]
+    cos, sin = _cos_sin(np.asarray(positions, dtype=np.int64).tobytes(), table.tobytes())
     out = x.astype(np.float32, copy=True)
     x1 = x[..., :half]
-    x2 = x[..., half:rotary_dim]
+    x2 = x[..., half:2 * half]
     out[..., :half] = x1 * cos - x2 * sin
-    out[..., half:rotary_dim] = x2 * cos + x1 * sin
+    out[..., half:2 * half] = x2 * cos + x1 * sin
     return out
 
 
@@ -191,15 +193,16 @@ def kv_store(k_cache: Array, v_cache: Array, k: Array, v: Array, positions: Arra
 
 
 def qk_norm_rope_store(q: Array, k: Array, v: Array, q_norm: Array | None, k_norm: Array | None,
-                       positions: Array, rotary_dim: int, theta: float, eps: float, k_cache: Array,
+                       positions: Array, rope_table: Array, eps: float, k_cache: Array,
                        v_cache: Array, k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
     """An attention layer's prologue: q, k [T, H, D] head-normed (when the norms are given) and
-    rotated; k and v [T, Hkv, D] stored into the caches at `positions`. Returns the rotated q."""
+    rotated (`rope` with rope_table); k and v [T, Hkv, D] stored into the caches at `positions`.
+    Returns the rotated q."""
     if q_norm is not None:
         q = rms_norm(q, q_norm, eps)
         k = rms_norm(k, k_norm, eps)
-    kv_store(k_cache, v_cache, rope(k, positions, rotary_dim, theta), v, positions, k_scale, v_scale)
-    return rope(q, positions, rotary_dim, theta)
+    kv_store(k_cache, v_cache, rope(k, positions, rope_table), v, positions, k_scale, v_scale)
+    return rope(q, positions, rope_table)
 
 
 def attention(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float,

@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from ninfer_nb.kernels import sampling as S  # noqa: E402
+from ninfer_nb.models.rope import plain_table  # noqa: E402
 from ninfer_nb.ops import cpu  # noqa: E402
 from ninfer_nb.ops.cuda import CudaOps  # noqa: E402
 from tests.support.cuda_helpers import HostArena, SimStream  # noqa: E402
@@ -116,7 +117,8 @@ def test_rope(ops):
     rng = np.random.default_rng(5)
     x = rnd(rng, 3, 2, 16)
     pos = np.array([0, 7, 123456], dtype=np.int32)
-    close(ops.rope(x, pos, 8, 1e7), cpu.rope(x, pos, 8, 1e7))
+    table = plain_table(8, 1e7)
+    close(ops.rope(x, pos, table), cpu.rope(x, pos, table))
 
 
 @pytest.mark.parametrize("cdtype", [np.float32, BF16])
@@ -131,10 +133,11 @@ def test_qk_norm_rope_store(ops, cdtype, norm):
     pos = np.array([0, 5, 9], dtype=np.int32)
     kc, vc = rnd(rng, s, hkv, d).astype(cdtype), rnd(rng, s, hkv, d).astype(cdtype)
     kc_ref, vc_ref = kc.astype(np.float32), vc.astype(np.float32)
-    got = ops.qk_norm_rope_store(q, k, v, qn, kn, pos, rot, 1e6, 1e-6, kc, vc)
-    ref = cpu.qk_norm_rope_store(q, k, v, qn, kn, pos, rot, 1e6, 1e-6, kc_ref, vc_ref)
+    table = plain_table(rot, 1e6)
+    got = ops.qk_norm_rope_store(q, k, v, qn, kn, pos, table, 1e-6, kc, vc)
+    ref = cpu.qk_norm_rope_store(q, k, v, qn, kn, pos, table, 1e-6, kc_ref, vc_ref)
     close(got, ref)
-    # k is computed in float64 here and in float32 by NumPy: ~1e-7 apart, or one bf16 step
+    # k: cos / sin of the reduced angle in fp32 here, in float64 by NumPy: ~1e-7 apart, or one bf16 step
     close(kc.astype(np.float32), kc_ref.astype(cdtype).astype(np.float32), 1e-6 if cdtype == np.float32 else 8e-3)
     close(vc.astype(np.float32), vc_ref.astype(cdtype).astype(np.float32), 0)
 

@@ -53,7 +53,7 @@ def test_compile_sm90(name: str, i: int) -> None:
 # typing slip (a Python float constant such as math.inf or LOG2E, float32 / int64, a float32
 # compared with an int): the router's top-k and the flash attention's exponent had them.
 FLOAT64_BY_DESIGN = {
-    "rope_kernel": "the rotation angle position * theta ** (-2j / d) in float64 (theta is a float64 argument)",
+    "rope_kernel": "the angle position * (table hi + lo) and its reduction mod 2 pi in float64 (rope_angle)",
     "qk_norm_rope_store_kernel": "the same RoPE angle",
     "kv_store_int8_kernel": "round() goes through float64; the codes must equal ops.cpu's np.rint",
     "fill_uniform_f32_kernel": "bench's random weights: the uniform value from the hash in float64",

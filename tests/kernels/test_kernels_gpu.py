@@ -15,6 +15,7 @@ import pytest
 from ninfer_nb.kernels import sampling as S
 from ninfer_nb.kernels.gdn import gdn_decode as K_gdd
 from ninfer_nb.kernels.linear import linear as K_lin
+from ninfer_nb.models.rope import plain_table
 from ninfer_nb.ops import cpu
 from ninfer_nb.ops import cuda as cuda_ops
 from ninfer_nb.ops.cuda import gdn as cuda_gdn
@@ -169,7 +170,8 @@ def test_rope(env, rng, t, heads, d, rd):
     ops = env.fresh()
     x = rnd(rng, t, heads, d)
     pos = rng.integers(0, 262144, t).astype(np.int32)
-    close(env.host(ops.rope(env.up(x), env.up(pos), rd, 1e7)), cpu.rope(x, pos, rd, 1e7), TOL32)
+    table = plain_table(rd, 1e7)
+    close(env.host(ops.rope(env.up(x), env.up(pos), env.up(table))), cpu.rope(x, pos, table), TOL32)
 
 
 def _check_attention(o, q, kf, vf, pos, scale, kind):
@@ -455,8 +457,10 @@ def test_qk_norm_rope_store(env, rng, cdtype, hq, hkv, d, rot, t, norm):
     kc_ref, vc_ref = kc.astype(np.float32), vc.astype(np.float32)
     KC, VC = env.up(kc), env.up(vc)
     up = (lambda a: env.up(a) if a is not None else None)
-    got = ops.qk_norm_rope_store(env.up(q), env.up(k), env.up(v), up(qn), up(kn), env.up(pos), rot, 1e7, 1e-6, KC, VC)
-    ref = cpu.qk_norm_rope_store(q, k, v, qn, kn, pos, rot, 1e7, 1e-6, kc_ref, vc_ref)
+    table = plain_table(rot, 1e7)
+    got = ops.qk_norm_rope_store(env.up(q), env.up(k), env.up(v), up(qn), up(kn), env.up(pos), env.up(table), 1e-6,
+                                 KC, VC)
+    ref = cpu.qk_norm_rope_store(q, k, v, qn, kn, pos, table, 1e-6, kc_ref, vc_ref)
     close(env.host(got), ref, TOL32)
     close(env.host(KC).astype(np.float32), kc_ref.astype(cdtype).astype(np.float32),
           TOL32 if cdtype == np.float32 else 8e-3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ninfer_nb.models.rope import plain_table
 from ninfer_nb.ops import cpu
 from tests.kernels.gpu_util import GpuEnv, close, rnd, rnd_bf16
 
@@ -68,12 +69,14 @@ def test_graph_capture_replay_matches_eager(env) -> None:
     W, NW, KC, VC = env.up(w), env.up(nw), env.up(kc), env.up(vc)
     X = env.up(rnd(rng, 1, h))                    # per-step input buffer
     P = env.up(np.array([100], np.int32))         # per-step position buffer
+    table = plain_table(64, 1e6)
+    TABLE = env.up(table)
 
     def step():
         env.scratch.reset()
         y = ops.rms_norm(X, NW, 1e-6)
         q = ops.linear(y, W).reshape(1, hq, d)
-        q = ops.rope(q, P, 64, 1e6)
+        q = ops.rope(q, P, TABLE)
         return ops.attention(q, KC, VC, P, d ** -0.5)
 
     graph = CudaGraph(env.stream)
@@ -88,7 +91,7 @@ def test_graph_capture_replay_matches_eager(env) -> None:
         eager = step().numpy(env.stream)
         np.testing.assert_array_equal(got, eager)
         q_ref = cpu.rope((cpu.rms_norm(x, nw, 1e-6) @ w.astype(np.float32).T).reshape(1, hq, d),
-                         np.array([pos]), 64, 1e6)
+                         np.array([pos]), table)
         close(got, cpu.attention(q_ref, kc, vc, np.array([pos]), d ** -0.5), 1e-4)
     graph.close()
 

@@ -1,53 +1,66 @@
-"""Partial NeoX rotary embedding on the first `rotary_dim` dims of each head.
+"""Partial NeoX rotary embedding on the first rotary_dim dims of each head, from a table.
 
-x [T, heads, D] fp32 -> out (same shape); positions [T] int32 read from device memory. Angles
-and sin/cos are computed in float64 (positions up to 2^18 need it), like the NumPy reference.
+x [T, heads, D] fp32 -> out (same shape); positions [T] int32 read from device memory; table
+[3, rotary_dim/2] fp32 (models/rope.py): rows inv_freq hi and lo (inv_freq = hi + lo) and the
+cos/sin amplitude (yarn's attention factor, else 1). `rope_angle` forms position * inv_freq in
+float64 and reduces it to [-pi, pi] there, so fp32 cos/sin of the remainder are good to ~2e-7
+at any position up to 2^18 (an fp32 angle would be off by ~0.016 rad at 262143).
 
 `qk_norm_rope_store_kernel`: an attention layer's whole prologue in one launch (q / k head
 norms, RoPE on q and k, K / V into an fp32 or bf16 cache), instead of five: two rms_norm, two
-rope, one kv_store. Each launch is ~2 us plus a ~1 us gap in a decode graph (H200 profile).
+rope, one kv_store.
 """
 from __future__ import annotations
 
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, float64
 
 from ninfer_nb.kernels.common.bf16 import from_f32
-from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_3, f64, i32, i32_1, u16_3
+from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, f32_3, i32, i32_1, u16_3
 from ninfer_nb.kernels.common.registry import kernel
 from ninfer_nb.kernels.norm import MAX_BLOCK, _block_sum
 
 FUSED_MAX_D = 256         # qk_norm_rope_store: one head row per block, one element per thread
+TWO_PI = 2.0 * math.pi
+INV_TWO_PI = 1.0 / TWO_PI
 
 
-@kernel((f32_3, i32_1, f32_3, i32, f64))
-def rope_kernel(x, positions, out, rotary_dim, theta):
+@cuda.jit(device=True, inline=True)
+def rope_angle(position, table, j):
+    """(cos, sin) * amplitude of pair j at this position, in float32: the angle
+    position * (hi + lo) and its reduction mod 2 pi in float64, cos / sin of the remainder in
+    float32."""
+    ang = float64(position) * (float64(table[0, j]) + float64(table[1, j]))
+    r = float32(ang - math.floor(ang * INV_TWO_PI + 0.5) * TWO_PI)
+    amp = table[2, j]
+    return math.cos(r) * amp, math.sin(r) * amp
+
+
+@kernel((f32_3, i32_1, f32_2, f32_3))
+def rope_kernel(x, positions, table, out):
     """grid (heads, T), block 128: thread i rotates pair (i, i + half), then copies the tail."""
     h = cuda.blockIdx.x
     t = cuda.blockIdx.y
     d = x.shape[2]
-    half = rotary_dim // 2
-    pos = float(positions[t])
+    half = table.shape[1]
+    pos = positions[t]
     for i in range(cuda.threadIdx.x, half, cuda.blockDim.x):
-        inv_freq = 1.0 / (theta ** ((2.0 * i) / rotary_dim))
-        ang = pos * inv_freq
-        c = math.cos(ang)
-        s = math.sin(ang)
-        x1 = float(x[t, h, i])
-        x2 = float(x[t, h, i + half])
+        c, s = rope_angle(pos, table, i)
+        x1 = x[t, h, i]
+        x2 = x[t, h, i + half]
         out[t, h, i] = x1 * c - x2 * s
         out[t, h, i + half] = x2 * c + x1 * s
-    for i in range(rotary_dim + cuda.threadIdx.x, d, cuda.blockDim.x):
+    for i in range(2 * half + cuda.threadIdx.x, d, cuda.blockDim.x):
         out[t, h, i] = x[t, h, i]
 
 
-@kernel(*[(f32_3, f32_3, f32_3, f32_1, f32_1, i32, i32_1, i32, f64, f32, c, c, f32_3) for c in (f32_3, u16_3)])
-def qk_norm_rope_store_kernel(q, k, v, q_norm, k_norm, has_norm, positions, rotary_dim, theta, eps,
+@kernel(*[(f32_3, f32_3, f32_3, f32_1, f32_1, i32, i32_1, f32_2, f32, c, c, f32_3) for c in (f32_3, u16_3)])
+def qk_norm_rope_store_kernel(q, k, v, q_norm, k_norm, has_norm, positions, table, eps,
                               k_cache, v_cache, q_out):
     """grid (Hq + Hkv, T), block: a power of two >= D (<= FUSED_MAX_D), thread i owns dim i.
     Block (h, t): row = q[t, h] (h < Hq) or k[t, h - Hq]; rms-normed with q_norm / k_norm when
-    has_norm; RoPE at positions[t] (the rotated pair meets in shared memory); the q row goes to
+    has_norm; RoPE at positions[t] by the table (the pair meets in shared memory); the q row goes to
     q_out [T, Hq, D], the k row and v[t, h - Hq] to the caches at row positions[t]."""
     red = cuda.shared.array(MAX_BLOCK, float32)
     row = cuda.shared.array(FUSED_MAX_D, float32)
@@ -68,18 +81,15 @@ def qk_norm_rope_store_kernel(q, k, v, q_norm, k_norm, has_norm, positions, rota
     if i < d:
         row[i] = x
     cuda.syncthreads()
-    half = rotary_dim // 2
+    half = table.shape[1]
     y = x
-    if i < rotary_dim:
+    if i < 2 * half:
         j = i if i < half else i - half
-        inv_freq = 1.0 / (theta ** ((2.0 * j) / rotary_dim))
-        ang = float(positions[t]) * inv_freq
-        c = math.cos(ang)
-        s = math.sin(ang)
+        c, s = rope_angle(positions[t], table, j)
         if i < half:
-            y = float(row[i]) * c - float(row[i + half]) * s
+            y = row[i] * c - row[i + half] * s
         else:
-            y = float(row[i]) * c + float(row[i - half]) * s
+            y = row[i] * c + row[i - half] * s
     if i < d:
         if is_q:
             q_out[t, h, i] = y
