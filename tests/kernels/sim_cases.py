@@ -11,7 +11,6 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from ninfer_nb.kernels import sampling as S  # noqa: E402
 from ninfer_nb.models.rope import plain_table  # noqa: E402
 from ninfer_nb.ops import cpu  # noqa: E402
 from ninfer_nb.ops.cuda import CudaOps  # noqa: E402
@@ -283,65 +282,6 @@ def test_moe_route(ops):
         assert ids.shape == (3, 5) and (ir[:, 4] == 39).all()
         np.testing.assert_array_equal(ids, ir)
         close(w, wr)
-
-
-def test_sampling(ops):
-    rng = np.random.default_rng(9)
-    b, v = 4, 300
-    logits = rnd(rng, b, v, scale=3.0)
-    logits[2, 11] = logits[2, 200] = logits[2].max() + 1.0
-    np.testing.assert_array_equal(ops.argmax(logits, threads=32), np.argmax(logits, axis=1))
-    counts = rng.integers(0, 3, (b, v)).astype(np.int32)
-    rep = np.array([1.0, 1.3, 0.8, 1.1], np.float32)
-    freq = np.array([0.0, 0.5, 0.1, 0.0], np.float32)
-    pres = np.array([0.0, 0.2, 0.0, 0.7], np.float32)
-    lp = logits.copy()
-    ops.apply_penalties(lp, counts, rep, freq, pres)
-    close(lp, S.penalties_ref(logits, counts, rep, freq, pres))
-    temp = np.array([0.0, 0.7, 1.0, 1.5], np.float32)
-    top_k = np.array([0, 20, 0, 5], np.int32)
-    top_p = np.array([1.0, 0.9, 0.5, 1.0], np.float32)
-    min_p = np.array([0.0, 0.0, 0.05, 0.0], np.float32)
-    seeds = np.array([1, 2, 3, 2**40 + 5], np.int64)
-    offs = np.array([0, 10, 3, 7], np.int64)
-    offs0 = offs.copy()
-    tok = ops.sample(logits, temp, top_k, top_p, min_p, seeds, offs, threads=32)
-    np.testing.assert_array_equal(offs, offs0 + 1)
-    for i in range(b):
-        ref, kept, tgt = S.sample_ref(logits[i], temp[i], top_k[i], top_p[i], min_p[i], seeds[i], offs0[i], i)
-        assert kept[tok[i]], (i, tok[i])
-        assert tok[i] == ref, (i, tok[i], ref)
-    counts2 = counts.copy()
-    ops.count_tokens(counts2, tok)
-    exp = counts.copy()
-    exp[np.arange(b), tok] += 1
-    np.testing.assert_array_equal(counts2, exp)
-
-
-def test_pick_feed(ops):
-    """The decode graph's token pick over three blocks (the last partial): the argmax at
-    temperature 0 (a tie across blocks -> the lower id; the winner in the last block), the
-    Gumbel-max sample at T > 0 (the argmax of pick_scores_ref); the token fed back (ids, pos,
-    offset), the block counter left zero."""
-    rng = np.random.default_rng(10)
-    n = 2 * S.PICK_SPAN + 300
-    counter = np.zeros(1, np.int32)
-    ids, pos = np.array([7], np.int32), np.array([41], np.int32)
-    seed, offset = np.array([2**40 + 3], np.int64), np.array([5], np.int64)
-    for step, (temp, hot, twin) in enumerate(((0.0, S.PICK_SPAN + 777, 2 * S.PICK_SPAN + 5),
-                                              (0.0, n - 1, None), (0.8, None, None))):
-        row = rnd(rng, 1, n, scale=2.0)
-        if hot is not None:
-            row[0, hot] = row.max() + 1.0
-        if twin is not None:
-            row[0, twin] = row[0, hot]
-        scores = S.pick_scores_ref(row, temp, int(seed[0]), int(offset[0]))
-        out = ops.pick_feed(row, np.array([temp], np.float32), seed, offset, counter, ids, pos)
-        want = int(np.argmax(scores))
-        if temp == 0.0:
-            assert want == (min(hot, twin) if twin is not None else hot)
-        assert scores[out[0]] >= scores[want] - 1e-5 * abs(scores[want]), (step, out[0], want)
-        assert ids[0] == out[0] and pos[0] == 42 + step and offset[0] == 6 + step and counter[0] == 0
 
 
 def test_int8_kv_store_and_prefill_attention(ops):

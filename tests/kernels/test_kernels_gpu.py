@@ -12,7 +12,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ninfer_nb.kernels import sampling as S
 from ninfer_nb.kernels.gdn import gdn_decode as K_gdd
 from ninfer_nb.kernels.linear import linear as K_lin
 from ninfer_nb.models.rope import plain_table
@@ -691,101 +690,6 @@ def test_moe_experts(env, rng, t, e, k, i, h, kind, monkeypatch):
     if i == 512:
         print(f"\nMoE decode experts T={t} k={k} I={i} H={h} ({kind}): "
               f"{best * 1e6:.1f} us")
-
-
-@pytest.mark.parametrize("v", [248320, 151643, 2048, 37])
-def test_pick_feed(env, rng, v):
-    """The decode graph's token pick on fresh random rows: at temperature 0 np.argmax (a tie,
-    maybe across blocks -> the lower id), at T > 0 the argmax of pick_scores_ref (Gumbel-max:
-    x / T + Philox noise; the device's logf may differ in the last bit); token, position and
-    offset fed back, the counter left zero over repeated calls. Timed against the one-block
-    argmax_kernel at the Qwen vocabularies."""
-    ops = env.fresh()
-    counter = env.up(np.zeros(1, np.int32))
-    ids, pos = env.up(np.array([3], np.int32)), env.up(np.array([100], np.int32))
-    seed, offset = env.up(np.array([int(rng.integers(0, 2**62))], np.int64)), env.up(np.array([9], np.int64))
-    for step, temp in enumerate((0.0, 0.0, 0.7, 1.0, 0.3)):
-        row = rnd(rng, 1, v, scale=3.0)
-        hot = int(rng.integers(0, v))
-        row[0, hot] = row.max() + 1.0
-        if step == 1 and v > 3000:
-            row[0, hot // 2] = row[0, hot] = row.max() + 1.0      # a tie, maybe across blocks
-        scores = S.pick_scores_ref(row, temp, int(env.host(seed)[0]), int(env.host(offset)[0]))
-        want = int(np.argmax(scores))
-        out = int(env.host(ops.pick_feed(env.up(row), env.up(np.array([temp], np.float32)), seed, offset,
-                                         counter, ids, pos))[0])
-        if temp == 0.0:
-            assert out == want, (step, out, want)
-        else:
-            assert scores[out] >= scores[want] - 1e-5 * abs(scores[want]), (step, out, want)
-        assert env.host(ids)[0] == out and env.host(pos)[0] == 101 + step
-        assert env.host(offset)[0] == 10 + step and env.host(counter)[0] == 0
-    if v > 100000:
-        L = env.up(rnd(rng, 1, v, scale=3.0))
-        times = {}
-        for temp in (0.0, 0.7):
-            T = env.up(np.array([temp], np.float32))
-            times[temp], _ = _best_time(env, lambda: ops.pick_feed(L, T, seed, offset, counter, ids, pos), graph=True)
-        t_one, _ = _best_time(env, lambda: ops.argmax(L), graph=True)
-        assert env.host(counter)[0] == 0
-        print(f"\nargmax of {v} logits: pick_feed {times[0.0] * 1e6:.1f} us (T = 0.7: {times[0.7] * 1e6:.1f} us), "
-              f"one-block argmax {t_one * 1e6:.1f} us")
-
-
-def test_pick_feed_samples_the_softmax(env, rng):
-    """Gumbel-max at T > 0 draws from softmax(x / T): 4,000 picks of one 50-logit row (the
-    offset advancing on the device) against the expected counts, chi-square at p ~ 1e-4."""
-    ops = env.fresh()
-    v, n, temp = 50, 4000, 0.8
-    row = rnd(rng, 1, v, scale=0.5)
-    p = np.exp(row[0] / temp - (row[0] / temp).max())
-    p /= p.sum()
-    assert (n * p).min() >= 5.0                 # the chi-square approximation holds
-    counter = env.up(np.zeros(1, np.int32))
-    ids, pos = env.up(np.array([0], np.int32)), env.up(np.array([0], np.int32))
-    seed, offset = env.up(np.array([12345], np.int64)), env.up(np.array([0], np.int64))
-    L, T = env.up(row), env.up(np.array([temp], np.float32))
-    picks = np.array([int(env.host(ops.pick_feed(L, T, seed, offset, counter, ids, pos))[0]) for _ in range(n)])
-    counts = np.bincount(picks, minlength=v)
-    expected = n * p
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 100.0, chi2                  # 49 degrees of freedom: P(chi2 > 100) ~ 2e-5
-    assert env.host(offset)[0] == n
-
-
-@pytest.mark.parametrize("b,v", [(4, 248320), (3, 1000)])
-def test_sampling(env, rng, b, v):
-    ops = env.fresh()
-    logits = rnd(rng, b, v, scale=3.0)
-    logits[0, 5] = logits[0, 17] = logits[0].max() + 1.0
-    L = env.up(logits)
-    np.testing.assert_array_equal(env.host(ops.argmax(L)), np.argmax(logits, axis=1))
-    counts = rng.integers(0, 3, (b, v)).astype(np.int32)
-    rep = np.linspace(0.8, 1.3, b).astype(np.float32)
-    freq = np.linspace(0.0, 0.5, b).astype(np.float32)
-    pres = np.linspace(0.3, 0.0, b).astype(np.float32)
-    LP = env.up(logits)
-    ops.apply_penalties(LP, env.up(counts), env.up(rep), env.up(freq), env.up(pres))
-    close(env.host(LP), S.penalties_ref(logits, counts, rep, freq, pres), TOL32)
-    temp = np.array([0.0, 0.7, 1.0, 1.3][:b], np.float32)
-    top_k = np.array([0, 50, 0, 20][:b], np.int32)
-    top_p = np.array([1.0, 0.9, 0.8, 1.0][:b], np.float32)
-    min_p = np.array([0.0, 0.0, 0.02, 0.1][:b], np.float32)
-    seeds = rng.integers(0, 2**62, b).astype(np.int64)
-    offs = rng.integers(0, 1000, b).astype(np.int64)
-    OFF = env.up(offs)
-    for step in range(3):
-        tok = env.host(ops.sample(L, env.up(temp), env.up(top_k), env.up(top_p), env.up(min_p), env.up(seeds), OFF))
-        for r in range(b):
-            ref, kept, _ = S.sample_ref(logits[r], temp[r], top_k[r], top_p[r], min_p[r], seeds[r], offs[r] + step, r)
-            assert kept[tok[r]], (step, r, tok[r])
-            assert tok[r] == ref, (step, r, tok[r], ref)
-    np.testing.assert_array_equal(env.host(OFF), offs + 3)
-    CNT = env.up(counts)
-    ops.count_tokens(CNT, env.up(tok))
-    exp = counts.copy()
-    exp[np.arange(b), tok] += 1
-    np.testing.assert_array_equal(env.host(CNT), exp)
 
 
 @pytest.mark.parametrize("start,t", [(0, 1), (3000, 1), (700, 3), (0, 300), (300, 77)])
