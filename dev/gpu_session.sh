@@ -87,7 +87,7 @@ case "${1:-check}" in
     python3 dev/chain_probe.py ${CHAIN_ARGS:-} 2>&1 | tee "$OUT/chain.log" ;;
   ahead)                  # tokens picked in the decode graph, steps queued ahead: GPU tests, then greedy,
                           # device-sampled (T = 0.7) and host-sampled decode (EXTRA: more A/B flags)
-    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py -k "pick_feed or sampling" \
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_sampling.py \
       2>&1 | grep -E "argmax of|passed|failed|Error|assert" | head -20
     python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_gpu_model.py tests/engine/test_gpu_server.py \
       -k "not smollm and not cli_paris" 2>&1 | grep -E "passed|failed|Error|assert" | head -20
