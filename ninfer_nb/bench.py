@@ -17,8 +17,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from .config import KV_CACHE_KINDS, DecodeChoices, EngineConfig
-from .ops.kernel_choices import (DECODE_ATTENTIONS, GDN_PREPARES, GDN_STATES, PREFILL_ATTENTIONS,
-                                 PREFILL_GEMMS, KernelChoices)
+from .ops.kernel_choices import (
+    DECODE_ATTENTIONS,
+    GDN_PREPARES,
+    GDN_STATES,
+    PREFILL_ATTENTIONS,
+    PREFILL_GEMMS,
+    KernelChoices,
+)
 from .params import SamplingParams
 
 

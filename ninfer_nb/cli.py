@@ -77,8 +77,8 @@ def _read_messages(path: Path) -> tuple[list[dict], list[dict] | None]:
 
 
 def run_answer(args: argparse.Namespace) -> int:
-    from .llm import LLM
     from .chat import ChatDelta
+    from .llm import LLM
 
     if args.prompt is None and args.messages is None:
         raise InvalidRequestError("nothing to answer: pass --prompt TEXT or --messages FILE (see -h)")

@@ -20,8 +20,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .chat import (ChatDelta, ChatStreamParser, IncrementalDetokenizer, ToolCall, format_chat,
-                   prompt_opens_reasoning)
+from .chat import ChatDelta, ChatStreamParser, IncrementalDetokenizer, ToolCall, format_chat, prompt_opens_reasoning
 from .config import KV_CACHE_KINDS, EngineConfig
 from .engine.backend import create_backend
 from .engine.llm_engine import LLMEngine
@@ -29,8 +28,8 @@ from .engine.request import Request, RequestOutput, RequestStatus
 from .errors import ContextLengthExceededError, InvalidRequestError
 from .models import Decoder, build_weights
 from .models.loader import load_checkpoint
-from .models.state import KVDtype
 from .models.presets import preset_config
+from .models.state import KVDtype
 from .outputs import FinishReason, GenerationResult, StreamEvent, Timings
 from .params import SamplingParams
 from .stops import StopStringMatcher

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DeviceError
 from ..config import ModelConfig
+from ..errors import DeviceError
 from ..models.presets import random_weights
 from ..models.weights import ModelWeights
 from ..ops import cpu

@@ -49,14 +49,14 @@ class LLMEngine:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, *, max_context: int,
                  prefill_chunk: int, valid_vocab: int, eos_ids: frozenset[int], use_graphs: bool = True,
                  kv_dtype: KVDtype = "fp32", seed: int | None = None,
-                 decode: DecodeChoices = DecodeChoices()) -> None:
+                 decode: DecodeChoices | None = None) -> None:
         self.model_config = cfg
         self.backend = backend
         self.max_context = max_context
         self.valid_vocab = valid_vocab        # ids the sampler may produce (not the LM head's padding)
         self.eos_ids = eos_ids
         self.seed = seed
-        self.decode = decode
+        self.decode = decode = decode or DecodeChoices()
         if decode.device_pick:
             backend.enable_token_pick(valid_vocab)                # before the first decode step
         self.generator = Generator(cfg, decoder, backend, max_context, prefill_chunk,

@@ -13,7 +13,6 @@ import numpy as np
 
 from ..params import SamplingParams
 
-
 DEVICE_SEED_SALT = 0x5EED_D0       # the device pick's key is not the host generator's stream
 
 

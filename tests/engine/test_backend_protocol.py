@@ -45,8 +45,8 @@ def test_backend_provides_every_protocol_member(cls: type) -> None:
 
 
 def _tiny() -> tuple[Any, Any, Any]:
-    from ninfer_nb.engine.batch import ForwardBatch
     from ninfer_nb.engine.backend import random_array
+    from ninfer_nb.engine.batch import ForwardBatch
     from ninfer_nb.models.decoder import Decoder
     from ninfer_nb.models.presets import preset_config, random_weights
     from ninfer_nb.models.state import new_state

@@ -11,12 +11,12 @@ import pytest
 
 from ninfer_nb import LLM, SamplingParams
 from ninfer_nb.config import DecodeChoices, EngineConfig
-from ninfer_nb.ops.kernel_choices import KernelChoices
 from ninfer_nb.kernels.linear import linear as K_lin
 from ninfer_nb.kernels.linear.gemm_mma import K_ALIGN
 from ninfer_nb.kernels.linear.linear import GEMV_MAX_T
 from ninfer_nb.ops import cpu
 from ninfer_nb.ops.cuda import one_token_build
+from ninfer_nb.ops.kernel_choices import KernelChoices
 
 pytestmark = pytest.mark.gpu
 
