@@ -17,7 +17,7 @@ from ninfer_nb.ops.kernel_choices import KernelChoices
 from ninfer_nb.runtime.launch import Launcher, NotDeviceArgs
 from ninfer_nb.runtime.tensor import Tensor, bfloat16
 
-SIM = bool(config.ENABLE_CUDASIM)
+SIM = bool(getattr(config, "ENABLE_CUDASIM", 0))   # NUMBA_ENABLE_CUDASIM=1: the CUDA simulator
 # Kernels on trial (name: what), off unless `bench --experimental NAME` puts the name into
 # CudaOps.experimental; none at present (the ones tried, kept and dropped: docs/perf-log.md).
 EXPERIMENTAL: dict[str, str] = {}
@@ -67,7 +67,7 @@ class CudaOpsBase:
         """arch: the device's compute capability; sm_count: its multiprocessors (sizes the
         decode attention split grid); choices: the kernels of the A/B-able ops (the defaults)."""
         choices = choices or KernelChoices()
-        self.arch = None if arch is None else tuple(arch)
+        self.arch: tuple[int, int] | None = None if arch is None else (int(arch[0]), int(arch[1]))
         self.sm_count = sm_count
         self.hopper = self.arch == (9, 0)
         _need(choices.prefill_gemm != "wgmma" or self.hopper,
@@ -155,7 +155,7 @@ class CudaOpsBase:
             launcher = self._launchers[spec.name] = Launcher(spec.get())
         return launcher
 
-    def _go(self, spec: Any, grid: Any, block: int, *args: Any, smem: int = 0, cluster: int = 0) -> None:
+    def _go(self, spec: Any, grid: Any, block: Any, *args: Any, smem: int = 0, cluster: int = 0) -> None:
         """Launch `spec` on the engine stream: straight through cuLaunchKernel
         (runtime/launch.py) when every array argument is a device Tensor, else (the simulator,
         host arrays) through numba's dispatcher. `cluster` > 0: as thread-block clusters of

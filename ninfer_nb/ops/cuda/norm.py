@@ -69,16 +69,16 @@ class NormOps(CudaOpsBase):
         buffers to write instead of new ones (they must not alias x or residual)."""
         d = x.shape[-1]
         _need(d <= K_norm.MAX_D, f"norm rows of {d} > {K_norm.MAX_D}")
-        out, res = out if out is not None else (self.empty(x.shape), self.empty(x.shape))
+        normed, res = out if out is not None else (self.empty(x.shape), self.empty(x.shape))
         rows = x.size // d if d else 0
         if (rows >= K_norm.ROWS_MIN_R and d % (4 * K_norm.ROWS_THREADS) == 0
-                and all(_ptr(a) % 16 == 0 for a in (x, residual, weight, out, res))):
+                and all(_ptr(a) % 16 == 0 for a in (x, residual, weight, normed, res))):
             self._go(K_norm.add_rms_norm_rows_kernel, rows, K_norm.ROWS_THREADS, x.reshape(-1), residual.reshape(-1),
-                     weight, out.reshape(-1), res.reshape(-1), np.int32(d), np.float32(eps))
+                     weight, normed.reshape(-1), res.reshape(-1), np.int32(d), np.float32(eps))
         elif rows:
             self._go(K_norm.add_rms_norm_kernel, rows, K_norm.threads_for(d), _rows(x, d), _rows(residual, d), weight,
-                     _rows(out, d), _rows(res, d), np.float32(eps))
-        return out, res
+                     _rows(normed, d), _rows(res, d), np.float32(eps))
+        return normed, res
 
     def normed(self, x: Any, weight: Any, eps: float) -> Any:
         """rms_norm(x, weight, eps) for a consumer to read: one fp32 token row (the decode
