@@ -29,27 +29,31 @@ def _decode_sized(t: int) -> bool:
 
 
 class AttentionOps(LinearOps):
-    def rope(self, x: Any, positions: Any, rotary_dim: int, theta: float) -> Any:
+    def rope(self, x: Any, positions: Any, table: Any) -> Any:
+        """ops/cpu.py rope: x [T, heads, D] rotated by the table [3, rotary_dim/2] (models/rope.py)."""
         _need(positions.dtype == I32, "rope: positions must be int32")
+        _need(table.shape[0] == 3 and 2 * table.shape[1] <= x.shape[2], f"rope: table {table.shape} vs x {x.shape}")
         t, heads, _ = x.shape
         out = self.empty(x.shape)
         if t:
-            self._go(K_rope.rope_kernel, (heads, t), 128, x, positions, out, np.int32(rotary_dim), np.float64(theta))
+            self._go(K_rope.rope_kernel, (heads, t), 128, x, positions, table, out)
         return out
 
     def qk_norm_rope_store(self, q: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, positions: Any,
-                           rotary_dim: int, theta: float, eps: float, k_cache: Any, v_cache: Any,
+                           rope_table: Any, eps: float, k_cache: Any, v_cache: Any,
                            k_scale: Any = None, v_scale: Any = None) -> Any:
         """An attention layer's prologue (ops/cpu.py says what): one kernel for fp32 / bf16
         caches and head dims <= 256; the separate ops otherwise (int8 caches)."""
         _need(positions.dtype == I32, "qk_norm_rope_store: positions must be int32")
+        _need(rope_table.shape[0] == 3 and 2 * rope_table.shape[1] <= q.shape[2],
+              f"qk_norm_rope_store: rope table {rope_table.shape} vs q {q.shape}")
         t, hq, d = q.shape
         if k_scale is not None or d > K_rope.FUSED_MAX_D:
             if q_norm is not None:
                 q = self.rms_norm(q, q_norm, eps)
                 k = self.rms_norm(k, k_norm, eps)
-            q = self.rope(q, positions, rotary_dim, theta)
-            self.kv_store(k_cache, v_cache, self.rope(k, positions, rotary_dim, theta), v, positions, k_scale, v_scale)
+            q = self.rope(q, positions, rope_table)
+            self.kv_store(k_cache, v_cache, self.rope(k, positions, rope_table), v, positions, k_scale, v_scale)
             return q
         out = self.empty(q.shape)                                        # [T, Hq, D]
         if t:
@@ -60,7 +64,7 @@ class AttentionOps(LinearOps):
             qn = q_norm if has_norm else q.reshape(-1)                   # unused dummies
             kn = k_norm if has_norm else q.reshape(-1)
             self._go(K_rope.qk_norm_rope_store_kernel, (hq + k.shape[1], t), threads, q, k, v, qn, kn,
-                     np.int32(has_norm), positions, np.int32(rotary_dim), np.float64(theta), np.float32(eps),
+                     np.int32(has_norm), positions, rope_table, np.float32(eps),
                      k_cache, v_cache, out)
         return out
 
@@ -128,7 +132,8 @@ class AttentionOps(LinearOps):
                 and K_adm.supported(d, hq // hkv)
                 and _ptr(q) % 16 == 0 and _ptr(k_cache) % 16 == 0 and _ptr(v_cache) % 16 == 0):
             n_split = K_attn.decode_splits(k_cache.shape[0], hkv * t, K_adm.SPLIT_BLOCKS_PER_SM * self.sm_count)
-            kern, grid, args = K_adm.SPLIT_MMA_KERNELS[d], (n_split, hkv, t), ()
+            args: tuple[Any, ...] = ()                                   # the split kernel's scales
+            kern, grid = K_adm.SPLIT_MMA_KERNELS[d], (n_split, hkv, t)
             threads, min_split = 32 * K_adm.DEC_WARPS, K_adm.MIN_SPLIT_KEYS
         else:
             n_split = K_attn.decode_splits(k_cache.shape[0], hq * t, K_attn.SPLIT_BLOCKS_PER_SM * self.sm_count)
