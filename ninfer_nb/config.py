@@ -51,6 +51,8 @@ class RopeScaling:
     attention_factor: float | None = None        # yarn: cos/sin scale (None: from factor, mscale)
     mscale: float = 0.0                          # yarn
     mscale_all_dim: float = 0.0                  # yarn
+    # llama.cpp's rope_freqs (GGUF, models/gguf_rope.py): pair i's frequency divided by factor i
+    freq_factors: tuple[float, ...] = ()
 
 
 # keys every rope dict may carry (mrope sections: text-only positions make them plain RoPE)

@@ -22,6 +22,7 @@ from ..config import ModelConfig
 from ..errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
 from ..progress import Progress
 from .checkpoint import LoadedCheckpoint
+from .gguf_rope import ROPE_FREQS, with_gguf_rope
 from .gguf_tokenizer import tokenizer_from_gguf
 
 Q = GGMLQuantizationType
@@ -86,7 +87,9 @@ def load_gguf(path: str | Path, *, show_progress: bool = False) -> LoadedCheckpo
     tensors = {t.name: t for t in reader.tensors}
     arch = str(fields.get("general.architecture", ""))
     config = ModelConfig.from_hf(_hf_config(arch, fields, tensors, path))
+    config = with_gguf_rope(config, arch, fields, tensors, path.name)   # rope_freqs, rope.scaling.*
     weights, unmapped = _load_weights(path, tensors, config, arch, show_progress)
+    unmapped = [n for n in unmapped if n != ROPE_FREQS]
     tokenizer = tokenizer_from_gguf(fields) if "tokenizer.ggml.model" in fields else None
     del reader
     return LoadedCheckpoint(

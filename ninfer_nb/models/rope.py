@@ -1,8 +1,8 @@
 """A model's rotary frequencies, computed once on the host in float64 from its ModelConfig.
 
 `inv_freq(cfg)` follows transformers' modeling_rope_utils for every rope type the config reader
-accepts (config.py RopeScaling: default, linear, llama3, yarn) and returns the cos/sin scale
-yarn applies. Qwen's mrope sections need nothing here: with text-only positions the three
+accepts (config.py RopeScaling: default, linear, llama3, yarn; plus a GGUF file's per-pair
+frequency factors, llama.cpp's form of llama3) and returns the cos/sin scale yarn applies. Qwen's mrope sections need nothing here: with text-only positions the three
 sections rotate by the same position, which is 1-D RoPE over the rotary dims.
 
 `rope_table(cfg)` packs both into the fp32 table [3, rotary_dim/2] the rope ops read
@@ -70,6 +70,8 @@ def inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     """(inverse frequencies [rotary_dim/2] float64, cos/sin amplitude) of cfg's RoPE."""
     dim, base, s = cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling
     freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    if s.freq_factors:                                   # GGUF rope_freqs, on the plain frequencies
+        freq = freq / np.asarray(s.freq_factors, dtype=np.float64)
     if s.rope_type == "default":
         return freq, 1.0
     if s.rope_type == "linear":

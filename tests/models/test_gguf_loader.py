@@ -172,9 +172,9 @@ def test_unpermute_inverts_the_llama_cpp_layout() -> None:
 def test_unmapped_tensors_are_reported(tmp_path: Path, write_gguf, hf_to_gguf) -> None:
     tensors = hf_to_gguf(tiny_weights(np.random.default_rng(5)), arch="llama",
                          n_heads=HEADS, n_kv_heads=KV_HEADS)
-    tensors["rope_freqs.weight"] = (np.ones(32, np.float32), None)
+    tensors["blk.0.attn_rot_embd.weight"] = (np.ones(32, np.float32), None)   # (rope_freqs is read)
     ckpt = load_gguf(write_gguf(tmp_path / "m.gguf", "llama", metadata(), tensors))
-    assert ckpt.metadata["unmapped_tensors"] == ["rope_freqs.weight"]
+    assert ckpt.metadata["unmapped_tensors"] == ["blk.0.attn_rot_embd.weight"]
 
 
 def test_progress_bar_only_when_asked(tiny_llama, capsys: pytest.CaptureFixture[str]) -> None:

@@ -252,3 +252,92 @@ def test_every_refusal_is_a_ninfer_error() -> None:
     for bad in ({"rope_type": "su"}, {"rope_type": "linear"}, 7, [1]):
         with pytest.raises(NinferError):
             _config(bad)  # type: ignore[arg-type]
+
+
+# --- GGUF: llama.cpp's forms of the same scaling -------------------------------------------
+
+def _llama_cpp_rope_freqs(rope: dict[str, Any], dim: int, base: float) -> np.ndarray:
+    """The rope_freqs tensor llama.cpp's convert_hf_to_gguf.py writes for rope_type llama3."""
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    old, low, high = rope["original_max_position_embeddings"], rope["low_freq_factor"], rope["high_freq_factor"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(rope["factor"])
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / rope["factor"] + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def _gguf_of(hf: Any, path: Path, write_gguf, hf_to_gguf, meta: dict[str, Any],
+             extra: dict[str, np.ndarray]) -> Path:
+    sd = {k: v.detach().numpy() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    c = hf.config
+    meta = {"llama.embedding_length": c.hidden_size, "llama.block_count": c.num_hidden_layers,
+            "llama.feed_forward_length": c.intermediate_size, "llama.attention.head_count": 4,
+            "llama.attention.head_count_kv": 2, "llama.attention.key_length": 16,
+            "llama.rope.dimension_count": 16, "llama.rope.freq_base": 10000.0,
+            "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.context_length": 256, **meta}
+    tensors = hf_to_gguf(sd, arch="llama", n_heads=4, n_kv_heads=2)
+    tensors.update({name: (array, None) for name, array in extra.items()})
+    return write_gguf(path, "llama", meta, tensors)
+
+
+@pytest.mark.parametrize("name", ["llama3", "linear"])
+def test_gguf_rope_scaling_matches_transformers(tmp_path: Path, write_gguf, hf_to_gguf, name: str,
+                                                tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama 3 scaling as llama.cpp stores it (the rope_freqs tensor) and linear scaling as
+    rope.scaling metadata give transformers' logits past the original context."""
+    import ninfer_nb.llm as llm_module
+    from ninfer_nb import LLM
+    from ninfer_nb.chat.tokenizer import Tokenizer
+    from ninfer_nb.models.loader import load_checkpoint
+    from tests.support.checkpoints import build_hf_model
+
+    checkpoints: list[Any] = []
+
+    def load(*args: Any, **kwargs: Any) -> Any:            # the file has no tokenizer: lend one
+        ckpt = load_checkpoint(*args, **kwargs)
+        ckpt.tokenizer = Tokenizer.from_dir(tiny_llama_dir)
+        checkpoints.append(ckpt)
+        return ckpt
+
+    monkeypatch.setattr(llm_module, "load_checkpoint", load)
+
+    rope = ROPES[name]
+    hf = build_hf_model("llama", max_position_embeddings=256, rope_parameters=dict(rope, rope_theta=10000.0))
+    if name == "llama3":
+        meta, extra = {}, {"rope_freqs.weight": _llama_cpp_rope_freqs(rope, 16, 10000.0)}
+    else:
+        meta, extra = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": rope["factor"]}, {}
+    path = _gguf_of(hf, tmp_path / f"{name}.gguf", write_gguf, hf_to_gguf, meta, extra)
+    llm = LLM(str(path), device="cpu", max_context=256, prefill_chunk=16)
+    assert "rope_freqs.weight" not in checkpoints[0].metadata["unmapped_tensors"]
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, 248000, 100)]
+    ours = llm.logits(ids)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].float().numpy()
+    assert np.abs(ours - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_gguf_other_rope_scaling_is_refused(tmp_path: Path, write_gguf, hf_to_gguf) -> None:
+    from ninfer_nb.models.gguf_loader import load_gguf
+    from tests.support.checkpoints import build_hf_model
+
+    hf = build_hf_model("llama", max_position_embeddings=256)
+    meta = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}
+    path = _gguf_of(hf, tmp_path / "yarn.gguf", write_gguf, hf_to_gguf, meta, {})
+    with pytest.raises(UnsupportedModelError, match=r"llama\.rope\.scaling\.type = yarn"):
+        load_gguf(path)
+    bad = _gguf_of(hf, tmp_path / "bad.gguf", write_gguf, hf_to_gguf, {},
+                   {"rope_freqs.weight": np.ones(5, np.float32)})
+    with pytest.raises(ModelFormatError, match="rope_freqs"):
+        load_gguf(bad)
+    longrope = _gguf_of(hf, tmp_path / "longrope.gguf", write_gguf, hf_to_gguf, {},
+                        {"rope_factors_long.weight": np.ones(8, np.float32)})
+    with pytest.raises(UnsupportedModelError, match="rope_factors_long"):
+        load_gguf(longrope)
