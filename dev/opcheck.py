@@ -12,6 +12,7 @@ from ninfer_nb.engine.cuda_backend import CudaBackend
 from ninfer_nb.models import Decoder, build_weights
 from ninfer_nb.models.loader import load_checkpoint
 from ninfer_nb.models.state import new_state
+from ninfer_nb.models.weights import LINEAR_TYPES
 from ninfer_nb.ops import cpu
 from ninfer_nb.runtime.tensor import Tensor
 
@@ -27,7 +28,8 @@ class CheckedOps:
         gfn, cfn = getattr(self.gpu, name), getattr(cpu, name)
 
         def run(*args):
-            hargs = [self.host(a) if isinstance(a, Tensor) else a for a in args]
+            hargs = [self.host(a) if isinstance(a, Tensor)
+                     else a.map_arrays(self.host) if isinstance(a, LINEAR_TYPES) else a for a in args]
             if name in ("embedding",):
                 hargs = [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype.kind == "V" else a for a in hargs]
             ref = cfn(*[a.copy() if isinstance(a, np.ndarray) else a for a in hargs]) if name not in INPLACE else None

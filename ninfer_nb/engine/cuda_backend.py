@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..models.weights import ModelWeights, map_arrays
+from ..models.weights import ModelWeights
 from ..ops.kernel_choices import KernelChoices
 from .backends.base import ARGMAX, Forward, Pick
 
@@ -24,13 +24,6 @@ ARENA_FRACTION = 0.90
 SCRATCH_FRACTION = 0.25
 SCRATCH_MAX = 24 << 30
 TOKEN_RING = 4                 # token slots of the steps queued ahead (2 are ever in flight)
-
-
-def bf16_exact(a: np.ndarray) -> bool:
-    """True when every value is a bfloat16 (HF bf16 checkpoints): uploading as bf16 loses
-    nothing. Dequantized GGUF or fp32 weights stay fp32 so the GPU computes what the CPU does."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    return not bool(np.any(bits & 0xFFFF))
 
 
 def _on_calling_thread(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -272,40 +265,36 @@ class CudaBackend:
         return self.ops.zeros(shape, dtype, persistent=True)
 
     def upload(self, weights: ModelWeights) -> ModelWeights:
-        from ..runtime.tensor import bfloat16
+        """Every weight into the arena in the storage engine/upload_policy.py gives it."""
+        from .upload_policy import upload_weights
 
-        def put(a: np.ndarray) -> Any:
-            small = a.ndim < 2 or min(a.shape[-2:]) <= 8      # norms, conv taps, A_log, gates
-            if a.ndim == 3:                                     # expert stacks: the MoE kernels read bf16
-                return self.ops.from_numpy(a, bfloat16)
-            return self.ops.from_numpy(a, np.float32 if small or not bf16_exact(a) else bfloat16)
-
-        out = map_arrays(weights, put)
+        out = upload_weights(weights, lambda a, dtype: self.ops.from_numpy(a, dtype))
         self.stream.synchronize()
         return out
 
     def random_weights(self, cfg: Any, seed: int = 0) -> ModelWeights:
-        """Random weights of a preset built directly in device memory (bf16 matrices)."""
+        """Random weights of a preset built directly in device memory (storage: upload_policy)."""
         from ..kernels.random_fill import fill_uniform_bf16_kernel, fill_uniform_f32_kernel
-        from ..models.presets import random_weights
+        from ..models.presets import LINEAR_KINDS, random_weights
+        from ..models.weights import DenseWeight, map_weights
         from ..runtime.tensor import bfloat16
         from .backend import random_scale
+        from .upload_policy import random_storage
 
         counter = [seed * 1_000_003]
 
         def make(shape: tuple[int, ...], kind: str) -> Any:
             scale, offset = random_scale(shape, kind)
-            bf16 = kind in ("matrix", "experts") and min(shape[-2:]) > 8
-            t = self.arena.empty(shape, bfloat16 if bf16 else np.float32)
+            storage = random_storage(shape, kind)
+            t = self.arena.empty(shape, bfloat16 if storage == "bf16" else np.float32)
             counter[0] += 1
-            spec = fill_uniform_bf16_kernel if bf16 else fill_uniform_f32_kernel
+            spec = fill_uniform_bf16_kernel if storage == "bf16" else fill_uniform_f32_kernel
             spec[1024, 256, self.stream.numba](t.reshape(-1), np.int64(counter[0]),
                                                np.float32(scale), np.float32(offset))
-            return t
+            return DenseWeight(t, storage) if kind in LINEAR_KINDS else t
 
         out = random_weights(cfg, make)
         # what presets computes rather than draws (the rotary table) is a host array: upload it
-        from ..models.weights import map_weights
         out = map_weights(out, lambda w: w, lambda a: self.ops.from_numpy(a, np.float32)
                           if isinstance(a, np.ndarray) else a)
         self.stream.synchronize()

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from .rope import rope_table
-from .tensors import NamedTensors, f32, mlp_weights, qkv_weights
+from .tensors import NamedTensors, dense, f32, mlp_weights, qkv_weights
 from .weights import LayerWeights, ModelWeights
 
 
@@ -36,7 +36,7 @@ def build_weights(cfg: ModelConfig, weights: dict[str, np.ndarray], source: str)
             post_norm=f32(t(p + "post_attention_layernorm.weight")),
             mixer=mixer, ffn=mlp_weights(t, p + "mlp."),
         ))
-    embed = f32(t("model.embed_tokens.weight"))
+    embed = dense(t("model.embed_tokens.weight"))
     head = t.get("lm_head.weight")
     return ModelWeights(embed=embed, layers=layers, norm=f32(t("model.norm.weight")),
-                        lm_head=embed if cfg.tie_word_embeddings or head is None else f32(head))
+                        lm_head=embed if cfg.tie_word_embeddings or head is None else dense(head))

@@ -1,19 +1,32 @@
 """Named model shapes with random weights, for benchmarks: `--model random:qwen3.6-27b`.
 
-Shapes come from the published configs (reference: shared/reference/qwen35-model.md §2).
+Shapes come from the published configs (the models' config.json files).
 `random_weights(cfg, make)` lays out a full `ModelWeights` whose arrays come from
 `make(shape, kind)`, so a backend can build them directly in device memory (the 27B preset is
-54 GB in bf16: it never exists on the host). Knows nothing about devices itself.
+54 GB in bf16: it never exists on the host). For the linear kinds ("matrix", "experts") make
+returns a linear weight record (models/weights.py), or a host NumPy array that becomes a
+DenseWeight tagged by its dtype; anything else it returns is kept as is. Knows nothing about
+devices itself.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Literal
 
+import numpy as np
+
 from ..config import ModelConfig
 from ..errors import ModelNotFoundError
 from .rope import rope_table
-from .weights import (AttentionWeights, GDNWeights, LayerWeights, MLPWeights, ModelWeights,
-                      MoEWeights)
+from .weights import (
+    AttentionWeights,
+    DenseWeight,
+    GDNWeights,
+    LayerWeights,
+    MLPWeights,
+    ModelWeights,
+    MoEWeights,
+    dense_dtype,
+)
 
 _QWEN36_COMMON: dict[str, Any] = dict(
     vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
@@ -43,6 +56,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 Kind = Literal["matrix", "norm", "vector", "conv", "experts"]
 Make = Callable[[tuple[int, ...], Kind], Any]
+LINEAR_KINDS: tuple[Kind, ...] = ("matrix", "experts")
 
 
 def preset_config(name: str) -> ModelConfig:
@@ -51,8 +65,15 @@ def preset_config(name: str) -> ModelConfig:
     return ModelConfig.from_hf(PRESETS[name])
 
 
-def random_weights(cfg: ModelConfig, make: Make) -> ModelWeights:
+def random_weights(cfg: ModelConfig, make_array: Make) -> ModelWeights:
     h, d = cfg.hidden_size, cfg.head_dim
+
+    def make(shape: tuple[int, ...], kind: Kind) -> Any:
+        a = make_array(shape, kind)
+        if kind in LINEAR_KINDS and isinstance(a, np.ndarray):
+            return DenseWeight(a, dense_dtype(a.dtype))
+        return a
+
     table = rope_table(cfg)          # computed, not random: a host array the backend places
     layers = []
     for i in range(cfg.num_layers):

@@ -4,7 +4,7 @@ Layers alternate Gated DeltaNet and gated full attention (`cfg.layer_types`). Sa
 zero-centred norms get +1, q_proj's per-head [query | gate] rows are de-interleaved,
 q | gate | k | v and GDN's qkv | z | a | b projections are fused row-wise (one matrix
 per mixer input), experts stay fused.
-The math itself is in `layers.py`; the spec is `shared/reference/qwen35-model.md`.
+The math itself is in `layers.py`; the spec is `docs/model-math.md`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from .rope import rope_table
-from .tensors import NamedTensors, f32, fold_shared_expert, fuse_rows, mlp_weights, qkv_weights
+from .tensors import NamedTensors, dense, f32, fold_shared_expert, fuse_rows, mlp_weights, qkv_weights
 from .weights import AttentionWeights, GDNWeights, LayerWeights, ModelWeights, MoEWeights
 
 
@@ -34,7 +34,7 @@ def _gdn(cfg: ModelConfig, t: NamedTensors, p: str) -> GDNWeights:
                           t(p + "in_proj_a.weight"), t(p + "in_proj_b.weight")),
         conv=f32(t(p + "conv1d.weight").reshape(cfg.conv_dim, -1)),
         a_log=f32(t(p + "A_log")), dt_bias=f32(t(p + "dt_bias")),
-        norm=f32(t(p + "norm.weight")), out=f32(t(p + "out_proj.weight")),
+        norm=f32(t(p + "norm.weight")), out=dense(t(p + "out_proj.weight")),
     )
 
 
@@ -42,9 +42,9 @@ def _moe(cfg: ModelConfig, t: NamedTensors, p: str) -> MoEWeights:
     shared = mlp_weights(t, p + "shared_expert.") if t.get(p + "shared_expert.gate_proj.weight") is not None else None
     sg = t.get(p + "shared_expert_gate.weight")
     moe = MoEWeights(
-        router=f32(t(p + "gate.weight")), gate_up=f32(t(p + "experts.gate_up_proj")),
-        down=f32(t(p + "experts.down_proj")), top_k=cfg.num_experts_per_tok,
-        renormalize=True, shared=shared, shared_gate=None if sg is None else f32(sg),
+        router=dense(t(p + "gate.weight")), gate_up=dense(t(p + "experts.gate_up_proj")),
+        down=dense(t(p + "experts.down_proj")), top_k=cfg.num_experts_per_tok,
+        renormalize=True, shared=shared, shared_gate=None if sg is None else dense(sg),
     )
     return fold_shared_expert(moe)
 
@@ -63,7 +63,7 @@ def build_weights(cfg: ModelConfig, weights: dict[str, np.ndarray], source: str)
             post_norm=f32(1.0 + t(p + "post_attention_layernorm.weight")),
             mixer=mixer, ffn=ffn,
         ))
-    embed = f32(t("model.embed_tokens.weight"))
+    embed = dense(t("model.embed_tokens.weight"))
     head = t.get("lm_head.weight")
     return ModelWeights(embed=embed, layers=layers, norm=f32(1.0 + t("model.norm.weight")),
-                        lm_head=embed if cfg.tie_word_embeddings or head is None else f32(head))
+                        lm_head=embed if cfg.tie_word_embeddings or head is None else dense(head))

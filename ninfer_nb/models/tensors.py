@@ -1,12 +1,13 @@
 """Helpers the architecture builders share: named access to checkpoint tensors with a clear
 error for a missing one, fp32 contiguous copies, row-fused projections (one GEMV instead of
-several at decode), and the fused SwiGLU MLP weights."""
+several at decode), and the fused SwiGLU MLP weights. Linear weights come out as host fp32
+`DenseWeight` records (`dense`); where they go on a device is engine/upload_policy.py's call."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import ModelFormatError
-from .weights import AttentionWeights, MLPWeights, MoEWeights
+from .weights import AttentionWeights, DenseWeight, MLPWeights, MoEWeights
 
 
 class NamedTensors:
@@ -29,9 +30,14 @@ def f32(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def fuse_rows(*parts: np.ndarray) -> np.ndarray:
-    """Stack projection matrices [N_i, H] into one [sum N_i, H] fp32 matrix."""
-    return f32(np.concatenate(parts, axis=0))
+def dense(x: np.ndarray) -> DenseWeight:
+    """A checkpoint matrix (or expert stack) as a host fp32 linear weight."""
+    return DenseWeight(f32(x), "f32")
+
+
+def fuse_rows(*parts: np.ndarray) -> DenseWeight:
+    """Stack projection matrices [N_i, H] into one [sum N_i, H] fp32 linear weight."""
+    return dense(np.concatenate(parts, axis=0))
 
 
 def fuse_biases(biases: list[np.ndarray | None], rows: list[int]) -> np.ndarray | None:
@@ -51,7 +57,7 @@ def qkv_weights(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, rope
     qb, kb, vb = biases
     bias_parts = [qb] + ([None] if gate is not None else []) + [kb, vb]
     return AttentionWeights(
-        qkv=fuse_rows(*parts), o=f32(o), rope_table=rope_table, gated=gate is not None,
+        qkv=fuse_rows(*parts), o=dense(o), rope_table=rope_table, gated=gate is not None,
         qkv_bias=fuse_biases(bias_parts, [p.shape[0] for p in parts]),
         q_norm=None if q_norm is None else f32(q_norm), k_norm=None if k_norm is None else f32(k_norm),
     )
@@ -64,12 +70,18 @@ def fold_shared_expert(moe: MoEWeights) -> MoEWeights:
     if shared is None or gate is None or shared.gate_up.shape != moe.gate_up.shape[1:]:
         return moe
     return MoEWeights(
-        router=fuse_rows(moe.router, gate),
-        gate_up=f32(np.concatenate([moe.gate_up, shared.gate_up[None]], axis=0)),
-        down=f32(np.concatenate([moe.down, shared.down[None]], axis=0)),
+        router=fuse_rows(_host(moe.router), _host(gate)),
+        gate_up=dense(np.concatenate([_host(moe.gate_up), _host(shared.gate_up)[None]], axis=0)),
+        down=dense(np.concatenate([_host(moe.down), _host(shared.down)[None]], axis=0)),
         top_k=moe.top_k, renormalize=moe.renormalize, shared_slot=True)
+
+
+def _host(w: object) -> np.ndarray:
+    """The host array of a dense linear weight built here (the builders fold before upload)."""
+    assert isinstance(w, DenseWeight), type(w)
+    return w.data
 
 
 def mlp_weights(t: NamedTensors, p: str) -> MLPWeights:
     gate_up = np.concatenate([t(p + "gate_proj.weight"), t(p + "up_proj.weight")])
-    return MLPWeights(gate_up=f32(gate_up), down=f32(t(p + "down_proj.weight")))
+    return MLPWeights(gate_up=dense(gate_up), down=dense(t(p + "down_proj.weight")))

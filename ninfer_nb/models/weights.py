@@ -210,5 +210,10 @@ def map_arrays(obj: Any, fn: Callable[[Array], Any]) -> Any:
 def unique_arrays(obj: Any) -> list[Any]:
     """Every distinct array in a weight structure (a tied lm_head counted once)."""
     found: list[Any] = []
-    map_arrays(obj, lambda a: found.append(a) or a)
+
+    def collect(a: Array) -> Array:
+        found.append(a)
+        return a
+
+    map_arrays(obj, collect)
     return found

@@ -9,10 +9,11 @@ import numpy as np
 from ninfer_nb.kernels.linear import gemm_mma as K_mma
 from ninfer_nb.kernels.linear import gemm_wgmma as K_wg
 from ninfer_nb.kernels.linear import linear as K_lin
-from ninfer_nb.runtime.tensor import bfloat16
+from ninfer_nb.models.weights import DenseWeight
 
 from .launch import F32, SIM, _need, _ptr, _rows
 from .norm import Normed, NormOps
+from .records import dense
 
 # Split-K decode GEMV (4 K slices per row pair) for 2-16 tokens (one token: one_token_build),
 # weights of at most SPLITK_MAX_N rows and at least SPLITK_MIN_K columns (shorter rows lose).
@@ -63,10 +64,12 @@ class LinearOps(NormOps):
         `linear` rounds its input to before its GEMM anyway, so the MLP's result is unchanged,
         and neither the [T, 2I] fp32 product nor an fp32 h goes through memory. Only `linear`
         consumes it (models/layers.py mlp_block)."""
+        w = dense(gate_up, "linear_swiglu")
+        gate_up, bf16 = w.data, w.dtype == "bf16"
         two_i, k = gate_up.shape
         _need(x.shape[-1] == k and two_i % 2 == 0, f"linear_swiglu: x {x.shape} vs weight {gate_up.shape}")
         if isinstance(x, Normed):                       # one token, the RMSNorm fused in
-            if gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0:
+            if bf16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0:
                 out = self.empty((1, two_i // 2))                                   # [1, I]
                 self._one_token("swiglu", x.x, x.weight, x.eps, gate_up, out, out.reshape(-1), False)
                 return out.reshape(tuple(x.shape[:-1]) + (two_i // 2,))
@@ -74,7 +77,7 @@ class LinearOps(NormOps):
         x2 = _rows(x, k)
         t = x2.shape[0]
         inter = two_i // 2
-        if (self.use_wgmma and t >= K_wg.MIN_M and not SIM and gate_up.dtype == bfloat16 and x2.dtype == F32
+        if (self.use_wgmma and t >= K_wg.MIN_M and not SIM and bf16 and x2.dtype == F32
                 and k % K_wg.K_ALIGN == 0 and inter % K_wg.K_ALIGN == 0
                 and _ptr(x2) % 16 == 0 and _ptr(gate_up) % 16 == 0):
             xb = self._bf16_copy(x2)
@@ -83,8 +86,8 @@ class LinearOps(NormOps):
                      _rows(h, inter), smem=K_wg.SMEM_BYTES)
             return h
         if not (0 < t <= K_lin.GEMV_MAX_T and not SIM
-                and gate_up.dtype == bfloat16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(x2) % 16 == 0):
-            return self.swiglu(self.linear(x, gate_up))
+                and bf16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(x2) % 16 == 0):
+            return self.swiglu(self.linear(x, w))
         out = self.empty(tuple(x.shape[:-1]) + (two_i // 2,))             # [T, I]
         self._go(K_lin.gemv_bf16_swiglu_kernel, (two_i // 2 + K_lin.GEMV_WARPS - 1) // K_lin.GEMV_WARPS,
                  32 * K_lin.GEMV_WARPS, x2, gate_up, _rows(out, two_i // 2))
@@ -95,13 +98,15 @@ class LinearOps(NormOps):
         per part on the part's rows of the fused weight (contiguous: weight[n0:n1]) writes each
         part straight into its own buffer, so the split copy pass goes away; x is converted to
         bf16 once for all parts. Decode keeps linear + split (views)."""
+        w = dense(weight, "linear_split")
+        weight = w.data
         n, k = weight.shape
         t = x.size // k if k else 0
         bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         if not (t > K_lin.GEMV_MAX_T and not SIM
-                and weight.dtype == bfloat16 and k % K_mma.K_ALIGN == 0 and sum(sizes) == n
+                and w.dtype == "bf16" and k % K_mma.K_ALIGN == 0 and sum(sizes) == n
                 and all(b % 2 == 0 for b in bounds) and _ptr(x) % 16 == 0 and _ptr(weight) % 16 == 0):
-            return self.split(self.linear(x, weight, bias), sizes)
+            return self.split(self.linear(x, w, bias), sizes)
         x2 = _rows(x, k)
         xb = self._bf16_copy(x2)                                         # shared by the parts
         parts = []
@@ -113,30 +118,34 @@ class LinearOps(NormOps):
         return tuple(parts)
 
     def linear(self, x: Any, weight: Any, bias: Any = None) -> Any:
-        n, k = weight.shape
-        _need(x.shape[-1] == k, f"linear: x {x.shape} vs weight {weight.shape}")
+        w = dense(weight, "linear")
+        n, k = w.shape
+        _need(x.shape[-1] == k, f"linear: x {x.shape} vs weight {w.shape}")
         out = self.empty(tuple(x.shape[:-1]) + (n,))
         if out.size:
-            self._linear_into(x, weight, bias, _rows(out, n))
+            self._linear_into(x, w, bias, _rows(out, n))
         return out
 
     def linear_add(self, x: Any, weight: Any, residual: Any) -> Any:
         """residual += linear(x, weight), in place; returns residual. One token: the GEMV adds
         the residual as its bias and writes over it (each element is read and written by the
         same thread), so the add costs no launch."""
-        n, k = weight.shape
+        w = dense(weight, "linear_add")
+        n, k = w.shape
         _need(x.shape[-1] == k and residual.shape[-1] == n and x.size // k == residual.size // n,
-              f"linear_add: x {x.shape}, weight {weight.shape}, residual {residual.shape}")
+              f"linear_add: x {x.shape}, weight {w.shape}, residual {residual.shape}")
         if residual.size == n:
-            self._linear_into(x, weight, residual.reshape(-1), _rows(residual, n))
+            self._linear_into(x, w, residual.reshape(-1), _rows(residual, n))
             return residual
-        return self.add_into(residual, self.linear(x, weight))
+        return self.add_into(residual, self.linear(x, w))
 
-    def _linear_into(self, x: Any, weight: Any, bias: Any, out2: Any) -> None:
-        """out2 [T, N] = x @ weight^T (+ bias [N]); bias may alias out2 when T == 1."""
+    def _linear_into(self, x: Any, w: DenseWeight, bias: Any, out2: Any) -> None:
+        """out2 [T, N] = x @ w^T (+ bias [N]); bias may alias out2 when T == 1. The kernel
+        follows w's storage tag: bf16 GEMVs / tensor-core GEMMs, or the fp32 kernels."""
+        weight, bf16 = w.data, w.dtype == "bf16"
         n, k = weight.shape
         if isinstance(x, Normed):
-            if (weight.dtype == bfloat16 and k % 8 == 0 and _ptr(weight) % 16 == 0):
+            if (bf16 and k % 8 == 0 and _ptr(weight) % 16 == 0):
                 b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
                 self._one_token("normed", x.x, x.weight, x.eps, weight, out2, b, bias is not None)
                 return
@@ -145,13 +154,13 @@ class LinearOps(NormOps):
         t = x2.shape[0]
         has_bias = np.int32(bias is not None)
         b = bias if bias is not None else out2.reshape(-1)   # unused dummy when has_bias == 0
-        _need(x2.dtype == F32 or (x2.dtype == np.uint16 and t > K_lin.GEMV_MAX_T and weight.dtype == bfloat16
+        _need(x2.dtype == F32 or (x2.dtype == np.uint16 and t > K_lin.GEMV_MAX_T and bf16
                                   and k % K_mma.K_ALIGN == 0),
               f"linear: bf16 activations ({x2.dtype}) only as a tensor-core GEMM operand")
-        if weight.dtype == F32 and t <= K_lin.GEMV_MAX_T and not SIM:
+        if w.dtype == "f32" and t <= K_lin.GEMV_MAX_T and not SIM:
             grid = (n + K_lin.GEMV_F32_WARPS - 1) // K_lin.GEMV_F32_WARPS
             self._go(K_lin.gemv_f32_kernel, grid, 32 * K_lin.GEMV_F32_WARPS, x2, weight, b, out2, has_bias)
-        elif weight.dtype == bfloat16 and t <= K_lin.GEMV_MAX_T and not SIM:
+        elif bf16 and t <= K_lin.GEMV_MAX_T and not SIM:
             vec = np.int32(k % 8 == 0 and _ptr(weight) % 16 == 0 and _ptr(x2) % 16 == 0)
             ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
             if vec and t == 1:
@@ -165,7 +174,7 @@ class LinearOps(NormOps):
                 grid = (n + K_lin.GEMV_ROWS_PER_BLOCK - 1) // K_lin.GEMV_ROWS_PER_BLOCK
                 self._go(K_lin.gemv_bf16_kernel, grid, 32 * K_lin.GEMV_WARPS, x2, weight, b, out2, has_bias,
                          vec)
-        elif (weight.dtype == bfloat16 and not SIM and k % K_mma.K_ALIGN == 0
+        elif (bf16 and not SIM and k % K_mma.K_ALIGN == 0
               and _ptr(x2) % 16 == 0 and _ptr(weight) % 16 == 0 and _ptr(out2) % 16 == 0):
             # tensor cores (t > GEMV_MAX_T): x -> bf16 scratch copy (unless x already is bf16
             # bits, as linear_swiglu's wgmma result), then a bf16 GEMM

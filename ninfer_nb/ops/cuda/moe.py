@@ -11,11 +11,12 @@ from ninfer_nb.kernels.moe import moe as K_moe
 from ninfer_nb.kernels.moe import moe_grouped as K_moeg
 from ninfer_nb.kernels.moe import moe_pipelined as K_moep
 from ninfer_nb.kernels.moe import moe_wgmma as K_moew
-from ninfer_nb.runtime.tensor import bfloat16
+from ninfer_nb.models.weights import DenseWeight
 
 from .launch import SIM, _need, _ptr, _rows
 from .linear import LinearOps
 from .norm import Normed
+from .records import dense
 
 # Prefill MoE on the pipelined GEMMs (kernels/moe/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs (fewer launches).
@@ -28,40 +29,51 @@ MOE_UNROLLED_MAX_T = 1
 ROUTER_CLUSTER = True
 
 
+def _expert_stacks(gate_up: Any, down: Any) -> tuple[DenseWeight, DenseWeight]:
+    """The expert stacks' dense records; the expert kernels read bf16 only."""
+    gu, dn = dense(gate_up, "moe_experts"), dense(down, "moe_experts")
+    _need(gu.dtype == "bf16" and dn.dtype == "bf16", "moe_experts: expert weights must be bf16")
+    return gu, dn
+
+
 class MoeOps(LinearOps):
     def moe_router(self, x: Any, weight: Any, top_k: int, renormalize: bool = True,
                    shared_slot: bool = False) -> tuple[Any, Any]:
         """moe_route(linear(x, weight), ...); for one token of a `Normed` input and a bf16
         router: one kernel (`_moe_router_fused`)."""
-        if self._router_fusable(x, weight, top_k, shared_slot):
-            return self._moe_router_fused(x, weight, top_k, renormalize, shared_slot)[:2]
-        return self.moe_route(self.linear(x, weight), top_k, renormalize, shared_slot)
+        w = dense(weight, "moe_router")
+        if self._router_fusable(x, w, top_k, shared_slot):
+            return self._moe_router_fused(x, w.data, top_k, renormalize, shared_slot)[:2]
+        return self.moe_route(self.linear(x, w), top_k, renormalize, shared_slot)
 
     def moe(self, x: Any, router: Any, top_k: int, renormalize: bool, shared_slot: bool, gate_up: Any,
             down: Any, residual: Any = None) -> Any:
         """moe_experts(x, *moe_router(x, router, ...), gate_up, down, residual): the routed
         experts (with the shared one, when it is a slot). One token of a `Normed` input: the
         fused router also writes the normed row, which the expert kernels read as plain x."""
-        if self._router_fusable(x, router, top_k, shared_slot):
-            hid = router.shape[1]
+        r = dense(router, "moe")
+        gu, dn = _expert_stacks(gate_up, down)
+        gate_up, down = gu.data, dn.data
+        if self._router_fusable(x, r, top_k, shared_slot):
+            hid = r.shape[1]
             inter = gate_up.shape[1] // 2
             if (shared_slot and MOE_UNROLLED_MAX_T >= 1 and hid % (256 * K_moe.MOE_WIDE_GU) == 0
                     and inter % 256 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(down) % 16 == 0):
                 # decode, wide experts: the router kernel computes the shared slot's h row too
                 h = self.empty((top_k + 1, inter))                       # [k + 1, I]
-                ids, w, xn = self._moe_router_fused(x, router, top_k, renormalize, shared_slot, gate_up, h)
+                ids, w, xn = self._moe_router_fused(x, r.data, top_k, renormalize, shared_slot, gate_up, h)
                 w8 = K_moe.MOE_WARPS
                 self._go(K_moe.moe_gate_up_wide_kernel, ((inter + w8 - 1) // w8, top_k), 32 * w8, xn, ids,
                          gate_up, h)
                 return self._moe_down_wide(h, ids, w, down, 1, hid, residual)
-            ids, w, xn = self._moe_router_fused(x, router, top_k, renormalize, shared_slot)
-            return self.moe_experts(xn, ids, w, gate_up, down, residual)
-        ids, w = self.moe_router(x, router, top_k, renormalize, shared_slot)
-        return self.moe_experts(x, ids, w, gate_up, down, residual)
+            ids, w, xn = self._moe_router_fused(x, r.data, top_k, renormalize, shared_slot)
+            return self.moe_experts(xn, ids, w, gu, dn, residual)
+        ids, w = self.moe_router(x, r, top_k, renormalize, shared_slot)
+        return self.moe_experts(x, ids, w, gu, dn, residual)
 
-    def _router_fusable(self, x: Any, weight: Any, top_k: int, shared_slot: bool) -> bool:
-        n, k = weight.shape
-        return (isinstance(x, Normed) and weight.dtype == bfloat16 and k % 8 == 0 and _ptr(weight) % 16 == 0
+    def _router_fusable(self, x: Any, w: DenseWeight, top_k: int, shared_slot: bool) -> bool:
+        n, k = w.shape
+        return (isinstance(x, Normed) and w.dtype == "bf16" and k % 8 == 0 and _ptr(w.data) % 16 == 0
                 and n - int(shared_slot) <= K_moe.ROUTE_MAX_E and 0 < top_k < K_moe.MAX_TOPK)
 
     def _moe_router_fused(self, x: Any, weight: Any, top_k: int, renormalize: bool, shared_slot: bool,
@@ -136,11 +148,12 @@ class MoeOps(LinearOps):
                     residual: Any = None) -> Any:
         """The routed experts' sum [T, H]; with `residual`: residual += it, in place (one
         token: the down kernel adds into the residual stream as it writes)."""
+        gu, dn = _expert_stacks(gate_up, down)
+        gate_up, down = gu.data, dn.data
         x = self.plain(x)
         t, hid = x.shape
         top_k = ids.shape[1]
         inter = gate_up.shape[1] // 2
-        _need(gate_up.dtype == bfloat16 and down.dtype == bfloat16, "moe_experts: expert weights must be bf16")
         if t == 0:
             return self.empty((t, hid)) if residual is None else residual
         if SIM or t >= K_moeg.GROUPED_MIN_T:     # prefill: grouped by expert (the simulator: always)

@@ -23,6 +23,7 @@ from .launch import (
     _ptr,
     _rows,
 )
+from .records import dense
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,12 @@ class Normed:
 class NormOps(CudaOpsBase):
     def embedding(self, table: Any, ids: Any) -> Any:
         _need(ids.dtype == I32, "embedding: ids must be int32")
-        t, h = ids.shape[0], table.shape[1]
+        w = dense(table, "embedding")
+        t, h = ids.shape[0], w.shape[1]
         out = self.empty((t, h))                                     # [T, H] fp32
         if t:
-            spec = K_emb.embedding_f32_kernel if table.dtype == F32 else K_emb.embedding_bf16_kernel
-            self._go(spec, ((h + 255) // 256, t), 256, table, ids, out)
+            spec = K_emb.embedding_f32_kernel if w.dtype == "f32" else K_emb.embedding_bf16_kernel
+            self._go(spec, ((h + 255) // 256, t), 256, w.data, ids, out)
         return out
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
