@@ -11,7 +11,6 @@ This module knows nothing about models, weights layout on disk, or requests.
 from __future__ import annotations
 
 import contextlib
-
 from functools import lru_cache
 
 import numpy as np
