@@ -58,9 +58,10 @@ class SafetensorsFile:
         self._offset = 8 + n
         self._entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         data_len = size - self._offset
-        for name, e in header.items():
+        for name, entry in header.items():
             try:
-                dtype, shape, (lo, hi) = e["dtype"], tuple(int(s) for s in e["shape"]), e["data_offsets"]
+                dtype, shape, (lo, hi) = (entry["dtype"], tuple(int(s) for s in entry["shape"]),
+                                          entry["data_offsets"])
             except (KeyError, TypeError, ValueError):
                 raise ModelFormatError(f"{path}: corrupt header entry for {name!r}") from None
             if dtype not in _DTYPES:
