@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 
 from ninfer_nb.models.presets import preset_config, random_weights
-from ninfer_nb.models.weights import (DenseWeight, GDNWeights, MoEWeights, QuantizedWeight, as_linear,
-                                      map_arrays, map_weights, unique_arrays)
+from ninfer_nb.models.weights import (
+    DenseWeight,
+    GDNWeights,
+    MoEWeights,
+    QuantizedWeight,
+    as_linear,
+    map_arrays,
+    map_weights,
+    unique_arrays,
+)
 from ninfer_nb.quant.dequant import quantize
 from ninfer_nb.quant.formats import quant_format
 

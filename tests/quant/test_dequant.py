@@ -7,8 +7,7 @@ import pytest
 
 from ninfer_nb.models.weights import DenseWeight, QuantizedWeight
 from ninfer_nb.ops import cpu
-from ninfer_nb.quant.dequant import (dequantize, dequantize_rows, max_error, pack_int4, quantize,
-                                     unpack_int4)
+from ninfer_nb.quant.dequant import dequantize, dequantize_rows, max_error, pack_int4, quantize, unpack_int4
 from ninfer_nb.quant.formats import FORMATS, quant_format
 
 
