@@ -140,12 +140,12 @@ def parse_rope_scaling(field: str, rope: dict[str, Any], original_max: Any,
 
 
 def _required(cfg: dict[str, Any], name: str) -> int:
-    """An integer field a config must have, or a one-line error naming it."""
+    """A positive integer field a config must have, or a one-line error naming it."""
     value = cfg.get(name)
     if value is None:
         raise ModelFormatError(f"config lacks the required field {name!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ModelFormatError(f"config field {name!r} must be an integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
+        raise ModelFormatError(f"config field {name!r} must be a positive integer, got {value!r}")
     return int(value)
 
 
@@ -209,7 +209,15 @@ class ModelConfig:
 
     @staticmethod
     def from_hf(raw: dict[str, Any]) -> "ModelConfig":
-        """Parse a Hugging Face config.json dict (multimodal wrappers nest `text_config`)."""
+        """Parse a Hugging Face config.json dict (multimodal wrappers nest `text_config`). A value
+        of the wrong type is a ModelFormatError, never a traceback."""
+        try:
+            return ModelConfig._from_hf(raw)
+        except (TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+            raise ModelFormatError(f"config has a malformed value ({exc})") from None
+
+    @staticmethod
+    def _from_hf(raw: dict[str, Any]) -> "ModelConfig":
         root_type = str(raw.get("model_type", ""))
         text = raw.get("text_config") or raw
         model_type = str(text.get("model_type") or root_type)

@@ -205,8 +205,18 @@ def test_missing_required_field_is_named(field: str) -> None:
     del raw[field]
     with pytest.raises(ModelFormatError, match=f"required field '{field}'"):
         ModelConfig.from_hf(raw)
-    with pytest.raises(ModelFormatError, match=f"'{field}' must be an integer"):
+    with pytest.raises(ModelFormatError, match=f"'{field}' must be a positive integer"):
         ModelConfig.from_hf(dict(raw, **{field: "many"}))
+    with pytest.raises(ModelFormatError, match=f"'{field}' must be a positive integer"):
+        ModelConfig.from_hf(dict(raw, **{field: 0}))
+
+
+@pytest.mark.parametrize("field,value", [("rms_norm_eps", "small"), ("max_position_embeddings", "long"),
+                                         ("rope_theta", "big"), ("head_dim", [16])])
+def test_malformed_optional_field_is_a_one_line_error(field: str, value: Any) -> None:
+    with pytest.raises(ModelFormatError, match="malformed value") as info:
+        ModelConfig.from_hf(dict(LLAMA, **{field: value}))
+    assert "\n" not in str(info.value)
 
 
 def test_qwen35_gdn_fields_are_required() -> None:
