@@ -4,8 +4,8 @@ Supports the dense Llama-family GGUF architectures "llama", "qwen2" and "qwen3".
 renamed to Hugging Face names and dequantized to float32 `[out, in]` arrays. For "llama",
 llama.cpp's converter reorders the rows of every Q and K head from HF's rotate-half layout
 (first half / second half of the head) to interleaved pairs; `unpermute_rope_rows` undoes that
-so the weights equal the HF checkpoint's. It does not know the model code, the qwen35 hybrid
-tensor layout, rope scaling, or SentencePiece vocabularies.
+so the weights equal the HF checkpoint's. The qwen35 / qwen35moe hybrids are mapped by
+`gguf_qwen35`. It does not know the model code, rope scaling, or SentencePiece vocabularies.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from gguf.quants import dequantize
 from ..config import ModelConfig
 from ..errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
 from ..progress import Progress
+from . import gguf_qwen35
 from .checkpoint import LoadedCheckpoint
 from .gguf_rope import ROPE_FREQS, with_gguf_rope
 from .gguf_tokenizer import tokenizer_from_gguf
@@ -86,9 +87,15 @@ def load_gguf(path: str | Path, *, show_progress: bool = False) -> LoadedCheckpo
     fields = {name: field.contents() for name, field in reader.fields.items()}
     tensors = {t.name: t for t in reader.tensors}
     arch = str(fields.get("general.architecture", ""))
-    config = ModelConfig.from_hf(_hf_config(arch, fields, tensors, path))
+    qwen35 = arch in gguf_qwen35.ARCHITECTURES          # the hybrids: gguf_qwen35 maps them
+    raw_config = (gguf_qwen35.hf_config if qwen35 else _hf_config)(arch, fields, tensors, path)
+    config = ModelConfig.from_hf(raw_config)
     config = with_gguf_rope(config, arch, fields, tensors, path.name)   # rope_freqs, rope.scaling.*
-    weights, unmapped = _load_weights(path, tensors, config, arch, show_progress)
+    if qwen35:
+        weights, unmapped = gguf_qwen35.load_weights(path, tensors, config, _dequantize,
+                                                     show_progress)
+    else:
+        weights, unmapped = _load_weights(path, tensors, config, arch, show_progress)
     unmapped = [n for n in unmapped if n != ROPE_FREQS]
     tokenizer = tokenizer_from_gguf(fields) if "tokenizer.ggml.model" in fields else None
     del reader
@@ -138,7 +145,7 @@ def _hf_config(
     arch: str, fields: dict[str, Any], tensors: dict[str, ReaderTensor], path: Path
 ) -> dict[str, Any]:
     if arch not in SUPPORTED_ARCHS:
-        known = ", ".join(sorted(SUPPORTED_ARCHS))
+        known = ", ".join(sorted([*SUPPORTED_ARCHS, *gguf_qwen35.ARCHITECTURES]))
         raise UnsupportedModelError(
             f"{path.name}: unsupported GGUF architecture {arch!r} (supported: {known})"
         )

@@ -33,6 +33,11 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5 / 3.6: as Qwen2, but combining marks (\p{M}) stay with the letters they follow
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # tokenizer.ggml.pre -> pre-tokenizer family
 _PRE_FAMILIES: dict[str, str] = {
@@ -51,6 +56,7 @@ _PRE_FAMILIES: dict[str, str] = {
     "falcon3": "llama3",
     "qwen2": "qwen2",
     "deepseek-r1-qwen": "qwen2",
+    "qwen35": "qwen35",
 }
 
 
@@ -73,11 +79,11 @@ def _pre_tokenizer(pre: str) -> tuple[Any, Any, bool]:
             ]
         )
         return None, split, False
-    regex = _LLAMA3_SPLIT if family == "llama3" else _QWEN2_SPLIT
+    regex = {"llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "qwen35": _QWEN35_SPLIT}[family]
     split = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(regex), behavior="isolated"), byte_level]
     )
-    normalizer = normalizers.NFC() if family == "qwen2" else None
+    normalizer = normalizers.NFC() if family in ("qwen2", "qwen35") else None
     return normalizer, split, family == "llama3"
 
 

@@ -232,7 +232,7 @@ def test_corrupt_header(tiny_llama, tmp_path: Path) -> None:
 
 def test_unsupported_architecture(tmp_path: Path, write_gguf) -> None:
     tensors = {"token_embd.weight": (np.zeros((VOCAB, HIDDEN), np.float32), None)}
-    for arch in ("qwen35", "gpt2"):
+    for arch in ("qwen3next", "gpt2"):
         path = write_gguf(tmp_path / f"{arch}.gguf", arch, metadata(arch), tensors)
         with pytest.raises(UnsupportedModelError, match=repr(arch)):
             load_gguf(path)
