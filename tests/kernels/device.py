@@ -70,14 +70,15 @@ class SimDevice:
 
 
 class GpuDevice:
-    """CudaOps on GPU 0 through tests/kernels/gpu_util.py's GpuEnv (one arena per session)."""
+    """CudaOps on GPU 0 through tests/kernels/gpu_util.py's GpuEnv: one arena for the session,
+    smaller than the per-module ones (arenas are not freed before the process ends)."""
 
     on_gpu = True
 
     def __init__(self) -> None:
         from tests.kernels.gpu_util import GpuEnv
 
-        self.env = GpuEnv()
+        self.env = GpuEnv(arena_bytes=8 << 30, scratch_bytes=4 << 30)
         self.ops = self.env.ops
 
     def fresh(self) -> Any:
