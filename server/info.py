@@ -20,6 +20,9 @@ log = logging.getLogger("ninfer.server")
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 while serving; 503 while draining, so a load balancer stops sending work here."""
+    if request.app[STATE].draining:
+        return web.json_response({"status": "draining"}, status=503, headers={"Retry-After": "1"})
     return web.json_response({"status": "ok"})
 
 

@@ -117,6 +117,8 @@ def test_sigterm_refuses_new_and_queued_work_and_cuts_streams_at_the_deadline(se
     fresh = httpx.post(srv.url + "/v1/messages", json=long_stream, timeout=10)
     assert fresh.status_code == 503 and fresh.json()["type"] == "error"
     assert "Retry-After" in fresh.headers
+    health = httpx.get(srv.url + "/health", timeout=10)
+    assert health.status_code == 503 and health.json() == {"status": "draining"}
 
     t_running.join(srv.timeout_s + EXIT_GRACE_S)
     assert running[0] == "status 200" and running[-1] == "eof"
@@ -146,3 +148,43 @@ def test_sigint_lets_a_running_stream_finish_and_exits_without_waiting_out_the_t
     assert srv.proc.wait(EXIT_GRACE_S + 5) == 0
     assert time.monotonic() - t_signal < 60 * 0.02 + EXIT_GRACE_S  # not the 20 s timeout
     assert "stopped" in srv.proc.communicate()[1]
+
+
+def test_drain_ends_every_protocol_stream_with_its_error_event(scripted: Any) -> None:
+    """In-process: one running stream cut at the deadline, two queued streams (keep-alives
+    already sent, so their 200 is out) ended at once; each with its protocol's error event."""
+    from ninfer_nb.server.drain import drain
+
+    srv = scripted("word " * 1000, engine_kw={"token_delay_s": 0.02}, keepalive_s=0.2,
+                   default_max_tokens=1000, enable_thinking=False)
+    auth = {"Authorization": "Bearer sk-test-secret-123"}
+    bodies = {"/v1/chat/completions": {"model": MODEL_ID, "stream": True, "messages": USER},
+              "/v1/messages": {"model": "m", "stream": True, "max_tokens": 1000,
+                               "messages": USER},
+              "/v1/responses": {"model": MODEL_ID, "stream": True, "input": "go"}}
+    out: dict[str, list[str]] = {path: [] for path in bodies}
+
+    def read(path: str) -> None:
+        with httpx.stream("POST", srv.url + path, json=bodies[path], headers=auth,
+                          timeout=30) as r:
+            out[path] = [f"status {r.status_code}", *r.iter_lines()]
+
+    threads = []
+    for path in bodies:  # in this order: the chat stream runs, the others wait behind it
+        threads.append(in_thread(read, path))
+        time.sleep(0.3)
+    t0 = time.monotonic()
+    srv._run(drain(srv.app, 1.0))
+    assert time.monotonic() - t0 < 1.0 + 3.0
+    for t in threads:
+        t.join(10)
+    chat = [line[6:] for line in out["/v1/chat/completions"] if line.startswith("data: ")]
+    assert out["/v1/chat/completions"][0] == "status 200"
+    assert json.loads(chat[-1])["error"]["code"] == "server_shutdown"
+    assert len(chat) > 10  # it ran until the deadline
+    events = [line for line in out["/v1/messages"] if line.startswith("event: ")]
+    assert out["/v1/messages"][0] == "status 200" and events == ["event: error"]
+    assert ": keep-alive" in out["/v1/messages"]
+    events = [line for line in out["/v1/responses"] if line.startswith("event: ")]
+    assert events[-1] == "event: response.failed"
+    assert srv.engine.prompts and len(srv.engine.prompts) == 1  # the queued never started
