@@ -224,34 +224,6 @@ def test_attention_combine_many_splits(ops):
         close(out, want, 1e-5)
 
 
-def test_conv1d_and_gates(ops):
-    rng = np.random.default_rng(7)
-    t, c, kw = 5, 70, 4
-    x, w, st = rnd(rng, t, c), rnd(rng, c, kw), rnd(rng, kw - 1, c)
-    st_ref = st.copy()
-    close(ops.causal_conv1d(x, st, w), cpu.causal_conv1d(x, st_ref, w))
-    close(st, st_ref, 0)
-    for t, kw in ((40, 4), (35, 2)):            # prefill: parallel tokens kernel + state roll
-        x, w, st = rnd(rng, t, c), rnd(rng, c, kw), rnd(rng, kw - 1, c)
-        st_ref = st.copy()
-        close(ops.causal_conv1d(x, st, w), cpu.causal_conv1d(x, st_ref, w))
-        close(st, st_ref, 0)
-    for t, sizes in ((40, (16, 16, 38)), (40, (30, 40)), (5, (16, 16, 38))):   # conv written split
-        x, w, st = rnd(rng, t, c), rnd(rng, c, 4), rnd(rng, 3, c)
-        st_ref = st.copy()
-        got, want = ops.causal_conv1d_split(x, st, w, sizes), cpu.causal_conv1d_split(x, st_ref, w, sizes)
-        assert [g.shape for g in got] == [(t, n) for n in sizes]
-        for g, r in zip(got, want):
-            close(g, r)
-        close(st, st_ref, 0)
-    a, b = rnd(rng, 4, 6, scale=8.0), rnd(rng, 4, 6)
-    alog, dtb = rnd(rng, 6), rnd(rng, 6)
-    g, beta = ops.gdn_gates(a, b, alog, dtb)
-    gr, br = cpu.gdn_gates(a, b, alog, dtb)
-    close(g, gr)
-    close(beta, br)
-
-
 def test_moe_route(ops):
     rng = np.random.default_rng(8)
     logits = rnd(rng, 3, 40)

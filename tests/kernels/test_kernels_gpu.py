@@ -374,47 +374,6 @@ def test_attention_small_heads(env, rng, d, t, start):
     _attn_case(env, rng, np.float32, 1024, 8, 2, d, start, t)
 
 
-@pytest.mark.parametrize("t,c,kw", [(1, 10240, 4), (100, 10240, 4), (7, 300, 3), (2048, 10240, 4), (33, 300, 2)])
-def test_causal_conv1d(env, rng, t, c, kw):
-    ops = env.fresh()
-    x, w, st = rnd(rng, t, c), rnd(rng, c, kw), rnd(rng, kw - 1, c)
-    ST = env.up(st)
-    st_ref = st.copy()
-    close(env.host(ops.causal_conv1d(env.up(x), ST, env.up(w))), cpu.causal_conv1d(x, st_ref, w), TOL32)
-    close(env.host(ST), st_ref, 0)
-
-
-@pytest.mark.parametrize("t,sizes", [(2048, (2048, 2048, 6144)), (100, (100, 100, 100)), (5, (2048, 2048, 6144))])
-def test_causal_conv1d_split(env, rng, t, sizes):
-    """The GDN's conv written straight into its q | k | v parts (27B sizes; the middle case has
-    part boundaries inside a 128-channel block) vs NumPy, and timed against conv + split."""
-    ops = env.fresh()
-    c = sum(sizes)
-    x, w, st = rnd(rng, t, c), rnd(rng, c, 4), rnd(rng, 3, c)
-    X, W, ST = env.up(x), env.up(w), env.up(st)
-    st_ref = st.copy()
-    got = ops.causal_conv1d_split(X, ST, W, sizes)
-    want = cpu.causal_conv1d_split(x, st_ref, w, sizes)
-    for g, r in zip(got, want):
-        close(env.host(g), r, TOL32)
-    close(env.host(ST), st_ref, 0)
-    if t == 2048:
-        fused = _best_time(env, lambda: ops.causal_conv1d_split(X, ST, W, sizes), graph=True)[0]
-        pair = _best_time(env, lambda: ops.split(ops.causal_conv1d(X, ST, W), sizes), graph=True)[0]
-        print(f"\nconv1d split T={t} C={c}: written split {fused * 1e6:.1f} us, conv + split {pair * 1e6:.1f} us")
-
-
-@pytest.mark.parametrize("t,hv", [(1, 48), (100, 32)])
-def test_gdn_gates(env, rng, t, hv):
-    ops = env.fresh()
-    a, b = rnd(rng, t, hv, scale=10.0), rnd(rng, t, hv)
-    al, dtb = rnd(rng, hv), rnd(rng, hv)
-    g, beta = ops.gdn_gates(env.up(a), env.up(b), env.up(al), env.up(dtb))
-    gr, br = cpu.gdn_gates(a, b, al, dtb)
-    close(env.host(g), gr, TOL32)
-    close(env.host(beta), br, TOL32)
-
-
 # TF32 state products (kernels/gdn/gdn_chunked_mma.py): operands rounded to 10 mantissa bits
 TOL_TF32 = 3e-3
 
