@@ -414,7 +414,10 @@ def test_qk_norm_rope_store(env, rng, cdtype, hq, hkv, d, rot, t, norm):
     kc, vc = rnd(rng, s, hkv, d).astype(cdtype), rnd(rng, s, hkv, d).astype(cdtype)
     kc_ref, vc_ref = kc.astype(np.float32), vc.astype(np.float32)
     KC, VC = env.up(kc), env.up(vc)
-    up = (lambda a: env.up(a) if a is not None else None)
+
+    def up(a):
+        return env.up(a) if a is not None else None
+
     table = plain_table(rot, 1e7)
     got = ops.qk_norm_rope_store(env.up(q), env.up(k), env.up(v), up(qn), up(kn), env.up(pos), env.up(table), 1e-6,
                                  KC, VC)

@@ -21,6 +21,7 @@ SPLITK_MAX_N = 8192
 SPLITK_MIN_K = 12288
 # The 2-slice variant (8 rows per block) for K from SPLITK2_MIN_K up to SPLITK_MIN_K.
 SPLITK2_MIN_K = 4096
+NO_BIAS = np.int32(0)     # the GEMMs' has_bias flag without a bias
 
 
 def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str, int, int, int]:
@@ -203,7 +204,7 @@ class LinearOps(NormOps):
         self._go(K_mma.f32_to_bf16_kernel, K_mma.cvt_grid(n), K_mma.CVT_THREADS, x2.reshape(-1), xb.reshape(-1))
         return xb
 
-    def _gemm_bf16(self, xb: Any, weight: Any, out: Any, bias: Any = None, has_bias: Any = np.int32(0)) -> None:
+    def _gemm_bf16(self, xb: Any, weight: Any, out: Any, bias: Any = None, has_bias: Any = NO_BIAS) -> None:
         """out [M, N] fp32 = xb [M, K] bf16 @ weight [N, K]^T bf16 (+ bias) on the tensor cores:
         wgmma on cc 9.0 for M >= 256, mma.sync otherwise. K % 64 == 0, 16-byte aligned."""
         m, n = out.shape
