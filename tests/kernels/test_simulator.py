@@ -1,4 +1,5 @@
-"""The simulator cases (tests/kernels/sim_cases.py) under the CUDA simulator, in subprocesses
+"""The simulator cases (sim_runner.CASE_FILES: sim_cases.py and the family modules) under the CUDA
+simulator, in subprocesses
 (tests/support/sim_runner.py). In a whole-suite run they were started in the background when
 the session began and this test, moved to the end, collects their result; run on its own it
 starts them here, one process per core."""
