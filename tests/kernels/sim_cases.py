@@ -224,38 +224,6 @@ def test_attention_combine_many_splits(ops):
         close(out, want, 1e-5)
 
 
-def test_moe_route(ops):
-    rng = np.random.default_rng(8)
-    logits = rnd(rng, 3, 40)
-    logits[1, 7] = logits[1, 9] = logits[1].max() + 1.0    # tie -> lower id first
-    for renorm in (True, False):
-        ids, w = ops.moe_route(logits, 4, renorm)
-        ir, wr = cpu.moe_route(logits, 4, renorm)
-        np.testing.assert_array_equal(ids, ir)
-        close(w, wr)
-    wide = rnd(rng, 2, 300)                                # more experts than threads per block
-    for renorm in (True, False):
-        ids, w = ops.moe_route(wide, 8, renorm)
-        ir, wr = cpu.moe_route(wide, 8, renorm)
-        np.testing.assert_array_equal(ids, ir)
-        close(w, wr)
-    ties = np.zeros((3, 70), np.float32)                   # ties inside and across 32-expert tiles
-    ties[1, [3, 40, 65]] = 1.0
-    ties[2, ::2] = 0.5
-    for renorm in (True, False):
-        ids, w = ops.moe_route(ties, 5, renorm)
-        ir, wr = cpu.moe_route(ties, 5, renorm)
-        np.testing.assert_array_equal(ids, ir)
-        close(w, wr)
-    np.testing.assert_array_equal(ids[1], [3, 40, 65, 0, 1])
-    for renorm in (True, False):                           # + the shared expert's gate column
-        ids, w = ops.moe_route(logits, 4, renorm, True)
-        ir, wr = cpu.moe_route(logits, 4, renorm, True)
-        assert ids.shape == (3, 5) and (ir[:, 4] == 39).all()
-        np.testing.assert_array_equal(ids, ir)
-        close(w, wr)
-
-
 def test_int8_kv_store_and_prefill_attention(ops):
     rng = np.random.default_rng(7)
     s, hkv, hq, d, t = 30, 2, 4, 128, 17

@@ -614,19 +614,6 @@ def test_linear_swiglu_normed(env, rng, i, k):
         print(f"\nnormed GEMV + SwiGLU {2 * i}x{k}: norm + GEMV {pair * 1e6:.1f} us, fused {best * 1e6:.1f} us")
 
 
-@pytest.mark.parametrize("t,e,k", [(5, 256, 8), (1, 128, 8), (3, 60, 4), (2, 700, 8)])
-@pytest.mark.parametrize("shared", [False, True])
-def test_moe_route(env, rng, t, e, k, shared):
-    ops = env.fresh()
-    logits = rnd(rng, t, e + int(shared), scale=2.0)
-    logits[0, 10] = logits[0, 3] = logits[0, :e].max() + 0.5
-    for renorm in (True, False):
-        ids, w = ops.moe_route(env.up(logits), k, renorm, shared)
-        ir, wr = cpu.moe_route(logits, k, renorm, shared)
-        np.testing.assert_array_equal(env.host(ids), ir)
-        close(env.host(w), wr, TOL32)
-
-
 @pytest.mark.parametrize("t,e,k,i,h", [(1, 256, 9, 512, 2048), (4, 256, 8, 512, 2048), (3, 16, 4, 36, 100),
                                        (2, 64, 5, 256, 1024), (1, 32, 3, 768, 4096)])
 @pytest.mark.parametrize("kind", ["plain", "wide"])
