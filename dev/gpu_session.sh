@@ -45,7 +45,7 @@ case "${1:-check}" in
         | grep -E "^ninfer_nb +512" | sed "s/^/${flag:-device-argmax} /"
     done; done ;;
   moe)                    # the MoE decode kernels: GPU tests, then where the block's time goes
-    python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
+    python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py tests/kernels/test_moe.py \
       -k "moe_router or moe_route or moe_normed or moe_experts" 2>&1 | tail -2
     python3 dev/route_probe.py 2>&1 | grep -E "cycles|ids"
     python3 dev/moe_probe.py 2>&1
