@@ -315,48 +315,6 @@ def test_moe_grouped_top2_hot_expert(ops, monkeypatch):
     _moe_grouped_case(ops, 23, t=65, e=4, k=2, h=20, i=66, unused={3}, hot=2)
 
 
-# --- chunked gated delta rule (kernels/gdn/gdn_chunked.py) vs the recurrent NumPy reference --------
-
-def _gdr_chunked_case(ops, seed, t, hk, hv, dk, dv, state_kernel="simt", tol=1e-4, prepare_kernel="simt"):
-    """state_kernel / prepare_kernel: "simt" (fp32, exact up to rounding) or "mma" (TF32 tensor
-    cores: the operands of the products carry 10 mantissa bits, ~5e-4 relative)."""
-    ops.choices = replace(ops.choices, gdn_state=state_kernel, gdn_prepare=prepare_kernel)
-    rng = np.random.default_rng(seed)
-    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
-    g = -np.abs(rnd(rng, t, hv, scale=0.5))                  # log decay per token, < 0
-    beta = (1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32)
-    st = rnd(rng, hv, dv, dk, scale=0.1)                     # random nonzero initial state
-    st_ref = st.copy()
-    o = ops.gated_delta_rule_chunked(q, k, v, g, beta, st)
-    ref = cpu.gated_delta_rule(q, k, v, g, beta, st_ref)
-    close(o, ref, tol)
-    close(st, st_ref, tol)
-
-
-def test_gdr_chunked_one_chunk_gqa(ops):
-    """T = C = 64 exactly, Hv/Hk = 2 (both V heads of one K head in one prepare block)."""
-    _gdr_chunked_case(ops, 31, t=64, hk=1, hv=2, dk=32, dv=32)
-
-
-def test_gdr_chunked_partial_last_chunk(ops):
-    """T = 100: a full chunk and a 36-token tail; Dv = 48 (a ragged 32-column tile, 3 state slices)."""
-    _gdr_chunked_case(ops, 32, t=100, hk=1, hv=1, dk=32, dv=48)
-
-
-def test_gdr_chunked_shorter_than_chunk(ops):
-    """17 <= T < C: one partial chunk (T <= 16 takes the recurrent kernel)."""
-    _gdr_chunked_case(ops, 33, t=20, hk=1, hv=1, dk=32, dv=32)
-
-
-def test_gdr_chunked_tensor_core_state(ops):
-    """The TF32 state pass (kernels/gdn/gdn_chunked_mma.py): a full chunk then an 8-token tail, so
-    the state carries over in the accumulators and the tail's rows are masked; Dk = 16 uses one
-    of the 8 k blocks (the others are zero). One block, the simulator's mma is slow (~25 s per
-    chunk); the GPU tests cover Hv/Hk > 1, ragged Dv and the model shapes. Measured here: ~5e-4
-    of the largest value (TF32 operand rounding), bound 3e-3."""
-    _gdr_chunked_case(ops, 34, t=72, hk=1, hv=1, dk=16, dv=32, state_kernel="mma", tol=3e-3)
-
-
 # --- tiled GQA prefill attention (kernels/attention/attention.py attn_prefill_kernel) --------------------
 
 def _prefill_attn_case(ops, seed, cache, hq, hkv, d, start, t):
@@ -634,9 +592,3 @@ def test_gdr_prepare_mma_vs_simt_kernel(ops):
         outs[kind] = bufs
     for a, b in zip(outs["mma"], outs["simt"]):
         close(a, b, 3e-3)
-
-
-def test_gdr_chunked_tensor_core_prepare(ops):
-    """The chunked pair with the TF32 prepare kernel (fp32 state pass) against the recurrent
-    reference: a full chunk then an 8-token tail (T = 72), Dk = Dv = 16."""
-    _gdr_chunked_case(ops, 36, t=72, hk=1, hv=1, dk=16, dv=16, tol=3e-3, prepare_kernel="mma")

@@ -1,9 +1,13 @@
 """Gated DeltaNet kernels (kernels/gdn/) through CudaOps vs ops.cpu, one body per case: small
 shapes under the CUDA simulator (tests/support/sim_runner.py), model shapes on the GPU (-m gpu).
-So far the causal conv1d (decode, parallel prefill, written split) and the gates; the gated
-delta rule cases are still in sim_cases.py / test_kernels_gpu.py."""
+So far the causal conv1d (decode, parallel prefill, written split), the gates and the gated
+delta rule (recurrent and chunked); the fused decode step, the prepare kernels and the
+model-shape timings are still in sim_cases.py / test_kernels_gpu.py."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
 from ninfer_nb.ops import cpu
@@ -61,3 +65,39 @@ def test_gdn_gates(dev, rng, t, hv):
     gr, br = cpu.gdn_gates(a, b, al, dtb)
     close(dev.host(g), gr, TOL32)
     close(dev.host(beta), br, TOL32)
+
+
+# TF32 state / prepare products (gdn_chunked_mma.py, gdn_prepare_mma.py): operands rounded to
+# 10 mantissa bits; ~5e-4 of the largest value seen
+TOL_TF32 = 3e-3
+_GPU_GDR = [(1, 16, 48, 128, 128), (64, 16, 48, 128, 128), (1, 16, 32, 128, 128), (37, 2, 4, 64, 96),
+            (100, 2, 4, 64, 48), (5, 1, 1, 256, 32)]
+
+
+@pytest.mark.parametrize("t,hk,hv,dk,dv,kind", shapes(
+    sim=[(5, 1, 2, 32, 32, "recurrent"), (64, 1, 2, 32, 32, "simt"), (100, 1, 1, 32, 48, "simt"),
+         (20, 1, 1, 32, 32, "simt"), (72, 1, 1, 16, 32, "mma_state"), (72, 1, 1, 16, 16, "mma_prepare")],
+    gpu=[shape + (kind,) for kind in ("recurrent", "simt", "mma") for shape in _GPU_GDR]))
+def test_gated_delta_rule(dev, rng, t, hk, hv, dk, dv, kind):
+    """The recurrent kernel, and the chunked pair (C = 64: exactly one chunk with Hv / Hk = 2, a
+    full chunk and a tail with a ragged Dv, one partial chunk; T <= 16 and Dk > 128 fall back to
+    the recurrent kernel) from a nonzero state, vs the recurrent NumPy reference. kind "mma":
+    state pass and prepare on TF32 tensor cores; "mma_state" / "mma_prepare": one of the two
+    (in the simulator one block of Dk = 16, a full chunk then an 8-token tail: the state carries
+    over in the accumulators, the tail's rows are masked)."""
+    ops = dev.fresh()
+    state = "mma" if kind in ("mma", "mma_state") else "simt"
+    prepare = "mma" if kind in ("mma", "mma_prepare") else "simt"
+    ops.choices = replace(ops.choices, gdn_state=state, gdn_prepare=prepare)
+    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
+    g = -np.abs(rnd(rng, t, hv, scale=0.5))                  # log decay per token, < 0
+    beta = (1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))).astype(np.float32)
+    st = rnd(rng, hv, dv, dk, scale=0.1)                     # a nonzero initial state
+    ST = dev.up(st)
+    st_ref = st.copy()
+    fn = ops.gated_delta_rule if kind == "recurrent" else ops.gated_delta_rule_chunked
+    o = dev.host(fn(dev.up(q), dev.up(k), dev.up(v), dev.up(g), dev.up(beta), ST))
+    ref = cpu.gated_delta_rule(q, k, v, g, beta, st_ref)
+    tf32 = kind.startswith("mma") and t > 16 and dk <= 128
+    close(o, ref, TOL_TF32 if tf32 else TOL32 * 10)
+    close(dev.host(ST), st_ref, TOL_TF32 if tf32 else TOL32 * 10)

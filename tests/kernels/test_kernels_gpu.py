@@ -378,29 +378,6 @@ def test_attention_small_heads(env, rng, d, t, start):
 TOL_TF32 = 3e-3
 
 
-@pytest.mark.parametrize("t,hk,hv,dk,dv", [(1, 16, 48, 128, 128), (64, 16, 48, 128, 128), (1, 16, 32, 128, 128),
-                                           (37, 2, 4, 64, 96), (100, 2, 4, 64, 48), (5, 1, 1, 256, 32)])
-@pytest.mark.parametrize("kind", ["recurrent", "simt", "mma"])
-def test_gated_delta_rule(env, rng, t, hk, hv, dk, dv, kind):
-    """The recurrent kernel, and the chunked pair with either state pass (T <= 16 and Dk > 128
-    fall back to the recurrent kernel), vs the recurrent NumPy reference."""
-    ops = env.fresh()
-    both = "mma" if kind == "mma" else "simt"                # both TF32, or both fp32
-    ops.choices = replace(ops.choices, gdn_state=both, gdn_prepare=both)
-    q, k, v = rnd(rng, t, hk, dk), rnd(rng, t, hk, dk), rnd(rng, t, hv, dv)
-    g = -np.abs(rnd(rng, t, hv, scale=0.5))
-    beta = 1.0 / (1.0 + np.exp(-rnd(rng, t, hv)))
-    st = rnd(rng, hv, dv, dk, scale=0.1)
-    ST = env.up(st)
-    st_ref = st.copy()
-    fn = ops.gated_delta_rule if kind == "recurrent" else ops.gated_delta_rule_chunked
-    o = env.host(fn(env.up(q), env.up(k), env.up(v), env.up(g), env.up(beta.astype(np.float32)), ST))
-    ref = cpu.gated_delta_rule(q, k, v, g, beta.astype(np.float32), st_ref)
-    tf32 = kind == "mma" and t > 16 and dk <= 128
-    close(o, ref, TOL_TF32 if tf32 else TOL32 * 10)
-    close(env.host(ST), st_ref, TOL_TF32 if tf32 else TOL32 * 10)
-
-
 @pytest.mark.parametrize("cdtype", [np.float32, BF16])
 @pytest.mark.parametrize("hq,hkv,d,rot,t,norm", [(24, 4, 256, 64, 1, True), (16, 2, 256, 64, 5, True),
                                                  (8, 2, 128, 128, 3, False), (6, 2, 96, 32, 2, True)])
