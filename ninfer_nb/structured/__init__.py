@@ -17,6 +17,7 @@ from ninfer_nb.structured.constraint import (
     GrammarTokenizer,
     Matcher,
     compile_constraint,
+    fill_batch_bitmask,
     grammar_tokenizer,
 )
 
@@ -32,5 +33,6 @@ __all__ = [
     "apply_token_bitmask",
     "bitmask_words",
     "compile_constraint",
+    "fill_batch_bitmask",
     "grammar_tokenizer",
 ]

@@ -14,7 +14,8 @@ Qwen vocabulary) is built once per tokenizer and vocabulary size. Kinds and thei
 
 `reasoning_open=True` lets free text run up to `</think>` first (the prompt opened a think block).
 A `Matcher` gives the int32 bitmask [ceil(V/32)] of the next step's allowed ids and advances by the
-sampled id; EOS is allowed exactly where the grammar may end. This module knows nothing about
+sampled id; EOS is allowed exactly where the grammar may end. `fill_batch_bitmask` fills a batch's
+rows [B, words] in parallel (unconstrained rows all ones). This module knows nothing about
 sampling, batching or the server's request fields.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import llguidance
 import numpy as np
@@ -49,6 +50,7 @@ __all__ = [
     "GrammarTokenizer",
     "Matcher",
     "compile_constraint",
+    "fill_batch_bitmask",
     "grammar_tokenizer",
 ]
 
@@ -147,6 +149,34 @@ class Matcher:
     def is_finished(self) -> bool:
         """Nothing but EOS may follow (or EOS was consumed)."""
         return self._m.is_stopped()
+
+
+_EXECUTOR: list[llguidance.LLExecutor] = []  # one thread pool per process, made on first use
+
+
+def fill_batch_bitmask(rows: Sequence[Matcher | None], out: np.ndarray) -> None:
+    """Masks for a batch: `out` [B, words] int32, row b from `rows[b]` (None: all allowed).
+
+    The constrained rows are computed in parallel on llguidance's thread pool, so one slow
+    grammar step does not serialize the others."""
+    if out.dtype != np.int32 or out.ndim != 2 or out.shape[0] != len(rows) or not out.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"batch bitmask must be C-contiguous int32 [{len(rows)}, words]")
+    work: list[tuple[Matcher, int]] = []
+    for b, matcher in enumerate(rows):
+        if matcher is None:
+            out[b] = -1
+        elif matcher.words != out.shape[1]:
+            raise ValueError(f"row {b}: matcher masks {matcher.words} words, the batch {out.shape[1]}")
+        else:
+            work.append((matcher, b))
+    if len(work) == 1:
+        matcher, b = work[0]
+        matcher.fill_bitmask(out[b])
+    elif work:
+        if not _EXECUTOR:
+            _EXECUTOR.append(llguidance.LLExecutor())
+        pairs = [(m._m, b) for m, b in work]
+        _EXECUTOR[0].unsafe_compute_mask_ptr(pairs, out.ctypes.data, out.shape[1] * 4, out.shape[0])
 
 
 @dataclass(frozen=True, eq=False)

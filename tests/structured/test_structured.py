@@ -23,6 +23,7 @@ from ninfer_nb.structured import (
     apply_token_bitmask,
     bitmask_words,
     compile_constraint,
+    fill_batch_bitmask,
     grammar_tokenizer,
 )
 from tests.support.qwen_tokenizer import write_qwen_tokenizer_files
@@ -204,6 +205,22 @@ def test_constraints_are_cached_and_bad_specs_refused(qwen_tok):
     for kind, spec in [("tool_calls", named_missing), ("regex", "a("), ("json_schema", [1]), ("yaml", None)]:
         with pytest.raises(ConstraintError):
             compile_constraint(kind, spec, qwen_tok)
+
+
+def test_batch_bitmask_matches_each_row(qwen_tok):
+    schema = compile_constraint("json_schema", ISSUE_SCHEMA, qwen_tok, vocab_size=MODEL_VOCAB)
+    obj = compile_constraint("json_object", None, qwen_tok, vocab_size=MODEL_VOCAB)
+    a, b, c = schema.matcher(), obj.matcher(), schema.matcher()
+    for token in qwen_tok.encode('{"title": "Fix'):
+        a.advance(token)
+    for token in qwen_tok.encode('{"x": [1, '):
+        b.advance(token)
+    out = np.zeros((4, bitmask_words(MODEL_VOCAB)), dtype=np.int32)
+    fill_batch_bitmask([a, None, b, c], out)
+    for row, matcher in zip(out[[0, 2, 3]], (a, b, c)):
+        np.testing.assert_array_equal(row, matcher.allowed_tokens())
+    assert np.all(out[1] == -1)
+    assert not np.array_equal(out[0], out[3])
 
 
 @pytest.mark.parametrize("vocab", [MODEL_VOCAB, 1000, 33])
