@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # the simulator cases: sim_cases.py and the family modules whose cases run here and on the GPU
 # (tests/kernels/device.py)
 CASE_FILES = [ROOT / "tests" / "kernels" / name
-              for name in ("sim_cases.py", "test_norm.py", "test_sampling.py", "test_gdn.py", "test_moe.py")]
+              for name in ("sim_cases.py", "test_norm.py", "test_sampling.py", "test_gdn.py", "test_moe.py",
+                           "test_linear.py")]
 # one-process seconds of the slow cases on this project's machine (2026-11-30)
 SLOW_SECONDS = {"test_whole_hybrid_model_prefill_chunk_matches_cpu": 103, "test_prefill_flash_gqa2_d256": 76,
                 "test_moe_grouped_top2_hot_expert": 28, "test_gated_delta_rule": 10,
