@@ -287,7 +287,7 @@ class LLM:
             "kv_cache": self.kv_cache,
             "kv_cache_bytes": kv_total,
             "kv_cache_used_bytes": int(kv_total * ctx / max(self.max_context, 1)),
-            "state_bytes": state.nbytes(),
+            "state_bytes": kv_total + state.gdn_slot_bytes(),       # one sequence's caches
             "device": self.device_name,
             "device_memory_used": used,
             "device_memory_total": total,
