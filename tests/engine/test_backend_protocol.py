@@ -92,3 +92,18 @@ def test_cpu_decode_steps_and_token_ring_agree() -> None:
     backend.discard_tokens()
     with pytest.raises(IndexError):
         backend.collect_token()
+
+
+def test_the_decode_path_does_not_probe_the_backend() -> None:
+    """The engine talks to backends through the Protocol alone: no hasattr / getattr probing
+    and no type: ignore on the path from LLM to the backend."""
+    from pathlib import Path
+
+    import ninfer_nb
+
+    root = Path(ninfer_nb.__file__).parent
+    for name in ("llm.py", "engine/llm_engine.py", "engine/generator.py", "engine/state_slots.py",
+                 "engine/batch.py", "engine/backend.py", "engine/cuda_backend.py", "engine/backends/base.py"):
+        text = (root / name).read_text()
+        for probe in ("hasattr(", "getattr(", "type: ignore"):
+            assert probe not in text, f"{name}: {probe}"
