@@ -68,7 +68,8 @@ class Request:
 
 @dataclass
 class RequestOutput:
-    """One request's news from one engine step."""
+    """One request's news from one engine step (or from abort / finish). A step that finishes
+    a request with reason "stop" and new tokens ends on the stop token (no text for it)."""
 
     request_id: str
     new_token_ids: list[int]
