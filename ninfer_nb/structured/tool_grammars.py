@@ -12,11 +12,12 @@ with parameters in the schema's property order (required ones present); a parame
 allows a string is raw text (`maxLength` and string `enum` / `const` enforced, nothing else),
 any other parameter is JSON validated by its schema. `hermes_json` writes
 `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` with the arguments validated by the
-tool's schema. Calls are separated by one newline. This module knows nothing about matching.
+tool's schema, calls separated by one newline. `llama3_json` writes bare
+`{"name": …, "parameters": {…}}` calls separated by "; ", and under `auto` either text that does
+not start with `{` or calls only. This module knows nothing about matching.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,7 +131,8 @@ def _xml_call_rules(index: int, spec: ToolSpec, marker_ids: MarkerIds) -> list[s
     return [f"call_{index}: {body}", *rules]
 
 
-def _hermes_call_schema(specs: list[ToolSpec]) -> dict:
+def _json_call_schema(specs: list[ToolSpec], arguments_key: str) -> dict:
+    """`{"name": NAME, <arguments_key>: {...}}` for any of the tools, their `$defs` at the root."""
     variants: list[dict] = []
     defs: dict = {}
     for spec in specs:
@@ -139,8 +141,8 @@ def _hermes_call_schema(specs: list[ToolSpec]) -> dict:
             defs.update(spec.parameters.get(key) or {})
         variants.append({
             "type": "object",
-            "properties": {"name": {"const": spec.name}, "arguments": args},
-            "required": ["name", "arguments"],
+            "properties": {"name": {"const": spec.name}, arguments_key: args},
+            "required": ["name", arguments_key],
             "additionalProperties": False,
         })
     schema: dict = {"anyOf": variants} if len(variants) > 1 else variants[0]
@@ -172,8 +174,14 @@ def tool_call_rules(
         rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(specs))))
     elif dialect == "hermes_json":
         open_, close = lark_marker(CALL_OPEN, marker_ids), lark_marker(CALL_CLOSE, marker_ids)
-        schema = json.loads(json.dumps(_hermes_call_schema(specs)))
-        rules = [f'call: {open_} "\\n" {lark_json(schema)} "\\n" {close}']
+        schema = lark_json(_json_call_schema(specs, "arguments"))
+        rules = [f'call: {open_} "\\n" {schema} "\\n" {close}']
+    elif dialect == "llama3_json":  # bare JSON calls; the parser reads them only at the start
+        rules = [f"call: {lark_json(_json_call_schema(specs, 'parameters'))}"]
+        calls = 'calls: call ("; " call)*' if parallel_tool_calls else "calls: call"
+        if mode == "required":
+            return ["body: calls", *rules, calls]
+        return ["body: PLAIN_TEXT | calls", *rules, calls, "PLAIN_TEXT: /[^{](?s:.*)/"]
     else:
         raise ValueError(f"tool-call enforcement is not implemented for the {dialect!r} dialect")
     rules.append('calls: call ("\\n" call)*' if parallel_tool_calls else "calls: call")

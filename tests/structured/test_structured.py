@@ -146,7 +146,7 @@ def _tool_schema(name: str) -> dict:
     return (tool.get("function") or tool)["parameters"]
 
 
-@pytest.mark.parametrize("dialect", ["qwen_xml", "hermes_json"])
+@pytest.mark.parametrize("dialect", ["qwen_xml", "hermes_json", "llama3_json"])
 @pytest.mark.parametrize(
     "tool_choice, parallel, seed",
     [("required", True, 0), ("required", False, 1), ({"type": "function", "function": {"name": "get_weather"}}, True, 2)],
@@ -173,6 +173,22 @@ def test_tool_choice_auto_allows_text_then_one_call(qwen_tok):
     assert matcher.is_finished()  # a second call is not allowed
     with pytest.raises(ConstraintViolation):
         matcher.advance(qwen_tok.encode("\n")[0])
+
+
+def test_llama3_auto_is_text_or_calls(qwen_tok):
+    spec = {"tools": TOOLS, "tool_choice": "auto", "dialect": "llama3_json"}
+    constraint = compile_constraint("tool_calls", spec, qwen_tok)
+    for text in ("Sure, it is sunny.", '{"name": "search", "parameters": {"query": "rain"}}'):
+        matcher = constraint.matcher()
+        for token in qwen_tok.encode(text):
+            matcher.advance(token)
+        assert matcher.is_accepting()
+    matcher = constraint.matcher()
+    for token in qwen_tok.encode('{"name": "search", "parameters": {'):
+        matcher.advance(token)
+    with pytest.raises(ConstraintViolation):  # the call is held to the tool's schema
+        for token in qwen_tok.encode('"nope": 1'):
+            matcher.advance(token)
 
 
 def test_reasoning_open_constrains_after_think(qwen_tok):
