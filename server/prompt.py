@@ -33,7 +33,7 @@ def encode_releasing_gil(tokenizer: TokenizerLike, text: str) -> list[int]:
 
 
 class PromptBuilder:
-    def __init__(self, engine: ChatEngine, *, threads: int = 2) -> None:
+    def __init__(self, engine: ChatEngine, *, threads: int = 4) -> None:
         self.engine = engine
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ninfer-prompt")
 
