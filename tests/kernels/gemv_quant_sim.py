@@ -77,7 +77,7 @@ def test_gemv_quant_one_token(ops, bits, group, zp):
         close(out, r + cpu.linear(x, wf), 1e-5)
     xn = cpu.rms_norm(x, nw, 1e-6)
     out = np.full((1, 11), np.nan, np.float32)
-    run(ops, (bits, "normed", 1, 1, 4, 4), x, nw, wargs, out.reshape(-1), out, False)
+    run(ops, (bits, "normed", 1, 1, 4, 3), x, nw, wargs, out.reshape(-1), out, False)
     close(out, cpu.linear(xn, wf), 1e-5)
     gargs, gf = weight(rng, fmt, 10, k)
     h = np.full((1, 5), np.nan, np.float32)
@@ -97,12 +97,12 @@ def test_gemv_quant_tokens(ops, bits, group, zp):
     x, b = rnd(rng, 5, k), rnd(rng, 11)
     for ways in (1, 4):
         out = np.full((5, 11), np.nan, np.float32)
-        run(ops, (bits, "plain", 4, ways, 8, 2), x, b, wargs, b, out, True)
+        run(ops, (bits, "plain", 4, ways, 4, 3), x, b, wargs, b, out, True)
         close(out, cpu.linear(x, wf, b), 1e-5)
     gargs, gf = weight(rng, fmt, 10, k)
     h = np.full((5, 5), np.nan, np.float32)
     x = x * np.float32(0.05)           # gate values of a few units, as in the one-token case
-    run(ops, (bits, "swiglu", 4, 1, 8, 2), x, b, gargs, b, h, False)
+    run(ops, (bits, "swiglu", 4, 1, 4, 3), x, b, gargs, b, h, False)
     close(h, cpu.linear_swiglu(x, gf), 1e-5)
 
 
@@ -115,3 +115,33 @@ def test_dequant_bf16(ops, bits, group, zp):
     out = np.zeros((3, 256), np.uint16)
     ops._go(K_q.dequant_bf16_kernel, 2, K_q.DEQUANT_THREADS, *wargs, np.int32(bits), out)
     assert np.array_equal(out, wf.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
+@pytest.mark.parametrize("name", ["int4-g64", "int8-g32-zp"])
+def test_cuda_ops_route_quantized_records(ops, name):
+    """CudaOps.linear / linear_add / linear_swiglu / linear_split on a QuantizedWeight record
+    vs ops.cpu on the same record (dequantized by the NumPy reference): one token (plain and
+    Normed), 3 tokens (the 4-token builds) and a 20-token prefill chunk (dequantized to bf16,
+    then the dense GEMM; tolerance: the bf16 rounding of the weight)."""
+    from ninfer_nb.ops.cuda.norm import Normed
+    from ninfer_nb.quant.formats import quant_format
+
+    rng = np.random.default_rng(len(name))
+    fmt = quant_format(name)
+    k = 512
+    q = quantize(rnd(rng, 11, k), fmt)
+    gu = quantize(rnd(rng, 10, k) * np.float32(0.05), fmt)
+    nw, b = rnd(rng, k), rnd(rng, 11)
+    for t in (1, 3, 20):
+        tol = 1e-5 if t <= K_q.MAX_TOKENS else 1e-2
+        x = rnd(rng, t, k)
+        close(ops.linear(x, q, b), cpu.linear(x, q, b), tol)
+        r = rnd(rng, t, 11)
+        close(ops.linear_add(x, q, r.copy()), r + cpu.linear(x, q), tol)
+        close(ops.linear_swiglu(x, gu), cpu.linear_swiglu(x, gu), tol)
+        for got, want in zip(ops.linear_split(x, q, b, (4, 7)), cpu.split(cpu.linear(x, q, b), (4, 7))):
+            close(got, want, tol)
+    x = rnd(rng, 1, k)
+    xn = cpu.rms_norm(x, nw, 1e-6)
+    close(ops.linear(Normed(x, nw, 1e-6), q), cpu.linear(xn, q), 1e-5)
+    close(ops.linear_swiglu(Normed(x, nw, 1e-6), gu), cpu.linear_swiglu(xn, gu), 1e-5)

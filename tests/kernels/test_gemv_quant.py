@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ninfer_nb.kernels.linear import gemv_quant as K_q
@@ -69,3 +70,111 @@ def test_builds_reject_unknown_modes() -> None:
         K_q.gemv_quant(4, "normed", 4, 1, 8, 2)          # normed input: one token only
     with pytest.raises(ValueError):
         K_q.gemv_quant(3, "plain", 1, 1, 4, 4)
+
+
+# ---------------------------------------------------------------- GPU (pytest -m gpu)
+L2_BYTES = 64 << 20          # timing: enough distinct copies of a weight that L2 cannot hold them
+
+
+def _matrix_shapes(preset: str) -> list[tuple[int, int]]:
+    """The preset's 2-D linear weight shapes (projections, LM head; not the small gate rows)."""
+    from types import SimpleNamespace
+
+    from ninfer_nb.models.presets import preset_config, random_weights
+
+    shapes: set[tuple[int, int]] = set()
+
+    def make(shape: tuple[int, ...], kind: str) -> SimpleNamespace:
+        if kind == "matrix" and min(shape) > 8:
+            shapes.add((int(shape[0]), int(shape[1])))
+        return SimpleNamespace(shape=shape)
+
+    random_weights(preset_config(preset), make)
+    return sorted(shapes)
+
+
+def _random_quantized(rng, fmt, n: int, k: int):
+    """A QuantizedWeight [n, k] of fresh random codes, scales (and zero points) on the host."""
+    from ninfer_nb.models.weights import QuantizedWeight
+
+    groups = k // fmt.group_size
+    arrays = {"codes": rng.integers(0, 256, (n, k * fmt.bits // 8), dtype=np.uint8),
+              "scales": ((rng.random((n, groups), dtype=np.float32) + 0.5) / (fmt.midpoint * np.sqrt(k)))
+              .astype(np.float16)}
+    if fmt.zero_points:
+        arrays["zeros"] = rng.integers(0, fmt.max_code + 1, (n, groups), dtype=np.uint8)
+    return QuantizedWeight(fmt, (n, k), arrays)
+
+
+@pytest.fixture(scope="module")
+def env():
+    from tests.kernels.gpu_util import GpuEnv
+    return GpuEnv()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["int4-g64", "int8-g128", "int4-g128-zp"])
+@pytest.mark.parametrize("preset", ["qwen3.6-27b", "qwen3.6-35b-a3b"])
+def test_gpu_linear_matches_numpy_at_model_shapes(env, preset: str, name: str) -> None:
+    """CudaOps.linear on every matrix shape of the preset in `name` vs the NumPy dequantization
+    (all rows, or 512 random rows of the LM head), for 1 and 4 tokens, then the one-token GEMV
+    timed from a CUDA graph over enough copies of the weight to miss L2 (GB/s of its bytes:
+    codes, scales, zero points)."""
+    from ninfer_nb.quant.dequant import dequantize_rows
+    from ninfer_nb.quant.formats import quant_format
+    from tests.kernels.gpu_util import close, rnd
+
+    fmt = quant_format(name)
+    rng = np.random.default_rng(abs(hash((preset, name))) % 2**32)
+    for n, k in _matrix_shapes(preset):
+        ops = env.fresh()
+        q = _random_quantized(rng, fmt, n, k)
+        rows = np.arange(n) if n * k <= 1 << 27 else np.sort(rng.choice(n, 512, replace=False))
+        w_rows = dequantize_rows(q, rows)                                          # [R, K] fp32
+        qd = q.map_arrays(env.up)
+        for t in (1, 4):
+            x = rnd(rng, t, k)
+            got = env.host(ops.linear(env.up(x), qd))[:, rows]
+            close(got, x.astype(np.float64) @ w_rows.T.astype(np.float64), 1e-4)
+        copies = [qd] + [q.map_arrays(env.up) for _ in range(min(7, L2_BYTES // q.nbytes))]
+        xd = env.up(rnd(rng, 1, k))
+
+        def run() -> None:
+            for c in copies:
+                ops.linear(xd, c)
+
+        us = env.graph_us(run, len(copies))
+        print(f"\n{preset} {name} {n}x{k}: {us:.1f} us, {q.nbytes / us / 1e3:.0f} GB/s")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["int4-g64", "int8-g128"])
+def test_gpu_fused_modes_match_numpy(env, name: str) -> None:
+    """The decode step's fused GEMVs on the 27B's shapes: the normed input (RMSNorm on load),
+    SwiGLU (one normed token, and 5 plain tokens) and the residual add (linear_add)."""
+    from ninfer_nb.ops import cpu
+    from ninfer_nb.ops.cuda.norm import Normed
+    from ninfer_nb.quant.dequant import dequantize
+    from ninfer_nb.quant.formats import quant_format
+    from tests.kernels.gpu_util import close, rnd
+
+    fmt = quant_format(name)
+    rng = np.random.default_rng(7 + fmt.bits)
+    ops = env.fresh()
+    h, inter = 5120, 17408
+    for n, k in ((12288, h), (2 * inter, h), (h, inter)):
+        q = _random_quantized(rng, fmt, n, k)
+        wf = dequantize(q)
+        qd = q.map_arrays(env.up)
+        x, nw = rnd(rng, 1, k), rnd(rng, k)
+        xn = cpu.rms_norm(x, nw, 1e-6)
+        got = env.host(ops.linear(Normed(env.up(x), env.up(nw), 1e-6), qd))
+        close(got, cpu.linear(xn, wf), 1e-4)
+        if n == 2 * inter:
+            got = env.host(ops.linear_swiglu(Normed(env.up(x), env.up(nw * np.float32(0.05)), 1e-6), qd))
+            close(got, cpu.linear_swiglu(cpu.rms_norm(x, nw * np.float32(0.05), 1e-6), wf), 1e-4)
+            x5 = rnd(rng, 5, k, scale=0.05)
+            close(env.host(ops.linear_swiglu(env.up(x5), qd)), cpu.linear_swiglu(x5, wf), 1e-4)
+        r = rnd(rng, 1, n)
+        got = env.host(ops.linear_add(env.up(x), qd, env.up(r)))
+        close(got, r + cpu.linear(x, wf), 1e-4)

@@ -12,9 +12,9 @@ column 8w + i) or [N, K] (int8), scales float16 bits (uint16) [N, K / g], zero p
   row j and the up row I + j) and streams its codes with 16-byte loads, `ways` warps splitting
   K as gemv_one_token does (their sums meet in shared memory in a fixed order). Each lane reads
   16 bytes of both rows per 512-byte warp step (int4: 32 columns, int8: 16; always inside one
-  group), 4 steps' loads with their scales and zero points issued before any math and before
-  `grid_dependency_sync()` (the self_sync convention of linear.py: the weights do not depend on
-  the previous kernel). A code becomes the exact float (code - zero) by the magic-number trick
+  group), 4 steps' loads (2 in the swiglu, int8 normed and 4-token builds) with their scales and zero points issued
+  before any math and before `grid_dependency_sync()` (the self_sync convention of linear.py:
+  the weights do not depend on the previous kernel). A code becomes the exact float (code - zero) by the magic-number trick
   as_f32(0x4B000000 | code) - (2^23 + zero); products and sums in fp32, one scale multiply per
   16 bytes and row. "normed" scales x by the norm weight as it is read and applies 1 / rms at
   the end; bias may alias out at T = 1 (the residual add).
@@ -46,7 +46,7 @@ MAGIC = 0x4B000000                      # as_f32(MAGIC | c) == 2^23 + c for 0 <=
 MAGIC_F = np.float32(8388608.0)
 F16_EXP_FIX = np.float32(2.0 ** 112)    # float16 bits << 13, times this: the float32 value
 STEP = 512                              # code bytes a warp reads per step (16 per lane)
-UNROLL = 4                              # steps whose loads are issued together
+UNROLL = 4                              # steps whose loads are issued together (plain / normed, 1 token)
 MODES = {1: ("plain", "normed", "swiglu"), 4: ("plain", "swiglu")}
 MAX_TOKENS = 16
 
@@ -173,13 +173,13 @@ def _step_math(bits, x, k_dim, nw, normed, kb, t0, ok1, ok2, ok3, wa, wb, sa, sb
 
 
 @cuda.jit(device=True)
-def _stream_pair(bits, normed, x, nw, codes, scales, zeros, gshift, has_zeros, mid, r0, r1, kb, kb_end, t0,
-                 ok1, ok2, ok3, acc, ss):
+def _stream_pair(bits, normed, unroll, x, nw, codes, scales, zeros, gshift, has_zeros, mid, r0, r1, kb, kb_end,
+                 t0, ok1, ok2, ok3, acc, ss):
     """This lane's share of two rows (r0, r1) over code bytes kb, kb + 512, ... < kb_end times up
-    to 4 tokens from t0: UNROLL steps' loads issued together, then the math; the rest one
-    step at a time. grid_dependency_sync() after each pass's loads, before x is read."""
+    to 4 tokens from t0: `unroll` (4 or 2) steps' loads issued together, then the math; the rest
+    one step at a time. grid_dependency_sync() after each pass's loads, before x is read."""
     k_dim = x.shape[1]
-    while kb + (UNROLL - 1) * STEP < kb_end:
+    while unroll == 4 and kb + 3 * STEP < kb_end:
         wa0, wb0, sa0, sb0, za0, zb0 = _step_loads(bits, codes, scales, zeros, r0, r1, kb, gshift, has_zeros, mid)
         wa1, wb1, sa1, sb1, za1, zb1 = _step_loads(bits, codes, scales, zeros, r0, r1, kb + STEP, gshift,
                                                    has_zeros, mid)
@@ -196,7 +196,17 @@ def _stream_pair(bits, normed, x, nw, codes, scales, zeros, gshift, has_zeros, m
                              za2, zb2, acc, ss)
         acc, ss = _step_math(bits, x, k_dim, nw, normed, kb + 3 * STEP, t0, ok1, ok2, ok3, wa3, wb3, sa3, sb3,
                              za3, zb3, acc, ss)
-        kb += UNROLL * STEP
+        kb += 4 * STEP
+    while unroll == 2 and kb + STEP < kb_end:
+        wa0, wb0, sa0, sb0, za0, zb0 = _step_loads(bits, codes, scales, zeros, r0, r1, kb, gshift, has_zeros, mid)
+        wa1, wb1, sa1, sb1, za1, zb1 = _step_loads(bits, codes, scales, zeros, r0, r1, kb + STEP, gshift,
+                                                   has_zeros, mid)
+        grid_dependency_sync()
+        acc, ss = _step_math(bits, x, k_dim, nw, normed, kb, t0, ok1, ok2, ok3, wa0, wb0, sa0, sb0, za0, zb0,
+                             acc, ss)
+        acc, ss = _step_math(bits, x, k_dim, nw, normed, kb + STEP, t0, ok1, ok2, ok3, wa1, wb1, sa1, sb1, za1,
+                             zb1, acc, ss)
+        kb += 2 * STEP
     while kb < kb_end:
         wa0, wb0, sa0, sb0, za0, zb0 = _step_loads(bits, codes, scales, zeros, r0, r1, kb, gshift, has_zeros, mid)
         grid_dependency_sync()
@@ -244,6 +254,7 @@ def _make(bits: int, mode: str, tokens: int, ways: int, warps: int, min_blocks: 
     PAIRS = warps // ways
     SWIGLU = mode == "swiglu"
     NORMED = mode == "normed" or (SWIGLU and tokens == 1)      # one token: the RMSNorm fused in
+    UNROLL_STEPS = 2 if (SWIGLU or tokens > 1 or (NORMED and bits == 8)) else UNROLL   # no register spills
 
     def gemv_quant_build(x, nw, eps, codes, scales, zeros, gshift, has_zeros, bias, out, has_bias):
         red = cuda.shared.array((WARPS, 9), float32)
@@ -275,8 +286,8 @@ def _make(bits: int, mode: str, tokens: int, ways: int, warps: int, min_blocks: 
             acc = (z, z, z, z, z, z, z, z)
             ss = z
             if live:
-                acc, ss = _stream_pair(BITS, NORMED, x, nw, codes, scales, zeros, gshift, has_zeros, MID, r0, r1,
-                                       kb_beg + lane * 16, kb_end, t0, ok1, ok2, ok3, acc, ss)
+                acc, ss = _stream_pair(BITS, NORMED, UNROLL_STEPS, x, nw, codes, scales, zeros, gshift, has_zeros,
+                                       MID, r0, r1, kb_beg + lane * 16, kb_end, t0, ok1, ok2, ok3, acc, ss)
             grid_dependency_sync()                  # dead pairs too, before the stores
             a00, a01, a10, a11, a20, a21, a30, a31 = acc
             a00 = warp_sum(a00)
@@ -390,9 +401,9 @@ def dequant_grid(n_bytes: int) -> int:
 
 # The builds ops/cuda/linear.py picks (quant_build), registered at import so that the compile
 # tests see them.
-BUILDS = tuple((bits, mode, 1, ways, 4, 4) for bits in (4, 8) for mode, ways in
-               (("plain", 1), ("plain", 2), ("plain", 4), ("normed", 1), ("swiglu", 1))) + \
-    tuple((bits, mode, 4, ways, 8, 2) for bits in (4, 8) for mode, ways in
+BUILDS = tuple((bits, "plain", 1, ways, 4, 4) for bits in (4, 8) for ways in (1, 2, 4)) + \
+    tuple((bits, mode, 1, 1, 4, blocks) for bits in (4, 8) for mode, blocks in (("normed", 3), ("swiglu", 4))) + \
+    tuple((bits, mode, 4, ways, 4, 3) for bits in (4, 8) for mode, ways in
           (("plain", 1), ("plain", 4), ("swiglu", 1)))
 for _build in BUILDS:
     gemv_quant(*_build)

@@ -9,10 +9,11 @@ import numpy as np
 from ninfer_nb.kernels.linear import gemm_mma as K_mma
 from ninfer_nb.kernels.linear import gemm_wgmma as K_wg
 from ninfer_nb.kernels.linear import linear as K_lin
-from ninfer_nb.models.weights import DenseWeight
+from ninfer_nb.models.weights import DenseWeight, QuantizedWeight
 
 from .launch import F32, SIM, _need, _ptr, _rows
-from .norm import Normed, NormOps
+from .linear_quant import QuantLinearOps, is_quantized, linear_record, quant_record
+from .norm import Normed
 from .records import dense
 
 # Split-K decode GEMV (4 K slices per row pair) for 2-16 tokens (one token: one_token_build),
@@ -56,7 +57,7 @@ def one_token_build_x8(mode: str, n: int, k: int) -> tuple[str, int, int, int]:
     return mode, 1, 2, 8
 
 
-class LinearOps(NormOps):
+class LinearOps(QuantLinearOps):
     def linear_swiglu(self, x: Any, gate_up: Any) -> Any:
         """swiglu(linear(x, gate_up)); up to GEMV_MAX_T tokens and a bf16 weight: one GEMV
         kernel with the SwiGLU in its epilogue (kernels/linear/linear.py gemv_bf16_swiglu_kernel).
@@ -64,7 +65,9 @@ class LinearOps(NormOps):
         its epilogue (gemm_wgmma_swiglu_kernel) returning h as bf16 bits (uint16) [T, I]: what
         `linear` rounds its input to before its GEMM anyway, so the MLP's result is unchanged,
         and neither the [T, 2I] fp32 product nor an fp32 h goes through memory. Only `linear`
-        consumes it (models/layers.py mlp_block)."""
+        consumes it (models/layers.py mlp_block). Quantized weights: linear_quant.py."""
+        if is_quantized(gate_up):
+            return self._quant_swiglu(x, quant_record(gate_up, "linear_swiglu"))
         w = dense(gate_up, "linear_swiglu")
         gate_up, bf16 = w.data, w.dtype == "bf16"
         two_i, k = gate_up.shape
@@ -99,6 +102,8 @@ class LinearOps(NormOps):
         per part on the part's rows of the fused weight (contiguous: weight[n0:n1]) writes each
         part straight into its own buffer, so the split copy pass goes away; x is converted to
         bf16 once for all parts. Decode keeps linear + split (views)."""
+        if is_quantized(weight):
+            return self.split(self.linear(x, weight, bias), sizes)
         w = dense(weight, "linear_split")
         weight = w.data
         n, k = weight.shape
@@ -119,7 +124,7 @@ class LinearOps(NormOps):
         return tuple(parts)
 
     def linear(self, x: Any, weight: Any, bias: Any = None) -> Any:
-        w = dense(weight, "linear")
+        w = linear_record(weight, "linear")
         n, k = w.shape
         _need(x.shape[-1] == k, f"linear: x {x.shape} vs weight {w.shape}")
         out = self.empty(tuple(x.shape[:-1]) + (n,))
@@ -131,7 +136,7 @@ class LinearOps(NormOps):
         """residual += linear(x, weight), in place; returns residual. One token: the GEMV adds
         the residual as its bias and writes over it (each element is read and written by the
         same thread), so the add costs no launch."""
-        w = dense(weight, "linear_add")
+        w = linear_record(weight, "linear_add")
         n, k = w.shape
         _need(x.shape[-1] == k and residual.shape[-1] == n and x.size // k == residual.size // n,
               f"linear_add: x {x.shape}, weight {w.shape}, residual {residual.shape}")
@@ -140,9 +145,13 @@ class LinearOps(NormOps):
             return residual
         return self.add_into(residual, self.linear(x, w))
 
-    def _linear_into(self, x: Any, w: DenseWeight, bias: Any, out2: Any) -> None:
+    def _linear_into(self, x: Any, w: DenseWeight | QuantizedWeight, bias: Any, out2: Any) -> None:
         """out2 [T, N] = x @ w^T (+ bias [N]); bias may alias out2 when T == 1. The kernel
-        follows w's storage tag: bf16 GEMVs / tensor-core GEMMs, or the fp32 kernels."""
+        follows w's storage tag: bf16 GEMVs / tensor-core GEMMs, or the fp32 kernels; a
+        quantized record goes to linear_quant.py."""
+        if isinstance(w, QuantizedWeight):
+            self._quant_into(x, w, bias, out2)
+            return
         weight, bf16 = w.data, w.dtype == "bf16"
         n, k = weight.shape
         if isinstance(x, Normed):

@@ -1,0 +1,137 @@
+"""Linear layers on quantized weights (models/weights.py QuantizedWeight of a groupwise format,
+quant/formats.py) on the GPU: the decode GEMVs of kernels/linear/gemv_quant.py read the codes as
+stored; prefill chunks (T > 16) dequantize the weight into a bf16 scratch matrix and run the
+dense bf16 path (tensor-core GEMMs). A GEMM that dequantizes tiles in shared memory is later
+work. `LinearOps` (linear.py) routes quantized records here; expert stacks [E, N, K] have no
+kernels yet and are refused.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ninfer_nb.errors import UnsupportedModelError
+from ninfer_nb.kernels.linear import gemv_quant as K_q
+from ninfer_nb.models.weights import DenseWeight, LinearWeight, QuantizedWeight, as_linear
+
+from .launch import F32, _need, _ptr, _rows
+from .norm import Normed, NormOps
+from .records import dense
+
+RESIDENT_WARPS_PER_SM = 16          # the one-token plain builds: 4 blocks x 4 warps
+
+
+def quant_record(w: QuantizedWeight, op: str) -> QuantizedWeight:
+    """w itself when the kernels here read it (a groupwise matrix); UnsupportedModelError else
+    (other layouts, expert stacks)."""
+    if w.format.layout != "groupwise" or w.ndim != 2:
+        raise UnsupportedModelError(f"{op}: no CUDA kernel for {w.format.name} weights of shape {w.shape}")
+    return w
+
+
+def linear_record(weight: Any, op: str) -> DenseWeight | QuantizedWeight:
+    """The record of a linear weight that the CUDA kernels read: a quantized matrix as it is
+    (quant_record), else the dense record (records.dense refuses what has no kernel)."""
+    w = as_linear(weight)
+    return quant_record(w, op) if isinstance(w, QuantizedWeight) else dense(w, op)
+
+
+def is_quantized(weight: LinearWeight | Any) -> bool:
+    return isinstance(weight, QuantizedWeight)
+
+
+def quant_build(mode: str, tokens: int, n: int, row_bytes: int, sm_count: int = 132) -> tuple[int, int, int]:
+    """(K slices, warps per block, blocks per SM) of the gemv_quant build for an [n, K] weight
+    whose rows hold `row_bytes` code bytes. Normed and SwiGLU: whole rows. Plain: the number of
+    K slices (1, 2, 4; at least one 512-byte step each) whose row-pair tasks fill the resident
+    warps in the fewest waves of task length (a few-row weight such as the 27B's 5120 x 17408
+    has 2560 pairs for 2112 resident warps: 4 slices make 5 short waves instead of 2 long ones).
+    Multi-token plain: 4 slices for up to 8192 rows (as the bf16 split-K GEMV), else 1."""
+    if tokens > 1:
+        ways = 4 if mode == "plain" and n <= 8192 and row_bytes >= 4 * K_q.STEP else 1
+        return ways, 4, 3               # 4 tokens' accumulators and x: 168 registers, no spills
+    if mode != "plain":                 # registers without spills: 168 (normed), 128 (swiglu: 2 steps a pass)
+        return 1, 4, (3 if mode == "normed" else 4)
+    slots = sm_count * RESIDENT_WARPS_PER_SM
+    pairs = (n + 1) // 2
+    best, best_time = 1, float("inf")
+    for ways in (1, 2, 4):
+        if ways > 1 and ways * K_q.STEP > row_bytes:
+            break
+        waves = -(-pairs * ways // slots) / ways
+        if waves < best_time:
+            best, best_time = ways, waves
+    return best, 4, 4
+
+
+class QuantLinearOps(NormOps):
+    def _linear_into(self, x: Any, w: Any, bias: Any, out2: Any) -> None:
+        raise NotImplementedError            # LinearOps' dense path (the prefill fallback)
+
+    def _quant_into(self, x: Any, q: QuantizedWeight, bias: Any, out2: Any) -> None:
+        """out2 [T, N] = x @ dequantize(q)^T (+ bias [N]); bias may alias out2 when T == 1.
+        Up to 16 tokens of fp32 x (16-byte aligned): the quantized GEMVs (a Normed token: the
+        RMSNorm fused in); else dequantize into bf16 and take the dense path."""
+        n, k = q.shape
+        aligned = _ptr(q.arrays["codes"]) % 16 == 0
+        if isinstance(x, Normed):
+            if aligned and _ptr(x.x) % 16 == 0:
+                self._quant_gemv("normed", 1, x.x, x.weight, x.eps, q, bias, out2)
+                return
+            x = self.plain(x)
+        x2 = _rows(x, k)
+        t = x2.shape[0]
+        if aligned and t <= K_q.MAX_TOKENS and x2.dtype == F32 and _ptr(x2) % 16 == 0:
+            self._quant_gemv("plain", 1 if t == 1 else 4, x2, x2.reshape(-1), 1.0, q, bias, out2)
+            return
+        self._linear_into(x, DenseWeight(self._dequant_bf16(q), "bf16"), bias, out2)
+
+    def _quant_swiglu(self, x: Any, q: QuantizedWeight) -> Any:
+        """swiglu(linear(x, q)) for a quantized gate_up [2I, K]: the SwiGLU GEMV for one normed
+        token or up to 16 tokens, else linear + swiglu."""
+        two_i, k = q.shape
+        _need(x.shape[-1] == k and two_i % 2 == 0, f"linear_swiglu: x {x.shape} vs weight {q.shape}")
+        aligned = _ptr(q.arrays["codes"]) % 16 == 0
+        if isinstance(x, Normed):
+            if aligned and _ptr(x.x) % 16 == 0:
+                out = self.empty((1, two_i // 2))                                   # [1, I]
+                self._quant_gemv("swiglu", 1, x.x, x.weight, x.eps, q, None, out)
+                return out.reshape(tuple(x.shape[:-1]) + (two_i // 2,))
+            x = self.plain(x)
+        x2 = _rows(x, k)
+        t = x2.shape[0]
+        if not (aligned and 0 < t <= K_q.MAX_TOKENS and x2.dtype == F32 and _ptr(x2) % 16 == 0):
+            lin = self.empty((t, two_i))                                            # [T, 2I]
+            self._quant_into(x2, q, None, lin)
+            return self.swiglu(lin.reshape(tuple(x.shape[:-1]) + (two_i,)))
+        out = self.empty((t, two_i // 2))                                           # [T, I]
+        self._quant_gemv("swiglu", 4, x2, x2.reshape(-1), 1.0, q, None, out)
+        return out.reshape(tuple(x.shape[:-1]) + (two_i // 2,))
+
+    def _quant_gemv(self, mode: str, tokens: int, x2: Any, nw: Any, eps: float, q: QuantizedWeight, bias: Any,
+                    out2: Any) -> None:
+        """Launch the gemv_quant build for `mode` / `tokens` (quant_build picks its shape)."""
+        fmt = q.format
+        codes = q.arrays["codes"]
+        n = q.shape[0]
+        ways, warps, blocks = quant_build(mode, tokens, n, codes.shape[1], self.sm_count)
+        pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
+        per_block = warps // ways
+        zeros = q.arrays["zeros"] if fmt.zero_points else codes           # unused dummy when no zero points
+        b = bias if bias is not None else out2.reshape(-1)                 # unused dummy when has_bias == 0
+        self._go(K_q.gemv_quant(fmt.bits, mode, tokens, ways, warps, blocks), -(-pairs // per_block), 32 * warps,
+                 x2, nw, np.float32(eps), codes, q.arrays["scales"].view(np.uint16), zeros,
+                 np.int32(fmt.group_size.bit_length() - 1), np.int32(fmt.zero_points), b, out2,
+                 np.int32(bias is not None))
+
+    def _dequant_bf16(self, q: QuantizedWeight) -> Any:
+        """dequantize(q) as a bf16 (uint16 bits) scratch matrix [N, K] (the prefill GEMMs' B)."""
+        fmt = q.format
+        codes = q.arrays["codes"]
+        wb = self.empty(tuple(q.shape), np.uint16)                         # [N, K] bf16 bits
+        zeros = q.arrays["zeros"] if fmt.zero_points else codes
+        self._go(K_q.dequant_bf16_kernel, K_q.dequant_grid(codes.size), K_q.DEQUANT_THREADS, codes,
+                 q.arrays["scales"].view(np.uint16), zeros, np.int32(fmt.group_size.bit_length() - 1),
+                 np.int32(fmt.zero_points), np.int32(fmt.bits), wb)
+        return wb
