@@ -26,6 +26,7 @@ from .ops.kernel_choices import (
     KernelChoices,
 )
 from .params import SamplingParams
+from .quant.formats import FORMATS
 
 
 def process_start_time() -> float:
@@ -252,6 +253,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--random", default=None, metavar="PRESET",
                    help="random weights of a preset's shapes (qwen3.6-27b, qwen3.6-35b-a3b, tiny-qwen3.5, ...)")
+    p.add_argument("--weights", default=None, choices=list(FORMATS), metavar="FORMAT",
+                   help="with --random: the matrices in this quantized format (int4-g64, int8-g128, ...; "
+                        "embedding, routers and expert stacks stay bf16)")
     p.add_argument("--prefill-chunk", type=int, default=1024)
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument("--kv-cache", choices=list(KV_CACHE_KINDS), default="auto",
@@ -294,6 +298,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--json", default=None, help="write every figure to this file")
     args = p.parse_args(list(argv))
     experimental = _experimental_names(args.experimental)      # before the peer run and the load
+    if args.weights and not args.random:
+        p.error("--weights needs --random (a checkpoint loads in its own format)")
     from .llm import LLM
 
     lens = [int(x) for x in args.prompt_len.split(",")]
@@ -312,7 +318,7 @@ def main(argv: Sequence[str]) -> int:
     llm = LLM(config=EngineConfig(
         model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
         prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph, kv_cache=args.kv_cache,
-        kernels=kernel_choices(args),
+        kernels=kernel_choices(args), weights=args.weights,
         decode=DecodeChoices(device_pick=not args.host_argmax, decode_ahead=not args.no_decode_ahead)))
     load_s = time.perf_counter() - t_load
     if experimental or args.decode_attention != "auto":
@@ -362,7 +368,7 @@ def main(argv: Sequence[str]) -> int:
         step_gap = {"decode_step_us": 1e6 / last["decode_tok_s"],
                     "decode_ops_us": sum(r["time_us"] for r in profile),
                     "decode_ops": sum(r["calls"] for r in profile)}
-    report = {"model": llm.model_id, "profile": profile, "prefill_profile": prefill_profile, **step_gap,
+    report = {"model": llm.model_id, "weights": args.weights, "profile": profile, "prefill_profile": prefill_profile, **step_gap,
               "load_s": load_s,
               "start_to_first_token_s": start_to_first_token, "device": llm.device_name,
               "kv_cache": llm.kv_cache, "decode_attention": args.decode_attention, "temperature": args.temperature,
@@ -383,7 +389,7 @@ def main(argv: Sequence[str]) -> int:
               f"and the sampler, or the device argmax's 4 bytes)")
         _print_profile(f"One {chunk}-token prefill chunk ending at context {max(lens) + args.gen} by op",
                        prefill_profile, bw / 1e9)
-    print(f"\n{llm.model_id} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
+    print(f"\n{llm.model_id}{f' ({args.weights} weights)' if args.weights else ''} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
           f"command to first token {start_to_first_token:.1f} s; {llm.kv_cache} KV cache; decode graph "
           f"{'with' if report['decode_graph_pdl'] else 'without'} programmatic dependent launch"
           f"{f', sampling at temperature {args.temperature}' if args.temperature > 0 else ''}"

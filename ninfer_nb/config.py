@@ -336,3 +336,4 @@ class EngineConfig:
     enable_thinking: bool = True
     show_progress: bool = True
     seed: int | None = None
+    weights: str | None = None               # random:PRESET models: a quantized weight format (int4-g64, ...)

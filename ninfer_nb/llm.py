@@ -61,6 +61,9 @@ class LLM:
                                      show_progress=show_progress)
         if cfg.kv_cache not in KV_CACHE_KINDS:
             raise InvalidRequestError(f"kv_cache must be auto, fp32, bf16 or int8, got {cfg.kv_cache!r}")
+        if cfg.weights is not None and not (cfg.model or "").startswith(RANDOM_PREFIX):
+            raise InvalidRequestError("weights: a format for random:PRESET models only "
+                                      "(a checkpoint loads in its own format)")
         if cfg.max_context < 2:
             raise InvalidRequestError(f"max_context must be >= 2, got {cfg.max_context}")
         self.engine_config = cfg
@@ -72,7 +75,7 @@ class LLM:
             self.tokenizer: Any = None
             self.model_id = self.source = cfg.model
             self.backend.check_model(self.model_config)
-            weights = self.backend.random_weights(self.model_config, seed=cfg.seed or 0)
+            weights = self.backend.random_weights(self.model_config, seed=cfg.seed or 0, weights=cfg.weights)
         else:
             ckpt = load_checkpoint(cfg.model, show_progress=cfg.show_progress)
             if ckpt.tokenizer is None:

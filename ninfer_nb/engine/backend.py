@@ -48,10 +48,24 @@ class CpuBackend:
     def upload(self, weights: ModelWeights) -> ModelWeights:
         return weights
 
-    def random_weights(self, cfg: ModelConfig, seed: int = 0) -> ModelWeights:
-        """Random weights of a preset's shapes (benchmarks), see models/presets.py."""
+    def random_weights(self, cfg: ModelConfig, seed: int = 0, weights: str | None = None) -> ModelWeights:
+        """Random weights of a preset's shapes (benchmarks), see models/presets.py; `weights`: a
+        quantized format for the matrices quant/random.py names (quantized to nearest)."""
+        from ..quant.dequant import quantize
+        from ..quant.formats import quant_format
+        from ..quant.random import quantized_calls
+
         rng = np.random.default_rng(seed)
-        return random_weights(cfg, lambda shape, kind: random_array(rng, shape, kind))
+        fmt = quant_format(weights) if weights else None
+        quantized = quantized_calls(cfg) if fmt is not None else frozenset()
+        calls = [-1]
+
+        def make(shape: tuple[int, ...], kind: str) -> Any:
+            calls[0] += 1
+            a = random_array(rng, shape, kind)
+            return quantize(a, fmt) if fmt is not None and calls[0] in quantized else a
+
+        return random_weights(cfg, make)
 
     def ids(self, tokens: list[int], start: int) -> tuple[np.ndarray, np.ndarray]:
         """token ids [T] int64 and their positions start..start+T-1."""

@@ -272,19 +272,29 @@ class CudaBackend:
         self.stream.synchronize()
         return out
 
-    def random_weights(self, cfg: Any, seed: int = 0) -> ModelWeights:
-        """Random weights of a preset built directly in device memory (storage: upload_policy)."""
+    def random_weights(self, cfg: Any, seed: int = 0, weights: str | None = None) -> ModelWeights:
+        """Random weights of a preset built directly in device memory (storage: upload_policy);
+        `weights`: a quantized format (quant/formats.py) for the matrices quant/random.py names."""
         from ..kernels.random_fill import fill_uniform_bf16_kernel, fill_uniform_f32_kernel
         from ..models.presets import LINEAR_KINDS, random_weights
         from ..models.weights import DenseWeight, map_weights
+        from ..quant.formats import quant_format
+        from ..quant.random import group_scale, quantized_calls
         from ..runtime.tensor import bfloat16
         from .backend import random_scale
         from .upload_policy import random_storage
 
         counter = [seed * 1_000_003]
+        fmt = quant_format(weights) if weights else None
+        quantized = quantized_calls(cfg) if fmt is not None else frozenset()
+        calls = [-1]
 
         def make(shape: tuple[int, ...], kind: str) -> Any:
             scale, offset = random_scale(shape, kind)
+            calls[0] += 1
+            if fmt is not None and calls[0] in quantized:
+                counter[0] += 1
+                return self._random_quantized(shape, fmt, group_scale(fmt, scale), counter[0])
             storage = random_storage(shape, kind)
             t = self.arena.empty(shape, bfloat16 if storage == "bf16" else np.float32)
             counter[0] += 1
@@ -299,6 +309,21 @@ class CudaBackend:
                           if isinstance(a, np.ndarray) else a)
         self.stream.synchronize()
         return out
+
+    def _random_quantized(self, shape: tuple[int, ...], fmt: Any, scale: float, seed: int) -> Any:
+        """A random [N, K] weight in `fmt` in device memory: uniform random codes, every group's
+        scale `scale`, zero points (if any) the midpoint."""
+        from ..kernels.random_fill import fill_random_u32_kernel
+        from ..models.weights import QuantizedWeight
+
+        n, k = shape
+        codes = self.arena.empty((n, k * fmt.bits // 8), np.uint8)                # [N, K * bits / 8]
+        fill_random_u32_kernel[1024, 256, self.stream.numba](codes.view(np.uint32).reshape(-1), np.int64(seed))
+        groups = (n, k // fmt.group_size)
+        arrays = {"codes": codes, "scales": self.ops.from_numpy(np.full(groups, scale, np.float16))}
+        if fmt.zero_points:
+            arrays["zeros"] = self.ops.from_numpy(np.full(groups, fmt.midpoint, np.uint8))
+        return QuantizedWeight(fmt, tuple(shape), arrays)
 
     @_on_calling_thread
     def ids(self, tokens: list[int], start: int) -> tuple[Any, Any]:

@@ -178,3 +178,25 @@ def test_gpu_fused_modes_match_numpy(env, name: str) -> None:
         r = rnd(rng, 1, n)
         got = env.host(ops.linear_add(env.up(x), qd, env.up(r)))
         close(got, r + cpu.linear(x, wf), 1e-4)
+
+
+def test_random_quantized_weights_name_the_projections_and_run_on_the_cpu() -> None:
+    """`bench --random PRESET --weights FMT`: the preset's projections and LM head take the
+    format, the embedding and the MoE routers stay dense, expert stacks stay dense; a tiny
+    random model in int4 generates on the CPU backend (ops.cpu dequantizes)."""
+    from ninfer_nb.config import EngineConfig
+    from ninfer_nb.llm import LLM
+    from ninfer_nb.models.presets import preset_config
+    from ninfer_nb.models.weights import DenseWeight, QuantizedWeight
+    from ninfer_nb.params import SamplingParams
+    from ninfer_nb.quant.random import quantized_calls
+
+    assert len(quantized_calls(preset_config("qwen3.6-27b"))) == 64 * 4 + 1       # 4 per layer + LM head
+    assert len(quantized_calls(preset_config("qwen3.6-35b-a3b"))) == 40 * 2 + 1   # the mixers' + LM head
+    llm = LLM(config=EngineConfig(model="random:tiny-qwen3.5", device="cpu", weights="int4-g32",
+                                  show_progress=False, max_context=32))
+    w = llm.engine.generator.decoder.weights
+    assert isinstance(w.embed, DenseWeight) and isinstance(w.lm_head, QuantizedWeight)
+    assert all(isinstance(layer.ffn.gate_up, QuantizedWeight) for layer in w.layers)
+    out = llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    assert len(out.token_ids) == 2

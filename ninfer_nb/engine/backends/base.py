@@ -41,8 +41,9 @@ class Backend(Protocol):
 
     def upload(self, weights: ModelWeights) -> ModelWeights: ...
 
-    def random_weights(self, cfg: ModelConfig, seed: int = 0) -> ModelWeights:
-        """Random weights of a preset's shapes (benchmarks), made where they will be used."""
+    def random_weights(self, cfg: ModelConfig, seed: int = 0, weights: str | None = None) -> ModelWeights:
+        """Random weights of a preset's shapes (benchmarks), made where they will be used;
+        `weights`: a quantized format for the matrices quant/random.py names (None: dense)."""
         ...
 
     def zeros(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any: ...
