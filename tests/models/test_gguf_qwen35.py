@@ -103,8 +103,9 @@ def test_f32_gguf_gives_the_hf_logits(converted: ConvertedGgufs, arch: str,
 def test_q8_0_gguf_gives_the_logits_of_its_dequantized_weights(
         converted: ConvertedGgufs, arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The oracle is HF with the q8_0 values in place: the engine adds no error of its own. How
-    far q8_0 moves these tiny random models from their unquantized logits is the format's own
-    quantization error (the test's report prints it)."""
+    far q8_0 moves the logits from the unquantized model's is the format's error, printed, not
+    bounded: these tiny random models amplify weight noise (uniform noise of q8_0's size moves
+    them as far), so a bound on it would test the model, not the loader."""
     ids = _prompt(1, 40)
     ckpt = converted.gguf(arch, "q8_0")
     ours = _engine_logits(ckpt, ids, monkeypatch)
