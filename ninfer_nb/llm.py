@@ -232,7 +232,8 @@ class LLM:
         prompt = self.render_chat(messages, tools, enable_thinking=enable_thinking)
         events = self.stream(self.tokenizer.encode(prompt), params, cancel=cancel)
         return self._chat_events(events, ChatStreamParser(
-            starts_in_reasoning=prompt_opens_reasoning(prompt), tools=tools))
+            starts_in_reasoning=prompt_opens_reasoning(prompt), tools=tools,
+            dialect=self.tokenizer.tool_dialect))
 
     @staticmethod
     def _chat_events(events: Iterator[StreamEvent], parser: ChatStreamParser) -> Iterator[ChatDelta | StreamEvent]:

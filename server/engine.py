@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
+from ninfer_nb.chat.tool_dialects import ToolCallDialect
 from ninfer_nb.params import SamplingParams
 
 Message = dict[str, Any]
@@ -20,6 +21,7 @@ Tool = dict[str, Any]
 
 class TokenizerLike(Protocol):
     eos_token_ids: Sequence[int]
+    tool_dialect: ToolCallDialect  # the syntax the chat template asks the model to call tools in
 
     def encode(self, text: str) -> list[int]: ...
 

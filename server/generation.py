@@ -93,7 +93,7 @@ def _engine_stream(engine: ChatEngine, job: ChatJob, prompt: Prompt, params: Sam
         return iter(engine.chat_stream(job.messages, job.tools, params,
                                        enable_thinking=job.enable_thinking, cancel=cancel))
     parser = ChatStreamParser(starts_in_reasoning=prompt_opens_reasoning(prompt.text),
-                              tools=job.tools)
+                              tools=job.tools, dialect=engine.tokenizer.tool_dialect)
     return _chat_events(stream_ids(prompt.ids, params, cancel=cancel), parser)
 
 

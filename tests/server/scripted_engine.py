@@ -78,7 +78,8 @@ class ScriptedEngine:
                 f"prompt has {len(prompt_ids)} tokens, the context holds {self.max_context}")
         self.prompts.append(prompt)
         reply_ids = self.tokenizer.encode(self.reply(messages, prompt))
-        parser = ChatStreamParser(starts_in_reasoning=prompt_opens_reasoning(prompt), tools=tools)
+        parser = ChatStreamParser(starts_in_reasoning=prompt_opens_reasoning(prompt), tools=tools,
+                                  dialect=self.tokenizer.tool_dialect)
         budget = min(params.max_tokens, self.max_context - len(prompt_ids))
         return self._replay(reply_ids + [self.tokenizer.eos_token_ids[0]], len(prompt_ids),
                             params, budget, parser, cancel)
