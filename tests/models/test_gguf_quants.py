@@ -112,12 +112,14 @@ def test_block_format_decodes_to_encoded_values(tmp_path: Path, write_gguf, qtyp
     packed, values = ENCODERS[qtype](np.random.default_rng(int(qtype)), n_blocks)
     assert packed.shape == (n_blocks, type_size)          # our layout has ggml's block size
     meta = {
-        "qwen3.embedding_length": COLS, "qwen3.block_count": 0, "qwen3.feed_forward_length": 64,
+        "qwen3.embedding_length": COLS, "qwen3.block_count": 1, "qwen3.feed_forward_length": 64,
         "qwen3.attention.head_count": 4,
     }
     tensors = {
         "token_embd.weight": (packed.reshape(ROWS, -1), qtype),
         "output_norm.weight": (np.ones(COLS, np.float32), None),
+        # one layer (a config has at least one): the attention shapes the loader checks
+        **{f"blk.0.attn_{p}.weight": (np.zeros((COLS, COLS), np.float32), None) for p in "qkv"},
     }
     ckpt = load_gguf(write_gguf(tmp_path / "q.gguf", "qwen3", meta, tensors))
     got = ckpt.weights["model.embed_tokens.weight"]

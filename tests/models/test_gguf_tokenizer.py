@@ -102,11 +102,12 @@ def test_malformed_vocabularies() -> None:
 def test_load_gguf_builds_the_tokenizer(tmp_path: Path, write_gguf) -> None:
     fields = vocab_fields("smollm", **{"tokenizer.chat_template": "{{ bos_token }}"})
     meta: dict[str, Any] = {
-        "llama.embedding_length": 32, "llama.block_count": 0, "llama.feed_forward_length": 64,
+        "llama.embedding_length": 32, "llama.block_count": 1, "llama.feed_forward_length": 64,
         "llama.attention.head_count": 2, **fields,
     }
     n = len(fields["tokenizer.ggml.tokens"])
-    tensors = {"token_embd.weight": (np.zeros((n, 32), np.float32), None)}
+    tensors = {"token_embd.weight": (np.zeros((n, 32), np.float32), None),   # + one layer's q / k / v
+               **{f"blk.0.attn_{p}.weight": (np.zeros((32, 32), np.float32), None) for p in "qkv"}}
     ckpt = load_gguf(write_gguf(tmp_path / "tok.gguf", "llama", meta, tensors))
     tok = ckpt.tokenizer
     assert tok is not None and tok.chat_template == "{{ bos_token }}"
