@@ -73,7 +73,7 @@ def test_gemv_quant_one_token(ops, bits, group, zp):
     x, nw, r = rnd(rng, 1, k), rnd(rng, k), rnd(rng, 1, 11)
     for ways in (1, 2, 4):
         out = r.copy()
-        run(ops, (bits, "plain", 1, ways, 4, 4), x, nw, wargs, out.reshape(-1), out, True)
+        run(ops, (bits, "plain", 1, ways, 4, K_q.plain_blocks(bits)), x, nw, wargs, out.reshape(-1), out, True)
         close(out, r + cpu.linear(x, wf), 1e-5)
     xn = cpu.rms_norm(x, nw, 1e-6)
     out = np.full((1, 11), np.nan, np.float32)

@@ -12,12 +12,17 @@ column 8w + i) or [N, K] (int8), scales float16 bits (uint16) [N, K / g], zero p
   row j and the up row I + j) and streams its codes with 16-byte loads, `ways` warps splitting
   K as gemv_one_token does (their sums meet in shared memory in a fixed order). Each lane reads
   16 bytes of both rows per 512-byte warp step (int4: 32 columns, int8: 16; always inside one
-  group), 4 steps' loads (2 in the swiglu, int8 normed and 4-token builds) with their scales and zero points issued
-  before any math and before `grid_dependency_sync()` (the self_sync convention of linear.py:
-  the weights do not depend on the previous kernel). A code becomes the exact float (code - zero) by the magic-number trick
-  as_f32(0x4B000000 | code) - (2^23 + zero); products and sums in fp32, one scale multiply per
-  16 bytes and row. "normed" scales x by the norm weight as it is read and applies 1 / rms at
-  the end; bias may alias out at T = 1 (the residual add).
+  group), 4 steps' loads (2 in the swiglu, int8 normed and 4-token builds) with their scales
+  and zero points issued before any math and before `grid_dependency_sync()` (the self_sync
+  convention of linear.py: the weights do not depend on the previous kernel). Products and
+  sums in fp32, one scale multiply per 16 bytes and row:
+  - int8: a code becomes the exact float (code - zero) as as_f32(0x4B000000 | code) - (2^23 +
+    zero) (the magic number);
+  - int4: a code c becomes m = 1 + c / 16 by one shift and one mask-or into the mantissa of
+    1.0, and sum (c - zero) x = 16 sum m x - (16 + zero) sum x, the sum of x shared by the row
+    pair (no per-weight subtract; the decode GEMVs of int4 are bound by instruction issue).
+  "normed" scales x by the norm weight as it is read and applies 1 / rms at the end; bias may
+  alias out at T = 1 (the residual add).
 * `dequant_bf16_kernel`: W dequantized into a bf16 matrix (uint16 bits, round to nearest even)
   for the prefill GEMMs. The bf16 rounding of scale * (code - zero) (about 2^-9 relative) is
   below both formats' quantization step.
@@ -31,7 +36,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32, uint8, uint16
+from numba import cuda, float32, int32, uint8, uint16, uint32
 
 from ninfer_nb.kernels.common.bf16 import f32_to_bf16
 from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, i32
@@ -42,8 +47,15 @@ from ninfer_nb.kernels.common.warp import warp_sum
 u8_2 = uint8[:, ::1]
 u16_2 = uint16[:, ::1]
 
-MAGIC = 0x4B000000                      # as_f32(MAGIC | c) == 2^23 + c for 0 <= c < 2^23
+MAGIC = np.uint32(0x4B000000)           # as_f32(MAGIC | c) == 2^23 + c for 0 <= c < 2^23
 MAGIC_F = np.float32(8388608.0)
+ONE = np.uint32(0x3F800000)             # 1.0f; | (c << 19) is 1 + c / 16 for a 4-bit c
+M4 = np.uint32(0x00780000)              # mantissa bits 19-22
+M8 = np.uint32(0xFF)
+# shift counts and masks as uint32 constants: uint32 operands keep the bit ops 32-bit (an int
+# literal makes numba widen them to int64, two instructions per shift)
+SH1, SH3, SH5, SH7, SH8, SH9 = (np.uint32(n) for n in (1, 3, 5, 7, 8, 9))
+SH11, SH15, SH16, SH19, SH24 = (np.uint32(n) for n in (11, 15, 16, 19, 24))
 F16_EXP_FIX = np.float32(2.0 ** 112)    # float16 bits << 13, times this: the float32 value
 STEP = 512                              # code bytes a warp reads per step (16 per lane)
 UNROLL = 4                              # steps whose loads are issued together (plain / normed, 1 token)
@@ -60,27 +72,34 @@ def _f16(h):
 
 
 @cuda.jit(device=True)
-def _dot_i4(w, xa, xb, zf):
-    """The 8 int4 codes of word w (nibble i = column i), each minus its zero point (zf = 2^23 +
-    zero), dotted with the 8 fp32 x values xa, xb."""
-    s = (as_f32((w & 0xF) | MAGIC) - zf) * xa[0]
-    s += (as_f32(((w >> 4) & 0xF) | MAGIC) - zf) * xa[1]
-    s += (as_f32(((w >> 8) & 0xF) | MAGIC) - zf) * xa[2]
-    s += (as_f32(((w >> 12) & 0xF) | MAGIC) - zf) * xa[3]
-    s += (as_f32(((w >> 16) & 0xF) | MAGIC) - zf) * xb[0]
-    s += (as_f32(((w >> 20) & 0xF) | MAGIC) - zf) * xb[1]
-    s += (as_f32(((w >> 24) & 0xF) | MAGIC) - zf) * xb[2]
-    s += (as_f32(((w >> 28) & 0xF) | MAGIC) - zf) * xb[3]
+def _dot_i4(w, xa, xb, m4):
+    """The 8 int4 codes c of word w (nibble i = column i) as m = 1 + c / 16 (the code placed in
+    the top mantissa bits of 1.0: one shift and one mask-or, no conversion) dotted with the
+    8 fp32 x values xa, xb. sum (c - z) x = 16 sum m x - (16 + z) sum x (_pair_dots)."""
+    s = as_f32(((w << SH19) & m4) | ONE) * xa[0]
+    s += as_f32(((w << SH15) & m4) | ONE) * xa[1]
+    s += as_f32(((w << SH11) & m4) | ONE) * xa[2]
+    s += as_f32(((w << SH7) & m4) | ONE) * xa[3]
+    s += as_f32(((w << SH3) & m4) | ONE) * xb[0]
+    s += as_f32(((w >> SH1) & m4) | ONE) * xb[1]
+    s += as_f32(((w >> SH5) & m4) | ONE) * xb[2]
+    s += as_f32(((w >> SH9) & m4) | ONE) * xb[3]
     return s
+
+
+@cuda.jit(device=True, inline=True)
+def _sum16(xa, xb, xc, xd):
+    return (((xa[0] + xa[1]) + (xa[2] + xa[3])) + ((xb[0] + xb[1]) + (xb[2] + xb[3]))
+            + (((xc[0] + xc[1]) + (xc[2] + xc[3])) + ((xd[0] + xd[1]) + (xd[2] + xd[3]))))
 
 
 @cuda.jit(device=True)
 def _dot_i8(w, xa, zf):
     """The 4 int8 codes of word w (byte i = column i) minus the zero point, dotted with xa."""
-    s = (as_f32((w & 0xFF) | MAGIC) - zf) * xa[0]
-    s += (as_f32(((w >> 8) & 0xFF) | MAGIC) - zf) * xa[1]
-    s += (as_f32(((w >> 16) & 0xFF) | MAGIC) - zf) * xa[2]
-    s += (as_f32(((w >> 24) & 0xFF) | MAGIC) - zf) * xa[3]
+    s = (as_f32((w & M8) | MAGIC) - zf) * xa[0]
+    s += (as_f32(((w >> SH8) & M8) | MAGIC) - zf) * xa[1]
+    s += (as_f32(((w >> SH16) & M8) | MAGIC) - zf) * xa[2]
+    s += (as_f32((w >> SH24) | MAGIC) - zf) * xa[3]
     return s
 
 
@@ -111,17 +130,24 @@ def _x16(x, xi, nw, ki, normed):
 
 @cuda.jit(device=True)
 def _pair_dots(bits, x, xi, nw, ki, normed, wa, wb, za, zb):
-    """One lane's 16 code bytes of two rows (wa, wb: 4 words each; za, zb: 2^23 + their zero
-    points) dotted with one token's x from column ki (flat index xi): the two unscaled partial
-    dot products and the sum of squares of the x values read (normed)."""
+    """One lane's 16 code bytes of two rows (wa, wb: 4 words each; za, zb: the _meta offsets of
+    their zero points) dotted with one token's x from column ki (flat index xi): the two
+    unscaled partial dot products sum (code - zero) x and the sum of squares of the x values
+    read (normed). int4: 16 sum m x - (16 + zero) sum x (_dot_i4), the sum of x shared by the
+    rows; int8: exact (code - zero) terms (_dot_i8)."""
     if bits == 4:
+        # M4 as a value computed at run time ((xi >> 40) is 0): ptxas keeps it in a register
+        # for the mask-or LOP3 instead of re-materialising one of its two constants each time
+        m4 = uint32(M4 | (xi >> 40))
         xa, xb, xc, xd, s = _x16(x, xi, nw, ki, normed)
-        d0 = _dot_i4(wa[0], xa, xb, za) + _dot_i4(wa[1], xc, xd, za)
-        d1 = _dot_i4(wb[0], xa, xb, zb) + _dot_i4(wb[1], xc, xd, zb)
+        sx = _sum16(xa, xb, xc, xd)
+        d0 = _dot_i4(wa[0], xa, xb, m4) + _dot_i4(wa[1], xc, xd, m4)
+        d1 = _dot_i4(wb[0], xa, xb, m4) + _dot_i4(wb[1], xc, xd, m4)
         xa, xb, xc, xd, s2 = _x16(x, xi + 16, nw, ki + 16, normed)
-        d0 += _dot_i4(wa[2], xa, xb, za) + _dot_i4(wa[3], xc, xd, za)
-        d1 += _dot_i4(wb[2], xa, xb, zb) + _dot_i4(wb[3], xc, xd, zb)
-        return d0, d1, s + s2
+        sx += _sum16(xa, xb, xc, xd)
+        d0 += _dot_i4(wa[2], xa, xb, m4) + _dot_i4(wa[3], xc, xd, m4)
+        d1 += _dot_i4(wb[2], xa, xb, m4) + _dot_i4(wb[3], xc, xd, m4)
+        return float32(16.0) * d0 - za * sx, float32(16.0) * d1 - zb * sx, s + s2
     xa, xb, xc, xd, s = _x16(x, xi, nw, ki, normed)
     d0 = _dot_i8(wa[0], xa, za) + _dot_i8(wa[1], xb, za) + _dot_i8(wa[2], xc, za) + _dot_i8(wa[3], xd, za)
     d1 = _dot_i8(wb[0], xa, zb) + _dot_i8(wb[1], xb, zb) + _dot_i8(wb[2], xc, zb) + _dot_i8(wb[3], xd, zb)
@@ -130,9 +156,10 @@ def _pair_dots(bits, x, xi, nw, ki, normed, wa, wb, za, zb):
 
 @cuda.jit(device=True, inline=True)
 def _meta(scales, zeros, r, g, has_zeros, mid):
-    """(scale, 2^23 + zero point) of group g of row r."""
+    """(scale, offset + zero point) of group g of row r; offset 16 for int4 (mid 8: _dot_i4's
+    1 + c / 16), 2^23 for int8 (_dot_i8's magic number)."""
     z = float32(zeros[r, g]) if has_zeros != 0 else float32(mid)
-    return _f16(scales[r, g]), MAGIC_F + z
+    return _f16(scales[r, g]), (float32(16.0) if mid == 8 else MAGIC_F) + z
 
 
 @cuda.jit(device=True)
@@ -395,13 +422,19 @@ def dequant_bf16_kernel(codes, scales, zeros, gshift, has_zeros, bits, out):
             out[r, k] = f32_to_bf16(s * float32(c - zp))
 
 
+def plain_blocks(bits: int) -> int:
+    """Blocks of 4 warps per SM of the plain one-token builds: the most without register
+    spills (int4 also holds its mask and the sums of x: 168 registers at 3)."""
+    return 3 if bits == 4 else 4
+
+
 def dequant_grid(n_bytes: int) -> int:
     return max(1, min(4096, (n_bytes + DEQUANT_THREADS - 1) // DEQUANT_THREADS))
 
 
 # The builds ops/cuda/linear.py picks (quant_build), registered at import so that the compile
 # tests see them.
-BUILDS = tuple((bits, "plain", 1, ways, 4, 4) for bits in (4, 8) for ways in (1, 2, 4)) + \
+BUILDS = tuple((bits, "plain", 1, ways, 4, plain_blocks(bits)) for bits in (4, 8) for ways in (1, 2, 4)) + \
     tuple((bits, mode, 1, 1, 4, blocks) for bits in (4, 8) for mode, blocks in (("normed", 3), ("swiglu", 4))) + \
     tuple((bits, mode, 4, ways, 4, 3) for bits in (4, 8) for mode, ways in
           (("plain", 1), ("plain", 4), ("swiglu", 1)))

@@ -19,8 +19,6 @@ from .launch import F32, _need, _ptr, _rows
 from .norm import Normed, NormOps
 from .records import dense
 
-RESIDENT_WARPS_PER_SM = 16          # the one-token plain builds: 4 blocks x 4 warps
-
 
 def quant_record(w: QuantizedWeight, op: str) -> QuantizedWeight:
     """w itself when the kernels here read it (a groupwise matrix); UnsupportedModelError else
@@ -41,19 +39,22 @@ def is_quantized(weight: LinearWeight | Any) -> bool:
     return isinstance(weight, QuantizedWeight)
 
 
-def quant_build(mode: str, tokens: int, n: int, row_bytes: int, sm_count: int = 132) -> tuple[int, int, int]:
+def quant_build(mode: str, tokens: int, n: int, row_bytes: int, sm_count: int = 132,
+                bits: int = 4) -> tuple[int, int, int]:
     """(K slices, warps per block, blocks per SM) of the gemv_quant build for an [n, K] weight
-    whose rows hold `row_bytes` code bytes. Normed and SwiGLU: whole rows. Plain: the number of
-    K slices (1, 2, 4; at least one 512-byte step each) whose row-pair tasks fill the resident
-    warps in the fewest waves of task length (a few-row weight such as the 27B's 5120 x 17408
-    has 2560 pairs for 2112 resident warps: 4 slices make 5 short waves instead of 2 long ones).
-    Multi-token plain: 4 slices for up to 8192 rows (as the bf16 split-K GEMV), else 1."""
+    whose rows hold `row_bytes` code bytes (`bits` per code). Normed and SwiGLU: whole rows.
+    Plain: the number of K slices (1, 2, 4; at least one 512-byte step each) whose row-pair
+    tasks fill the resident warps in the fewest waves of task length (a few-row weight such as
+    the 27B's 5120 x 17408 has 2560 pairs for 1584-2112 resident warps: 4 slices make short
+    waves instead of two long ones). Multi-token plain: 4 slices for up to 8192 rows (as the
+    bf16 split-K GEMV), else 1."""
     if tokens > 1:
         ways = 4 if mode == "plain" and n <= 8192 and row_bytes >= 4 * K_q.STEP else 1
         return ways, 4, 3               # 4 tokens' accumulators and x: 168 registers, no spills
     if mode != "plain":                 # registers without spills: 168 (normed), 128 (swiglu: 2 steps a pass)
         return 1, 4, (3 if mode == "normed" else 4)
-    slots = sm_count * RESIDENT_WARPS_PER_SM
+    blocks = K_q.plain_blocks(bits)
+    slots = sm_count * 4 * blocks                       # resident warps
     pairs = (n + 1) // 2
     best, best_time = 1, float("inf")
     for ways in (1, 2, 4):
@@ -62,7 +63,7 @@ def quant_build(mode: str, tokens: int, n: int, row_bytes: int, sm_count: int = 
         waves = -(-pairs * ways // slots) / ways
         if waves < best_time:
             best, best_time = ways, waves
-    return best, 4, 4
+    return best, 4, blocks
 
 
 class QuantLinearOps(NormOps):
@@ -115,7 +116,7 @@ class QuantLinearOps(NormOps):
         fmt = q.format
         codes = q.arrays["codes"]
         n = q.shape[0]
-        ways, warps, blocks = quant_build(mode, tokens, n, codes.shape[1], self.sm_count)
+        ways, warps, blocks = quant_build(mode, tokens, n, codes.shape[1], self.sm_count, fmt.bits)
         pairs = n // 2 if mode == "swiglu" else (n + 1) // 2
         per_block = warps // ways
         zeros = q.arrays["zeros"] if fmt.zero_points else codes           # unused dummy when no zero points
