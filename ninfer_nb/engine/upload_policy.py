@@ -7,7 +7,9 @@ Rules (a dense linear weight's tag, set here and read by the CUDA ops):
   bfloat16 (HF bf16 checkpoints: nothing is lost), else fp32, so the GPU computes what the CPU
   does on dequantized GGUF or fp32 weights; random preset weights are bf16 by construction;
 - vectors (norms, biases, conv taps, A_log, dt_bias) as fp32;
-- quantized records keep their format: their arrays go up as stored.
+- quantized records keep their format: their arrays go up as stored, in the canonical layout
+  the quantized GEMVs read (kernels/linear/gemv_quant.py: no repack); device allocations are
+  256-byte aligned, so every code row starts 16-byte aligned.
 `put(host_array, storage)` is the backend's copy to the device (storage None: as stored).
 Knows nothing about devices or kernels beyond these rules.
 """
