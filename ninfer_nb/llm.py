@@ -16,7 +16,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from .models.state import KVDtype
 from .outputs import FinishReason, GenerationResult, StreamEvent, Timings
 from .params import SamplingParams
 from .stops import StopStringMatcher
+
+if TYPE_CHECKING:
+    from .structured import Constraint
 
 __all__ = ["LLM", "SamplingParams", "ChatResult"]
 
@@ -147,13 +150,15 @@ class LLM:
         return ids
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-               cancel: threading.Event | None = None) -> Iterator[StreamEvent]:
-        """Yield one StreamEvent per generated token; the last has finished=True and timings."""
+               cancel: threading.Event | None = None,
+               constraint: Constraint | None = None) -> Iterator[StreamEvent]:
+        """Yield one StreamEvent per generated token; the last has finished=True and timings.
+        `constraint` (ninfer_nb.structured.compile_constraint) restricts the tokens to a grammar."""
         params = (params or SamplingParams()).validate()
         t0 = time.perf_counter()
         ids = self._prompt_ids(prompt)
         request = Request(f"req-{next(self._request_ids)}", ids, params, turn_start=self._turn_start(ids),
-                          cancel=cancel or threading.Event(), arrival_time=t0)
+                          cancel=cancel or threading.Event(), arrival_time=t0, constraint=constraint)
         return self._stream(request)
 
     def _turn_start(self, ids: list[int]) -> int | None:
@@ -209,10 +214,11 @@ class LLM:
                 self._outputs.setdefault(out.request_id, collections.deque()).append(out)
         return queue.popleft()
 
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> GenerationResult:
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                 constraint: Constraint | None = None) -> GenerationResult:
         ids = self._prompt_ids(prompt)                      # encoded once, reported back below
         text, tokens, final = [], [], None
-        for ev in self.stream(ids, params):
+        for ev in self.stream(ids, params, constraint=constraint):
             text.append(ev.text)
             if ev.token_id is not None:
                 tokens.append(ev.token_id)
@@ -226,11 +232,12 @@ class LLM:
     # --- chat --------------------------------------------------------------------------
     def chat_stream(self, messages: list[dict], tools: list[dict] | None = None,
                     params: SamplingParams | None = None, *, enable_thinking: bool | None = None,
-                    cancel: threading.Event | None = None) -> Iterator[ChatDelta | StreamEvent]:
+                    cancel: threading.Event | None = None,
+                    constraint: Constraint | None = None) -> Iterator[ChatDelta | StreamEvent]:
         """Deltas split into reasoning / content / tool calls, then the final StreamEvent.
         Non-final StreamEvents (one per token) are yielded too, for live token counting."""
         prompt = self.render_chat(messages, tools, enable_thinking=enable_thinking)
-        events = self.stream(self.tokenizer.encode(prompt), params, cancel=cancel)
+        events = self.stream(self.tokenizer.encode(prompt), params, cancel=cancel, constraint=constraint)
         return self._chat_events(events, ChatStreamParser(
             starts_in_reasoning=prompt_opens_reasoning(prompt), tools=tools,
             dialect=self.tokenizer.tool_dialect))
@@ -247,11 +254,13 @@ class LLM:
                 yield ev
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None,
-             params: SamplingParams | None = None, *, enable_thinking: bool | None = None) -> ChatResult:
+             params: SamplingParams | None = None, *, enable_thinking: bool | None = None,
+             constraint: Constraint | None = None) -> ChatResult:
         reasoning, content, calls, deltas, tokens = [], [], [], [], []
         final: StreamEvent | None = None
         texts = []
-        for item in self.chat_stream(messages, tools, params, enable_thinking=enable_thinking):
+        for item in self.chat_stream(messages, tools, params, enable_thinking=enable_thinking,
+                                     constraint=constraint):
             if isinstance(item, ChatDelta):
                 deltas.append(item)
                 if item.kind == "reasoning":

@@ -5,7 +5,9 @@ returns a `RequestOutput` per request that got a token or finished: a waiting re
 prefilled one chunk per step (after reusing the longest cached prefix) and gets its first token
 from the host sampler after its last chunk; a running one gets its next token, picked in the decode graph when the request allows it (greedy, or
 temperature alone: `Sampler.device_pick`), with the step after it queued ahead on the device
-(`DecodeChoices.decode_ahead`), else sampled on the host from the logits row. A request
+(`DecodeChoices.decode_ahead`), else sampled on the host from the logits row. A request with
+a constraint (structured output) always samples on the host, its grammar masking each row, and
+ends on EOS where the grammar may end (even with ignore_eos). A request
 finishes on a stop token, on its token budget (max_tokens, or the context is full), when its
 cancel flag is set (checked before its next token), or when the caller finishes it
 (`finish`: the front door's stop strings). One request runs at a time; the others wait in
@@ -73,9 +75,12 @@ class LLMEngine:
                 f"prompt has {n} tokens; the context holds {self.max_context} "
                 f"(including at least one generated token)")
         p = request.params.validate()
-        stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids))
-        sampler = Sampler(p, self.valid_vocab, seed=self.seed)
-        pick = sampler.device_pick() if self.decode.device_pick else None
+        matcher = request.constraint.matcher() if request.constraint is not None else None
+        # a constrained request ends on EOS, which its grammar allows exactly where it may end
+        stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos and matcher is None else set(self.eos_ids))
+        sampler = Sampler(p, self.valid_vocab, seed=self.seed, matcher=matcher)
+        # the pick kernel reads no token mask yet: a constrained request samples on the host
+        pick = sampler.device_pick() if self.decode.device_pick and matcher is None else None
         if pick is not None and pick[0] > 0.0 and not self.generator.picks_on_device(self.valid_vocab):
             pick = None                          # no decode graph to sample in (CPU): the host samples
         request.status = RequestStatus.WAITING

@@ -1,8 +1,8 @@
 """Request: one generation the engine runs, in token ids, from arrival to its finish.
 
-Holds the prompt and output ids, the sampling parameters, the status, how many tokens' effects
-are in the caches, the cancel flag, and where its state lives (a GDN state slot; KV pages once
-the cache is paged). `RequestOutput` is what one engine step reports for one request. Knows
+Holds the prompt and output ids, the sampling parameters, the output constraint (a grammar),
+the status, how many tokens' effects are in the caches, the cancel flag, and where its state
+lives (a GDN state slot; KV pages once the cache is paged). `RequestOutput` is what one engine step reports for one request. Knows
 nothing about text: stop strings and detokenizing are the front door's (llm.py).
 """
 from __future__ import annotations
@@ -11,9 +11,13 @@ import enum
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..outputs import FinishReason, Timings
 from ..params import SamplingParams
+
+if TYPE_CHECKING:
+    from ..structured import Constraint
 
 
 class RequestStatus(enum.Enum):
@@ -46,6 +50,8 @@ class Request:
     # a prefix length the next request is likely to share (the last chat turn's start): the
     # engine keeps a GDN state snapshot there
     turn_start: int | None = None
+    # the grammar its output must follow (structured output, enforced tool calls); None: free text
+    constraint: Constraint | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     arrival_time: float = field(default_factory=time.perf_counter)
     status: RequestStatus = RequestStatus.WAITING

@@ -9,16 +9,24 @@ CUDA (`device_pick`). Knows nothing about models or tokenizers.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..params import SamplingParams
+from ..structured.bitmask import apply_token_bitmask
+
+if TYPE_CHECKING:
+    from ..structured import Matcher
 
 DEVICE_SEED_SALT = 0x5EED_D0       # the device pick's key is not the host generator's stream
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams, valid_vocab: int, seed: int | None = None) -> None:
+    def __init__(self, params: SamplingParams, valid_vocab: int, seed: int | None = None,
+                 matcher: Matcher | None = None) -> None:
         self.params = params
+        self.matcher = matcher             # the request's output constraint: masks and follows tokens
         self.valid_vocab = valid_vocab
         self.seed = params.seed if params.seed is not None else seed
         self.rng = np.random.default_rng(self.seed)
@@ -43,6 +51,14 @@ class Sampler:
 
     def observe(self, token: int) -> None:
         self.counts[token] = self.counts.get(token, 0) + 1
+        if self.matcher is not None:
+            self.matcher.advance(token)
+
+    def constrain(self, logits: np.ndarray) -> np.ndarray:
+        """logits [V] with -inf where the request's constraint forbids the next token."""
+        if self.matcher is None:
+            return logits
+        return apply_token_bitmask(logits, self.matcher.allowed_tokens())
 
     def apply_penalties(self, logits: np.ndarray) -> np.ndarray:
         p = self.params
@@ -55,7 +71,8 @@ class Sampler:
         return logits
 
     def sample(self, logits: np.ndarray) -> int:
-        """logits [V] float32 -> token id."""
+        """logits [V] float32 -> token id (within the request's constraint, if any)."""
+        logits = self.constrain(logits)
         logits = self.apply_penalties(logits[: self.valid_vocab].astype(np.float32, copy=False))
         p = self.params
         if p.greedy:
