@@ -197,7 +197,7 @@ def qk_norm_rope_store(q: Array, k: Array, v: Array, q_norm: Array | None, k_nor
     """An attention layer's prologue: q, k [T, H, D] head-normed (when the norms are given) and
     rotated (`rope` with rope_table); k and v [T, Hkv, D] stored into the caches at `positions`.
     Returns the rotated q."""
-    if q_norm is not None:
+    if q_norm is not None and k_norm is not None:          # a model has both head norms or neither
         q = rms_norm(q, q_norm, eps)
         k = rms_norm(k, k_norm, eps)
     kv_store(k_cache, v_cache, rope(k, positions, rope_table), v, positions, k_scale, v_scale)
