@@ -5,6 +5,7 @@ row bytes 2688 = one 4-step pass (2048), one tail step and a last step only 8 la
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "run through test_gemv_quant.py"
 
@@ -145,3 +146,41 @@ def test_cuda_ops_route_quantized_records(ops, name):
     xn = cpu.rms_norm(x, nw, 1e-6)
     close(ops.linear(Normed(x, nw, 1e-6), q), cpu.linear(xn, q), 1e-5)
     close(ops.linear_swiglu(Normed(x, nw, 1e-6), gu), cpu.linear_swiglu(xn, gu), 1e-5)
+
+
+def test_tiny_hybrid_model_decodes_on_quantized_weights(ops):
+    """A tiny Qwen3.5 hybrid (GDN and attention layers) whose projections and LM head are int4
+    (bench --random --weights: quant/random.py): 3 tokens (the 4-token GEMVs) and then 1 token
+    (the one-token GEMVs, the residual adds as bias) through CudaOps give ops.cpu's logits."""
+    from ninfer_nb.config import ModelConfig
+    from ninfer_nb.engine.backend import CpuBackend
+    from ninfer_nb.engine.batch import ForwardBatch
+    from ninfer_nb.models.decoder import Decoder
+    from ninfer_nb.models.presets import PRESETS
+    from ninfer_nb.models.state import new_state
+    from ninfer_nb.models.weights import QuantizedWeight
+
+    cfg = ModelConfig.from_hf(dict(
+        PRESETS["tiny-qwen3.5"], vocab_size=96, hidden_size=64, intermediate_size=64,
+        num_hidden_layers=2, full_attention_interval=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=32, linear_value_head_dim=32))
+    w = CpuBackend().random_weights(cfg, seed=3, weights="int4-g32")
+    assert isinstance(w.lm_head, QuantizedWeight) and isinstance(w.layers[1].mixer.o, QuantizedWeight)
+    ops.choices = replace(ops.choices, gdn_state="simt", gdn_prepare="simt")   # simulated mma: CI time
+    rng = np.random.default_rng(23)
+    ids = rng.integers(0, cfg.vocab_size, 8)
+    pos = np.arange(8)
+    cpu_state = new_state(cfg, 16, np.zeros)
+    Decoder(cfg, w).forward(cpu, ForwardBatch.single(ids[:4], pos[:4]), cpu_state)
+    sim_state = new_state(cfg, 16, lambda shape, dtype=np.float32: ops.zeros(shape, dtype, persistent=True))
+    for dst, src in zip(sim_state.layers, cpu_state.layers):
+        for name, buf in vars(src).items():
+            if buf is not None:
+                getattr(dst, name)[...] = buf
+    for a, b in ((4, 7), (7, 8)):
+        want = Decoder(cfg, w).forward(cpu, ForwardBatch.single(ids[a:b], pos[a:b], all_logits=True), cpu_state)
+        got = Decoder(cfg, w).forward(ops, ForwardBatch.single(ids[a:b].astype(np.int32),
+                                                               pos[a:b].astype(np.int32), all_logits=True),
+                                      sim_state)
+        close(got, want, 1e-4)
