@@ -20,7 +20,8 @@ column 8w + i) or [N, K] (int8), scales float16 bits (uint16) [N, K / g], zero p
     zero) (the magic number);
   - int4: a code c becomes m = 1 + c / 16 by one shift and one mask-or into the mantissa of
     1.0, and sum (c - zero) x = 16 sum m x - (16 + zero) sum x, the sum of x shared by the row
-    pair (no per-weight subtract; the decode GEMVs of int4 are bound by instruction issue).
+    pair (no per-weight subtract: int4 carries twice the weights per byte, so its instructions
+    per weight decide whether the GEMV keeps up with the bytes).
   "normed" scales x by the norm weight as it is read and applies 1 / rms at the end; bias may
   alias out at T = 1 (the residual add).
 * `dequant_bf16_kernel`: W dequantized into a bf16 matrix (uint16 bits, round to nearest even)
@@ -52,8 +53,8 @@ MAGIC_F = np.float32(8388608.0)
 ONE = np.uint32(0x3F800000)             # 1.0f; | (c << 19) is 1 + c / 16 for a 4-bit c
 M4 = np.uint32(0x00780000)              # mantissa bits 19-22
 M8 = np.uint32(0xFF)
-# shift counts and masks as uint32 constants: uint32 operands keep the bit ops 32-bit (an int
-# literal makes numba widen them to int64, two instructions per shift)
+# shift counts and masks as uint32 constants: the bit ops stay 32-bit in numba's IR (an int
+# literal would type them int64)
 SH1, SH3, SH5, SH7, SH8, SH9 = (np.uint32(n) for n in (1, 3, 5, 7, 8, 9))
 SH11, SH15, SH16, SH19, SH24 = (np.uint32(n) for n in (11, 15, 16, 19, 24))
 F16_EXP_FIX = np.float32(2.0 ** 112)    # float16 bits << 13, times this: the float32 value
