@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cuda-graph", action="store_true", help="decode with eager kernel launches (debugging)")
     p.add_argument("--kv-cache", choices=list(KV_CACHE_KINDS), default="auto",
                    help="KV cache storage (default auto: bf16 on CUDA, fp32 on the CPU; int8: one scale per 64 values)")
+    p.add_argument("--spec", choices=["off", "ngram"], default="off",
+                   help="speculative decoding: ngram = prompt lookup (CPU; CUDA decodes plainly)")
+    p.add_argument("--draft-tokens", type=int, default=3, help="draft tokens per verify round (default 3)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--top-k", type=int, default=20)
@@ -91,7 +94,8 @@ def run_answer(args: argparse.Namespace) -> int:
                        else ([{"role": "user", "content": args.prompt}], None))
     llm = LLM(args.model, device=args.device, max_context=args.max_context,
               prefill_chunk=args.prefill_chunk, enable_thinking=not args.no_thinking,
-              cuda_graphs=not args.no_cuda_graph, kv_cache=args.kv_cache, show_progress=not args.quiet)
+              cuda_graphs=not args.no_cuda_graph, kv_cache=args.kv_cache, show_progress=not args.quiet,
+              spec=args.spec, draft_tokens=args.draft_tokens)
     out, err = sys.stdout, sys.stderr
     if args.raw:
         events = llm.stream(args.prompt or "", params)

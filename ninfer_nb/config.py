@@ -336,4 +336,6 @@ class EngineConfig:
     enable_thinking: bool = True
     show_progress: bool = True
     seed: int | None = None
+    spec: str = "off"                        # speculative decoding: off | ngram (CPU / eager backends)
+    draft_tokens: int = 3                    # draft tokens per verify round (spec != off)
     weights: str | None = None               # random:PRESET models: a quantized weight format (int4-g64, ...)

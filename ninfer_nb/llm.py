@@ -54,14 +54,14 @@ class ChatResult:
 class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
-                 kv_cache: str = "auto", show_progress: bool = False,
-                 config: EngineConfig | None = None) -> None:
+                 kv_cache: str = "auto", show_progress: bool = False, spec: str = "off",
+                 draft_tokens: int = 3, config: EngineConfig | None = None) -> None:
         """`config` replaces every other argument (bench and tests pass kernel / decode choices
         through it)."""
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
                                      cuda_graphs=cuda_graphs, kv_cache=kv_cache,
-                                     show_progress=show_progress)
+                                     show_progress=show_progress, spec=spec, draft_tokens=draft_tokens)
         if cfg.kv_cache not in KV_CACHE_KINDS:
             raise InvalidRequestError(f"kv_cache must be auto, fp32, bf16 or int8, got {cfg.kv_cache!r}")
         if cfg.weights is not None and not (cfg.model or "").startswith(RANDOM_PREFIX):
@@ -102,7 +102,8 @@ class LLM:
             max_context=self.max_context, prefill_chunk=cfg.prefill_chunk,
             valid_vocab=min(self.model_config.vocab_size, tok_vocab),
             eos_ids=frozenset(i for i in stop_ids if i is not None), use_graphs=cfg.cuda_graphs,
-            kv_dtype=_kv_dtype(self.kv_cache), seed=cfg.seed, decode=cfg.decode)
+            kv_dtype=_kv_dtype(self.kv_cache), seed=cfg.seed, decode=cfg.decode,
+            spec=cfg.spec, draft_tokens=cfg.draft_tokens)
         self._request_ids = itertools.count()
         self._outputs: dict[str, collections.deque[RequestOutput]] = {}   # per request, not yet read
 

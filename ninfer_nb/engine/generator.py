@@ -5,7 +5,9 @@ GDN state in `StateSlots`) and the token ids whose effects are in them. Every mo
 `ForwardBatch` of the one sequence, which runs in GDN slot 0. Prefix reuse: a new prompt
 continues from the longest cached prefix. Attention caches can be cut anywhere; GDN state
 cannot, so two more slots keep snapshots: at the start of the last turn and at the end of the
-last prompt (where the next chat turn usually diverges). Knows nothing about text, requests,
+last prompt (where the next chat turn usually diverges). Speculative decoding: `verify` feeds
+[last token, drafts] in one forward and `rollback` cuts the caches back to the accepted prefix
+(a fourth slot keeps the state before the verify). Knows nothing about text, requests,
 sampling or stopping (engine/llm_engine.py drives it).
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .state_slots import StateSlots
 
 RUNNING_SLOT = 0                   # the GDN slot the sequence runs in
 TURN_SNAPSHOT, PROMPT_SNAPSHOT = 1, 2
+VERIFY_SNAPSHOT = 3                # the state before a speculative verify (verify_slot=True)
 
 
 @dataclass
@@ -51,19 +54,22 @@ class _Prefill:
 
 class Generator:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, max_context: int,
-                 prefill_chunk: int, use_graphs: bool = True, kv_dtype: KVDtype = "fp32") -> None:
+                 prefill_chunk: int, use_graphs: bool = True, kv_dtype: KVDtype = "fp32",
+                 verify_slot: bool = False) -> None:
         self.cfg, self.decoder, self.backend = cfg, decoder, backend
         # Decode by graph replay where the backend has graphs (CUDA); eager otherwise.
         self.use_graphs = use_graphs and backend.decode_graphs
         self.max_context = max_context
         self.prefill_chunk = max(1, prefill_chunk)
-        self.state: SequenceState = new_state(cfg, max_context, backend.zeros, kv_dtype, gdn_slots=3)
+        self.state: SequenceState = new_state(cfg, max_context, backend.zeros, kv_dtype,
+                                               gdn_slots=4 if verify_slot else 3)
         self.slots = StateSlots(self.state, backend)
         self.tokens: list[int] = []           # ids whose effects are in `state`
         self._fed_ahead = False               # decode_token(ahead=True) queued a step for tokens[-1]
         self._prefill: _Prefill | None = None
         self._has_gdn = self.slots.num_slots > 0
         self._snapshots = [_Snapshot(TURN_SNAPSHOT), _Snapshot(PROMPT_SNAPSHOT)] if self._has_gdn else []
+        self._verify_start: int | None = None  # len(tokens) before the unsettled verify
 
     # --- prefix reuse ------------------------------------------------------------------
     def _reuse(self, prompt: list[int]) -> tuple[int, np.ndarray | None]:
@@ -228,6 +234,43 @@ class Generator:
         self.tokens.append(token)
         return logits
 
+    # --- speculative verify ------------------------------------------------------------
+    def verify(self, tokens: list[int]) -> np.ndarray:
+        """Feed [last sampled token, d1..dK] in one eager forward at positions p..p+K; returns
+        the logits at every one of them [K+1, V]. `rollback` must follow before the next step."""
+        if self._prefill is not None or self._fed_ahead:
+            raise RuntimeError("verify: a prefill or a queued decode step is in flight")
+        start = len(self.tokens)
+        if start + len(tokens) > self.max_context:
+            raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
+        if self._has_gdn:
+            if self.slots.num_slots <= VERIFY_SNAPSHOT:
+                raise RuntimeError("verify: the generator was made without verify_slot")
+            self.slots.snapshot(RUNNING_SLOT, VERIFY_SNAPSHOT)
+        rows = np.asarray(self.backend.to_host(self._eager(tokens, start, all_logits=True)), dtype=np.float32)
+        self.tokens.extend(tokens)
+        self._verify_start = start
+        return rows
+
+    def rollback(self, keep: int) -> None:
+        """Keep the first `keep` (>= 1) tokens of the last verify in the caches. Attention rows
+        past them are stale but unread (attention reads rows up to each query's position, and
+        the next step overwrites them). GDN state cannot be cut: it is restored from before the
+        verify and the kept tokens are run again (exact; per-position state in the kernels
+        would save this forward)."""
+        start, self._verify_start = self._verify_start, None
+        if start is None:
+            raise RuntimeError("rollback: no verify to settle")
+        fed = self.tokens[start:]
+        if not 1 <= keep <= len(fed):
+            raise ValueError(f"rollback: keep {keep} of {len(fed)} verified tokens")
+        if keep == len(fed):
+            return
+        del self.tokens[start + keep:]
+        if self._has_gdn:
+            self.slots.restore(RUNNING_SLOT, VERIFY_SNAPSHOT)
+            self._eager(fed[:keep], start)
+
     def logits_all(self, prompt: list[int]) -> np.ndarray:
         """Logits at every position of `prompt` ([T, V]), computed from an empty cache."""
         if len(prompt) > self.max_context:
@@ -248,5 +291,6 @@ class Generator:
         self.tokens = []
         self._fed_ahead = False
         self._prefill = None
+        self._verify_start = None
         for snap in self._snapshots:
             snap.invalidate()

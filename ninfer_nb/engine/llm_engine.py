@@ -13,6 +13,14 @@ cancel flag is set (checked before its next token), or when the caller finishes 
 (`finish`: the front door's stop strings). One request runs at a time; the others wait in
 arrival order. Knows nothing about text.
 
+Speculative decoding (spec="ngram", CPU / eager backends): a running request on the host
+sampler path drafts up to `draft_tokens` tokens by prompt lookup (engine/spec/ngram.py); one
+step then verifies them in one forward and returns every token it kept plus one
+(engine/spec/verify.py), and the generator rolls the caches back past the rejected ones. No
+draft: a plain step. Backends with decode graphs (CUDA) decode plainly: the verify has no
+graph yet and has not been run on the GPU. Tokens after a stop token within a round stay in the
+cache, like a queued-ahead step's.
+
 Queued-ahead stop semantics (Generator.decode_token): a request that stops with a step queued
 ahead leaves that step's token fed to the cache too; the next prompt reuses it or diverges
 before it.
@@ -26,13 +34,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import DecodeChoices, ModelConfig
-from ..errors import ContextLengthExceededError
+from ..errors import ContextLengthExceededError, InvalidRequestError
 from ..models.decoder import Decoder
 from ..models.state import KVDtype
 from .backends.base import Backend
 from .generator import Generator
 from .request import Request, RequestOutput, RequestStatus
 from .sampler import Sampler
+from .spec import Proposer
+from .spec.ngram import NgramProposer
+from .spec.stats import SpecStats
+from .spec.verify import verify_drafts
+
+SPEC_KINDS = ("off", "ngram")
 
 
 @dataclass
@@ -51,7 +65,7 @@ class LLMEngine:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, *, max_context: int,
                  prefill_chunk: int, valid_vocab: int, eos_ids: frozenset[int], use_graphs: bool = True,
                  kv_dtype: KVDtype = "fp32", seed: int | None = None,
-                 decode: DecodeChoices | None = None) -> None:
+                 decode: DecodeChoices | None = None, spec: str = "off", draft_tokens: int = 3) -> None:
         self.model_config = cfg
         self.backend = backend
         self.max_context = max_context
@@ -61,8 +75,17 @@ class LLMEngine:
         self.decode = decode = decode or DecodeChoices()
         if decode.device_pick:
             backend.enable_token_pick(valid_vocab)                # before the first decode step
+        if spec not in SPEC_KINDS:
+            raise InvalidRequestError(f"spec must be one of {', '.join(SPEC_KINDS)}, got {spec!r}")
+        if spec != "off" and draft_tokens < 1:
+            raise InvalidRequestError(f"draft_tokens must be >= 1, got {draft_tokens}")
+        # the proposer, when speculation runs here (None: plain decode; CUDA declines, see above)
+        self.proposer: Proposer | None = NgramProposer() if spec == "ngram" and not backend.decode_graphs else None
+        self.draft_tokens = draft_tokens
+        self.spec_stats = SpecStats()
         self.generator = Generator(cfg, decoder, backend, max_context, prefill_chunk,
-                                   use_graphs=use_graphs, kv_dtype=kv_dtype)
+                                   use_graphs=use_graphs, kv_dtype=kv_dtype,
+                                   verify_slot=self.proposer is not None)
         self._waiting: collections.deque[_Run] = collections.deque()
         self._running: _Run | None = None
 
@@ -119,21 +142,52 @@ class LLMEngine:
         if req.cancel.is_set():
             return [self._finish(run, RequestStatus.FINISHED_ABORTED)]
         try:
-            token = self._next_token(run)
-            if token is None:                    # a prefill chunk, more to come
+            tokens = self._next_tokens(run)
+            if tokens is None:                   # a prefill chunk, more to come
                 return []
         except BaseException:
             self.generator.forget()              # the caches may be half-written
             self._finish(run, RequestStatus.FINISHED_ERROR)
             raise
-        run.sampler.observe(token)
-        req.output_ids.append(token)
         req.num_computed_tokens = len(self.generator.tokens)
-        if token in run.stop_ids:
-            return [self._finish(run, RequestStatus.FINISHED_STOPPED, [token])]
-        if len(req.output_ids) >= run.budget:
-            return [self._finish(run, RequestStatus.FINISHED_LENGTH, [token])]
-        return [RequestOutput(req.request_id, [token])]
+        new: list[int] = []
+        for token in tokens:
+            req.output_ids.append(token)
+            new.append(token)
+            if token in run.stop_ids:
+                return [self._finish(run, RequestStatus.FINISHED_STOPPED, new)]
+            if len(req.output_ids) >= run.budget:
+                return [self._finish(run, RequestStatus.FINISHED_LENGTH, new)]
+        return [RequestOutput(req.request_id, new)]
+
+    def _next_tokens(self, run: _Run) -> list[int] | None:
+        """The next token(s), each observed by the request's sampler; None: a prefill chunk ran."""
+        if run.request.output_ids and self.proposer is not None and run.sampler.matcher is None:
+            tokens = self._speculate(run)
+            if tokens:
+                return tokens
+            self.spec_stats.plain_steps += 1
+        token = self._next_token(run)
+        if token is not None:
+            run.sampler.observe(token)
+            return [token]
+        return None
+
+    def _speculate(self, run: _Run) -> list[int]:
+        """One verify round: draft, verify [last, drafts] in one forward, keep the accepted
+        prefix and one more token. [] when there is nothing to draft (the caller decodes)."""
+        assert self.proposer is not None
+        req, gen = run.request, self.generator
+        room = min(run.budget - len(req.output_ids), self.max_context - len(gen.tokens)) - 1
+        k = min(self.draft_tokens, room)
+        drafts = self.proposer.propose(req.prompt_ids + req.output_ids, k) if k > 0 else []
+        if not drafts:
+            return []
+        rows = gen.verify([req.output_ids[-1]] + drafts)
+        tokens = verify_drafts(drafts, rows, run.sampler)
+        gen.rollback(len(tokens))             # the last token and the accepted drafts
+        self.spec_stats.record(len(drafts), len(tokens) - 1)
+        return tokens
 
     def _next_token(self, run: _Run) -> int | None:
         req, gen = run.request, self.generator

@@ -72,13 +72,23 @@ class Sampler:
 
     def sample(self, logits: np.ndarray) -> int:
         """logits [V] float32 -> token id (within the request's constraint, if any)."""
-        logits = self.constrain(logits)
-        logits = self.apply_penalties(logits[: self.valid_vocab].astype(np.float32, copy=False))
+        if self.params.greedy:
+            return int(np.argmax(self.apply_penalties(self._valid(self.constrain(logits)))))
+        ids, probs = self.distribution(logits)
+        cum = np.cumsum(probs, dtype=np.float64)
+        pick = int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"))
+        return int(ids[min(pick, len(probs) - 1)])
+
+    def distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution `sample` draws from (sampled requests): ids [N] int and their
+        probabilities [N] float64 summing to 1, after the constraint, penalties, temperature,
+        top-k, min-p and top-p (ids outside them have probability 0 or are absent). Speculative
+        verification (engine/spec/verify.py) accepts and resamples against it."""
         p = self.params
         if p.greedy:
-            return int(np.argmax(logits))
-        z = logits / np.float32(p.temperature)
-        ids: np.ndarray | None = None
+            raise ValueError("distribution: a greedy request has none (it takes the argmax)")
+        z = self.apply_penalties(self._valid(self.constrain(logits))) / np.float32(p.temperature)
+        ids = np.arange(z.shape[0])
         if 0 < p.top_k < z.shape[0]:
             ids = top_k_ids(z, p.top_k)
             z = z[ids]
@@ -88,10 +98,11 @@ class Sampler:
             probs = np.where(probs >= p.min_p * probs.max(), probs, 0.0)
         if p.top_p < 1.0:
             probs = _nucleus(probs / probs.sum(), p.top_p)
-        cum = np.cumsum(probs, dtype=np.float64)
-        pick = int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"))
-        pick = min(pick, len(probs) - 1)
-        return int(ids[pick]) if ids is not None else pick
+        probs = probs.astype(np.float64)
+        return ids, probs / probs.sum()
+
+    def _valid(self, logits: np.ndarray) -> np.ndarray:
+        return logits[: self.valid_vocab].astype(np.float32, copy=False)
 
 
 def gumbel_max_pick(row: np.ndarray, temperature: float, seed: int, offset: int) -> int:
