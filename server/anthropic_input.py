@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import messages as m
+from .constraints import OutputRequest, json_format, one_of, tool_grammar
 from .engine import Message, Tool
 from .errors import BadRequest
 from .fields import Fields, as_object
@@ -174,5 +175,24 @@ def parse_messages_request(
         top_p=f.number("top_p", lo=0.0, hi=1.0),
         top_k=f.integer("top_k", minimum=0),
     )
-    job = ChatJob(parse_messages(f), parse_tools(f), params, thinking_enabled(state, f))
+    tools = parse_tools(f)
+    job = ChatJob(parse_messages(f), tools, params, thinking_enabled(state, f), _output(f, tools))
     return job, MessagesOptions(model=model, stream=bool(f.boolean("stream", False)))
+
+
+def _output(f: Fields, tools: list[Tool] | None) -> OutputRequest | None:
+    """`output_config.format` json_schema, or calls enforced by `tool_choice` any / tool /
+    `disable_parallel_tool_use`."""
+    config = f.object("output_config") or {}
+    fmt = config.get("format") or {}
+    if not isinstance(fmt, dict):
+        raise BadRequest("output_config.format must be an object", param="output_config.format")
+    if fmt and fmt.get("type") != "json_schema":
+        raise BadRequest("output_config.format.type must be json_schema",
+                         param="output_config.format.type")
+    want = json_format(fmt.get("type"), fmt.get("schema"), "output_config.format.schema")
+    choice = f.object("tool_choice") or {}
+    forced = choice.get("type") in ("any", "tool")
+    parallel = choice.get("disable_parallel_tool_use") is not True
+    return one_of(want, tools, tool_grammar(tools, "required" if forced else "auto", parallel,
+                                            "tool_choice"))

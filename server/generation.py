@@ -20,7 +20,9 @@ from ninfer_nb.engine.worker import EngineWorker, JobStream
 from ninfer_nb.errors import ContextLengthExceededError, InvalidRequestError
 from ninfer_nb.outputs import StreamEvent, Timings
 from ninfer_nb.params import SamplingParams
+from ninfer_nb.structured import Constraint
 
+from .constraints import OutputRequest
 from .engine import ChatEngine, Message, Tool
 from .prompt import Prompt
 from .telemetry import RequestTrace
@@ -34,6 +36,7 @@ class ChatJob:
     tools: list[Tool] | None
     params: SamplingParams
     enable_thinking: bool
+    output: OutputRequest | None = None  # structured output / enforced tool calls, compiled later
 
 
 @dataclass(frozen=True)
@@ -86,15 +89,19 @@ def check_context(engine: ChatEngine, prompt: Prompt) -> None:
 
 
 def _engine_stream(engine: ChatEngine, job: ChatJob, prompt: Prompt, params: SamplingParams,
-                   cancel: threading.Event) -> Iterator[ChatDelta | StreamEvent]:
+                   cancel: threading.Event,
+                   constraint: Constraint | None) -> Iterator[ChatDelta | StreamEvent]:
     """The engine's chat events for the prompt, from its ids when the engine takes them."""
     stream_ids = getattr(engine, "stream", None)
     if stream_ids is None:
+        if constraint is not None:  # compile_output refuses these requests with a 400 first
+            raise RuntimeError("this engine takes no output constraint (it has no stream())")
         return iter(engine.chat_stream(job.messages, job.tools, params,
                                        enable_thinking=job.enable_thinking, cancel=cancel))
     parser = ChatStreamParser(starts_in_reasoning=prompt_opens_reasoning(prompt.text),
                               tools=job.tools, dialect=engine.tokenizer.tool_dialect)
-    return _chat_events(stream_ids(prompt.ids, params, cancel=cancel), parser)
+    extra = {"constraint": constraint} if constraint is not None else {}
+    return _chat_events(stream_ids(prompt.ids, params, cancel=cancel, **extra), parser)
 
 
 def _chat_events(events: Iterator[StreamEvent],
@@ -108,15 +115,15 @@ def _chat_events(events: Iterator[StreamEvent],
         yield ev
 
 
-def chat_job(engine: ChatEngine, job: ChatJob,
-             prompt: Prompt) -> Callable[[threading.Event], Iterator[Event]]:
-    """The engine-thread body of one chat request."""
+def chat_job(engine: ChatEngine, job: ChatJob, prompt: Prompt,
+             constraint: Constraint | None = None) -> Callable[[threading.Event], Iterator[Event]]:
+    """The engine-thread body of one chat request (`constraint`: job.output compiled)."""
 
     def run(cancel: threading.Event) -> Iterator[Event]:
         prompt_tokens = len(prompt)
         room = max(1, engine.max_context - prompt_tokens)
         params = job.params.replace(max_tokens=min(job.params.max_tokens, room))
-        stream = _engine_stream(engine, job, prompt, params, cancel)
+        stream = _engine_stream(engine, job, prompt, params, cancel, constraint)
         started = False
         final: StreamEvent | None = None
         tail: list[int] = []  # the last generated ids, to name a matched stop string
@@ -267,12 +274,13 @@ def start_generation(
     keepalive_s: float,
     is_disconnected: Callable[[], bool],
     on_exit: Callable[[Generation], None] = lambda _gen: None,
+    constraint: Constraint | None = None,
 ) -> Generation:
     """Queue `job` (EngineOverloadedError when the queue is full)."""
     if not job.messages:
         raise InvalidRequestError("messages must not be empty")
     check_context(engine, prompt)
-    stream = worker.submit_stream(chat_job(engine, job, prompt))
+    stream = worker.submit_stream(chat_job(engine, job, prompt, constraint))
     return Generation(stream, trace, keepalive_s, is_disconnected, on_exit)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import messages as m
+from .constraints import OutputRequest, json_format, one_of, tool_grammar
 from .engine import Message, Tool
 from .errors import BadRequest
 from .fields import MAX_SEED, Fields, as_object
@@ -136,12 +137,9 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJo
                          param="functions", code="tools_not_supported")
     if f.integer("n", 1) != 1:
         raise BadRequest("n must be 1", param="n", code="n_not_supported")
-    fmt = f.object("response_format")
-    if fmt is not None and fmt.get("type") != "text":
-        raise BadRequest("response_format other than {type: text} is not supported",
-                         param="response_format")
     messages = parse_messages(f.array("messages", required=True) or [])
     tools = apply_tool_choice(parse_tools(f), f.raw("tool_choice"))
+    output = _output(f, tools)
     stream_opts = f.object("stream_options") or {}
     max_tokens = f.integer("max_completion_tokens", minimum=1)
     if max_tokens is None:
@@ -168,4 +166,19 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJo
         stream=bool(f.boolean("stream", False)),
         include_usage=bool(stream_opts.get("include_usage", False)),
     )
-    return ChatJob(messages, tools, params, thinking), options
+    return ChatJob(messages, tools, params, thinking, output), options
+
+
+def _output(f: Fields, tools: list[Tool] | None) -> OutputRequest | None:
+    """`response_format` json_object / json_schema, or calls enforced by `tool_choice`
+    required / a named function / `parallel_tool_calls: false`."""
+    fmt = f.object("response_format") or {}
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    want = json_format(fmt.get("type"), schema, "response_format.json_schema.schema"
+                       if fmt.get("type") == "json_schema" else "response_format")
+    choice = f.raw("tool_choice")
+    forced = choice not in (None, "auto", "none")  # required, or a named function
+    parallel = f.boolean("parallel_tool_calls") is not False
+    return one_of(want, tools, tool_grammar(tools, "required" if forced else "auto", parallel,
+                                     "tool_choice" if forced else "parallel_tool_calls"))

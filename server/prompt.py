@@ -1,5 +1,7 @@
 """PromptBuilder: chat template rendering and tokenization on a small thread pool of its own.
 
+Compiling a request's output constraint (server/constraints.py) runs here too, and the
+grammar's view of the tokenizer is built here once, in the background, from the start.
 Neither runs on the engine thread (one huge prompt must not stall other requests' steps) nor on
 the event loop. The Hugging Face tokenizer's batch encode releases the GIL, so a prompt of
 megabytes costs other requests nothing but a core; a single encode would hold the GIL for its
@@ -12,6 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ninfer_nb.chat import Tokenizer
+from ninfer_nb.structured import Constraint
+
+from .constraints import OutputRequest, compile_output, warm_grammar
 from .engine import ChatEngine, Message, TokenizerLike, Tool
 
 
@@ -36,6 +42,8 @@ class PromptBuilder:
     def __init__(self, engine: ChatEngine, *, threads: int = 4) -> None:
         self.engine = engine
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ninfer-prompt")
+        if isinstance(engine.tokenizer, Tokenizer):  # the grammar library reads a real one
+            self._pool.submit(warm_grammar, engine)
 
     def _build(self, messages: list[Message], tools: list[Tool] | None,
                enable_thinking: bool) -> Prompt:
@@ -47,6 +55,12 @@ class PromptBuilder:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._build, messages, tools,
                                           enable_thinking)
+
+    async def constraint(self, want: OutputRequest, prompt: Prompt) -> Constraint:
+        """`want` compiled for this prompt (a 400 naming its field when it cannot be)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, compile_output, self.engine, want,
+                                          prompt.text)
 
     async def count(self, messages: list[Message], tools: list[Tool] | None,
                     enable_thinking: bool) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 from ninfer_nb.params import SamplingParams
 
 from . import messages as m
+from .constraints import OutputRequest, json_format, one_of, tool_grammar
 from .engine import Message, Tool
 from .errors import BadRequest
 from .fields import MAX_SEED, Fields, as_object
@@ -32,6 +33,7 @@ class ResponsesRequest:
     previous_response_id: str | None
     include_reasoning: bool
     echo: dict[str, Any]          # request fields repeated in the response object
+    output: OutputRequest | None = None   # text.format JSON, or calls enforced by tool_choice
 
 
 def input_items(raw: Any) -> list[dict[str, Any]]:
@@ -133,9 +135,10 @@ def parse_responses_request(state: ServerState, body: dict[str, Any]) -> Respons
     state.check_model(model)
     text = f.object("text") or {}
     fmt = text.get("format") or {"type": "text"}
-    if not isinstance(fmt, dict) or fmt.get("type") != "text":
-        raise BadRequest("text.format other than {type: text} is not supported",
-                         param="text.format")
+    if not isinstance(fmt, dict):
+        raise BadRequest("text.format must be an object", param="text.format")
+    want = json_format(fmt.get("type"), fmt.get("schema"), "text.format.schema"
+                       if fmt.get("type") == "json_schema" else "text.format")
     if f.boolean("background"):
         raise BadRequest("background responses are not supported", param="background")
     items = input_items(f.raw("input") if f.has("input") else [])
@@ -160,17 +163,23 @@ def parse_responses_request(state: ServerState, body: dict[str, Any]) -> Respons
         "parallel_tool_calls": f.raw("parallel_tool_calls") is not False,
         "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
         "temperature": params.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": fmt},
         "tool_choice": f.raw("tool_choice") or "auto",
         "tools": f.raw("tools") or [],
         "top_p": params.top_p,
     }
+    tools = parse_tools(f)
+    choice = f.raw("tool_choice")
+    forced = choice not in (None, "auto", "none")  # required, or a named function
+    parallel = f.raw("parallel_tool_calls") is not False
+    calls = tool_grammar(tools, "required" if forced else "auto", parallel,
+                         "tool_choice" if forced else "parallel_tool_calls")
     return ResponsesRequest(
         model=model or state.model_id,
         input_messages=items_to_messages(items),
         input_items=items,
         instructions=instructions,
-        tools=parse_tools(f),
+        tools=tools,
         params=params,
         enable_thinking=thinking,
         stream=bool(f.boolean("stream", False)),
@@ -178,4 +187,5 @@ def parse_responses_request(state: ServerState, body: dict[str, Any]) -> Respons
         previous_response_id=f.string("previous_response_id"),
         include_reasoning="reasoning.encrypted_content" in include,
         echo=echo,
+        output=one_of(want, tools, calls),
     )

@@ -56,12 +56,13 @@ class ServerState:
             return transport is None or transport.is_closing()
 
         prompt = await self.prompts.build(job.messages, job.tools, job.enable_thinking)
+        constraint = await self.prompts.constraint(job.output, prompt) if job.output else None
         if self.draining:  # the drain began while the prompt was being tokenized
             raise self.shutting_down()
         gen = start_generation(
             self.worker, self.engine, job, prompt, request[TRACE],
             keepalive_s=self.config.keepalive_s, is_disconnected=gone,
-            on_exit=self.generations.discard,
+            on_exit=self.generations.discard, constraint=constraint,
         )
         self.generations.add(gen)
         return gen

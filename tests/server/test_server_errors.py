@@ -148,8 +148,8 @@ def test_unsupported_features(real_server: LiveServer) -> None:
     for body, code in cases:
         openai_error(post(real_server, "/v1/chat/completions", body), 400, code)
     err = openai_error(post(real_server, "/v1/chat/completions",
-                            {**CHAT, "response_format": {"type": "json_object"}}), 400)
-    assert "response_format" in err["message"]
+                            {**CHAT, "response_format": {"type": "xml"}}), 400)
+    assert "response_format" in err["message"] and err["param"] == "response_format.type"
     openai_error(post(real_server, "/v1/responses",
                       {"model": MODEL_ID, "input": "x", "background": True}), 400)
     image = {**MSGS, "messages": [{"role": "user", "content": [
