@@ -5,24 +5,29 @@ renamed to Hugging Face names and dequantized to float32 `[out, in]` arrays. For
 llama.cpp's converter reorders the rows of every Q and K head from HF's rotate-half layout
 (first half / second half of the head) to interleaved pairs; `unpermute_rope_rows` undoes that
 so the weights equal the HF checkpoint's. The qwen35 / qwen35moe hybrids are mapped by
-`gguf_qwen35`. It does not know the model code, rope scaling, or SentencePiece vocabularies.
+`gguf_qwen35`. The header and metadata are parsed by `gguf_header`; tensors are views of a
+memory map, dequantized by the gguf package. It does not know the model code, rope scaling,
+or SentencePiece vocabularies.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
-from gguf.quants import dequantize
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderField, ReaderTensor
+from gguf.quants import dequantize, quant_shape_to_byte_shape
 
 from ..config import ModelConfig
 from ..errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
 from ..progress import Progress
 from . import gguf_qwen35
 from .checkpoint import LoadedCheckpoint
+from .gguf_header import MAGIC, GgufHeader, GgufMetadata, TensorInfo, read_header
 from .gguf_rope import ROPE_FREQS, with_gguf_rope
 from .gguf_tokenizer import tokenizer_from_gguf
 
@@ -83,9 +88,7 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 def load_gguf(path: str | Path, *, show_progress: bool = False) -> LoadedCheckpoint:
     """Read a GGUF file: config, dequantized float32 weights under HF names, tokenizer."""
     path = Path(path)
-    reader = _open(path)
-    fields = {name: field.contents() for name, field in reader.fields.items()}
-    tensors = {t.name: t for t in reader.tensors}
+    fields, tensors = open_gguf(path)
     arch = str(fields.get("general.architecture", ""))
     qwen35 = arch in gguf_qwen35.ARCHITECTURES          # the hybrids: gguf_qwen35 maps them
     raw_config = (gguf_qwen35.hf_config if qwen35 else _hf_config)(arch, fields, tensors, path)
@@ -98,7 +101,6 @@ def load_gguf(path: str | Path, *, show_progress: bool = False) -> LoadedCheckpo
         weights, unmapped = _load_weights(path, tensors, config, arch, show_progress)
     unmapped = [n for n in unmapped if n != ROPE_FREQS]
     tokenizer = tokenizer_from_gguf(fields) if "tokenizer.ggml.model" in fields else None
-    del reader
     return LoadedCheckpoint(
         config=config,
         weights=weights,
@@ -115,7 +117,9 @@ def load_gguf(path: str | Path, *, show_progress: bool = False) -> LoadedCheckpo
     )
 
 
-def _open(path: Path) -> GGUFReader:
+def open_gguf(path: Path) -> tuple[GgufMetadata, dict[str, ReaderTensor]]:
+    """The file's metadata (decoded on access) and its tensors as views of a memory map: what
+    GGUFReader's `fields` (`.contents()`) and `tensors` hold, without parsing every string."""
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {path}")
     try:
@@ -123,26 +127,58 @@ def _open(path: Path) -> GGUFReader:
             magic = fh.read(4)
     except OSError as exc:
         raise ModelFormatError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if magic != b"GGUF":
+    if magic != MAGIC:
         raise ModelFormatError(f"{path} is not a GGUF file (bad magic {magic!r})")
+    header = read_header(path)
+    data = np.memmap(path, mode="r")
+    tensors = [_tensor(path, data, header, info) for info in header.tensors]
+    return header.metadata, {t.name: t for t in tensors}
+
+
+# numpy item type of the unquantized ggml types; other types are viewed as raw block bytes
+_ITEM_TYPES: dict[GGMLQuantizationType, type[np.generic]] = {
+    Q.F16: np.float16, Q.F32: np.float32, Q.F64: np.float64,
+    Q.I8: np.int8, Q.I16: np.int16, Q.I32: np.int32, Q.I64: np.int64,
+}
+
+
+def _tensor(path: Path, data: np.ndarray, header: GgufHeader, info: TensorInfo) -> ReaderTensor:
+    """The ReaderTensor GGUFReader would build: `.data` a view of the file in numpy order
+    ([out, in]); quantized types as uint8 `[..., bytes per row]`."""
     try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # the reader raises ValueError/KeyError/IndexError/... on bad data
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ModelFormatError(f"{path}: corrupt or truncated GGUF file ({reason})") from None
-    size = int(reader.data.size)
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size:
-            raise ModelFormatError(
-                f"{path}: truncated GGUF file: tensor {t.name!r} ends at byte {end}, "
-                f"the file has {size}"
-            )
-    return reader
+        qtype = GGMLQuantizationType(info.ggml_type)
+    except ValueError:
+        raise ModelFormatError(
+            f"{path}: tensor {info.name!r} has unknown GGUF tensor type {info.ggml_type}"
+        ) from None
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    shape = tuple(reversed(info.dims))
+    n_elements = math.prod(shape)
+    n_bytes = n_elements * type_size // block
+    start = header.data_offset + info.offset
+    if start + n_bytes > data.size:
+        raise ModelFormatError(
+            f"{path}: truncated GGUF file: tensor {info.name!r} ends at byte {start + n_bytes}, "
+            f"the file has {data.size}"
+        )
+    item = _ITEM_TYPES.get(qtype)
+    raw = data[start:start + n_bytes]
+    try:
+        if item is None:
+            view = raw.reshape(quant_shape_to_byte_shape(shape, qtype))
+        else:
+            view = raw.view(np.dtype(header.byte_order + np.dtype(item).char)).reshape(shape)
+    except ValueError as exc:        # e.g. a row length that is not a whole number of blocks
+        raise ModelFormatError(f"{path}: tensor {info.name!r} of shape {shape}: {exc}") from None
+    return ReaderTensor(
+        name=info.name, tensor_type=qtype, shape=np.array(info.dims, dtype=np.uint64),
+        n_elements=n_elements, n_bytes=n_bytes, data_offset=start, data=view,
+        field=ReaderField(start, info.name),
+    )
 
 
 def _hf_config(
-    arch: str, fields: dict[str, Any], tensors: dict[str, ReaderTensor], path: Path
+    arch: str, fields: Mapping[str, Any], tensors: dict[str, ReaderTensor], path: Path
 ) -> dict[str, Any]:
     if arch not in SUPPORTED_ARCHS:
         known = ", ".join(sorted([*SUPPORTED_ARCHS, *gguf_qwen35.ARCHITECTURES]))

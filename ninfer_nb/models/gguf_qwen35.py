@@ -27,7 +27,7 @@ read by `gguf_rope` (the caller). Not handled: Qwen3-Next's `qwen3next` files, v
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,7 @@ _LAYER_RE = re.compile(r"blk\.(\d+)\.([\w.]+?)(?:\.(weight|bias))?")
 Dequantize = Callable[[ReaderTensor], np.ndarray]
 
 
-def hf_config(arch: str, fields: dict[str, Any], tensors: dict[str, ReaderTensor],
+def hf_config(arch: str, fields: Mapping[str, Any], tensors: dict[str, ReaderTensor],
               path: Path) -> dict[str, Any]:
     """A Hugging Face text config dict (for `ModelConfig.from_hf`) from the GGUF metadata."""
 
