@@ -74,16 +74,16 @@ def test_gemv_quant_one_token(ops, bits, group, zp):
     x, nw, r = rnd(rng, 1, k), rnd(rng, k), rnd(rng, 1, 11)
     for ways in (1, 2, 4):
         out = r.copy()
-        run(ops, (bits, "plain", 1, ways, 4, K_q.plain_blocks(bits)), x, nw, wargs, out.reshape(-1), out, True)
+        run(ops, (bits, "plain", 1, ways, 4, K_q.one_token_blocks(bits, "plain")), x, nw, wargs, out.reshape(-1), out, True)
         close(out, r + cpu.linear(x, wf), 1e-5)
     xn = cpu.rms_norm(x, nw, 1e-6)
     out = np.full((1, 11), np.nan, np.float32)
-    run(ops, (bits, "normed", 1, 1, 4, 3), x, nw, wargs, out.reshape(-1), out, False)
+    run(ops, (bits, "normed", 1, 1, 4, K_q.one_token_blocks(bits, "normed")), x, nw, wargs, out.reshape(-1), out, False)
     close(out, cpu.linear(xn, wf), 1e-5)
     gargs, gf = weight(rng, fmt, 10, k)
     h = np.full((1, 5), np.nan, np.float32)
     nw = nw * np.float32(0.05)         # gate values of a few units: silu does not amplify fp32 rounding
-    run(ops, (bits, "swiglu", 1, 1, 4, 4), x, nw, gargs, h.reshape(-1), h, False)
+    run(ops, (bits, "swiglu", 1, 1, 4, K_q.one_token_blocks(bits, "swiglu")), x, nw, gargs, h.reshape(-1), h, False)
     close(h, cpu.linear_swiglu(cpu.rms_norm(x, nw, 1e-6), gf), 1e-5)
 
 

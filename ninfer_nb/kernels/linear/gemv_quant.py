@@ -12,10 +12,11 @@ column 8w + i) or [N, K] (int8), scales float16 bits (uint16) [N, K / g], zero p
   row j and the up row I + j) and streams its codes with 16-byte loads, `ways` warps splitting
   K as gemv_one_token does (their sums meet in shared memory in a fixed order). Each lane reads
   16 bytes of both rows per 512-byte warp step (int4: 32 columns, int8: 16; always inside one
-  group), 4 steps' loads (2 in the swiglu, int8 normed and 4-token builds) with their scales
-  and zero points issued before any math and before `grid_dependency_sync()` (the self_sync
-  convention of linear.py: the weights do not depend on the previous kernel). Products and
-  sums in fp32, one scale multiply per 16 bytes and row:
+  group), 2 or 4 steps' code loads (steps_per_pass) issued before any math and before
+  `grid_dependency_sync()` (the self_sync convention of linear.py: the codes do not depend on
+  the previous kernel; only streaming loads may precede the wait, so the scales and zero
+  points are read after it). Products and sums in fp32, one scale multiply per 16 bytes and
+  row:
   - int8: a code becomes the exact float (code - zero) as as_f32(0x4B000000 | code) - (2^23 +
     zero) (the magic number);
   - int4: a code c becomes m = 1 + c / 16 by one shift and one mask-or into the mantissa of
@@ -59,7 +60,7 @@ SH1, SH3, SH5, SH7, SH8, SH9 = (np.uint32(n) for n in (1, 3, 5, 7, 8, 9))
 SH11, SH15, SH16, SH19, SH24 = (np.uint32(n) for n in (11, 15, 16, 19, 24))
 F16_EXP_FIX = np.float32(2.0 ** 112)    # float16 bits << 13, times this: the float32 value
 STEP = 512                              # code bytes a warp reads per step (16 per lane)
-UNROLL = 4                              # steps whose loads are issued together (plain / normed, 1 token)
+UNROLL = 4                              # steps whose code loads a pass issues together (at most)
 MODES = {1: ("plain", "normed", "swiglu"), 4: ("plain", "swiglu")}
 MAX_TOKENS = 16
 
@@ -163,15 +164,21 @@ def _meta(scales, zeros, r, g, has_zeros, mid):
     return _f16(scales[r, g]), (float32(16.0) if mid == 8 else MAGIC_F) + z
 
 
-@cuda.jit(device=True)
-def _step_loads(bits, codes, scales, zeros, r0, r1, kb, gshift, has_zeros, mid):
-    """One lane's loads for one warp step at code byte kb of rows r0, r1: 16 code bytes of each
-    and their groups' scales and zero points."""
+@cuda.jit(device=True, inline=True)
+def _step_codes(codes, r0, r1, kb):
+    """One lane's 16 code bytes of rows r0, r1 at code byte kb (streaming loads: the only
+    global reads a self_sync kernel issues before grid_dependency_sync)."""
     rb = codes.shape[1]
+    return ldg_stream_v4_u32(codes, r0 * rb + kb), ldg_stream_v4_u32(codes, r1 * rb + kb)
+
+
+@cuda.jit(device=True)
+def _step_meta(bits, scales, zeros, r0, r1, kb, gshift, has_zeros, mid):
+    """The scales and zero-point offsets (_meta) of rows r0, r1 for the group of code byte kb."""
     g = ((kb * 2) if bits == 4 else kb) >> gshift
     sa, za = _meta(scales, zeros, r0, g, has_zeros, mid)
     sb, zb = _meta(scales, zeros, r1, g, has_zeros, mid)
-    return ldg_stream_v4_u32(codes, r0 * rb + kb), ldg_stream_v4_u32(codes, r1 * rb + kb), sa, sb, za, zb
+    return sa, sb, za, zb
 
 
 @cuda.jit(device=True)
@@ -208,14 +215,15 @@ def _stream_pair(bits, normed, unroll, x, nw, codes, scales, zeros, gshift, has_
     one step at a time. grid_dependency_sync() after each pass's loads, before x is read."""
     k_dim = x.shape[1]
     while unroll == 4 and kb + 3 * STEP < kb_end:
-        wa0, wb0, sa0, sb0, za0, zb0 = _step_loads(bits, codes, scales, zeros, r0, r1, kb, gshift, has_zeros, mid)
-        wa1, wb1, sa1, sb1, za1, zb1 = _step_loads(bits, codes, scales, zeros, r0, r1, kb + STEP, gshift,
-                                                   has_zeros, mid)
-        wa2, wb2, sa2, sb2, za2, zb2 = _step_loads(bits, codes, scales, zeros, r0, r1, kb + 2 * STEP, gshift,
-                                                   has_zeros, mid)
-        wa3, wb3, sa3, sb3, za3, zb3 = _step_loads(bits, codes, scales, zeros, r0, r1, kb + 3 * STEP, gshift,
-                                                   has_zeros, mid)
-        grid_dependency_sync()      # x is the previous kernel's output; the weights were not
+        wa0, wb0 = _step_codes(codes, r0, r1, kb)
+        wa1, wb1 = _step_codes(codes, r0, r1, kb + STEP)
+        wa2, wb2 = _step_codes(codes, r0, r1, kb + 2 * STEP)
+        wa3, wb3 = _step_codes(codes, r0, r1, kb + 3 * STEP)
+        grid_dependency_sync()      # x is the previous kernel's output; the codes were not
+        sa0, sb0, za0, zb0 = _step_meta(bits, scales, zeros, r0, r1, kb, gshift, has_zeros, mid)
+        sa1, sb1, za1, zb1 = _step_meta(bits, scales, zeros, r0, r1, kb + STEP, gshift, has_zeros, mid)
+        sa2, sb2, za2, zb2 = _step_meta(bits, scales, zeros, r0, r1, kb + 2 * STEP, gshift, has_zeros, mid)
+        sa3, sb3, za3, zb3 = _step_meta(bits, scales, zeros, r0, r1, kb + 3 * STEP, gshift, has_zeros, mid)
         acc, ss = _step_math(bits, x, k_dim, nw, normed, kb, t0, ok1, ok2, ok3, wa0, wb0, sa0, sb0, za0, zb0,
                              acc, ss)
         acc, ss = _step_math(bits, x, k_dim, nw, normed, kb + STEP, t0, ok1, ok2, ok3, wa1, wb1, sa1, sb1, za1,
@@ -226,18 +234,20 @@ def _stream_pair(bits, normed, unroll, x, nw, codes, scales, zeros, gshift, has_
                              za3, zb3, acc, ss)
         kb += 4 * STEP
     while unroll == 2 and kb + STEP < kb_end:
-        wa0, wb0, sa0, sb0, za0, zb0 = _step_loads(bits, codes, scales, zeros, r0, r1, kb, gshift, has_zeros, mid)
-        wa1, wb1, sa1, sb1, za1, zb1 = _step_loads(bits, codes, scales, zeros, r0, r1, kb + STEP, gshift,
-                                                   has_zeros, mid)
+        wa0, wb0 = _step_codes(codes, r0, r1, kb)
+        wa1, wb1 = _step_codes(codes, r0, r1, kb + STEP)
         grid_dependency_sync()
+        sa0, sb0, za0, zb0 = _step_meta(bits, scales, zeros, r0, r1, kb, gshift, has_zeros, mid)
+        sa1, sb1, za1, zb1 = _step_meta(bits, scales, zeros, r0, r1, kb + STEP, gshift, has_zeros, mid)
         acc, ss = _step_math(bits, x, k_dim, nw, normed, kb, t0, ok1, ok2, ok3, wa0, wb0, sa0, sb0, za0, zb0,
                              acc, ss)
         acc, ss = _step_math(bits, x, k_dim, nw, normed, kb + STEP, t0, ok1, ok2, ok3, wa1, wb1, sa1, sb1, za1,
                              zb1, acc, ss)
         kb += 2 * STEP
     while kb < kb_end:
-        wa0, wb0, sa0, sb0, za0, zb0 = _step_loads(bits, codes, scales, zeros, r0, r1, kb, gshift, has_zeros, mid)
+        wa0, wb0 = _step_codes(codes, r0, r1, kb)
         grid_dependency_sync()
+        sa0, sb0, za0, zb0 = _step_meta(bits, scales, zeros, r0, r1, kb, gshift, has_zeros, mid)
         acc, ss = _step_math(bits, x, k_dim, nw, normed, kb, t0, ok1, ok2, ok3, wa0, wb0, sa0, sb0, za0, zb0,
                              acc, ss)
         kb += STEP
@@ -282,7 +292,7 @@ def _make(bits: int, mode: str, tokens: int, ways: int, warps: int, min_blocks: 
     PAIRS = warps // ways
     SWIGLU = mode == "swiglu"
     NORMED = mode == "normed" or (SWIGLU and tokens == 1)      # one token: the RMSNorm fused in
-    UNROLL_STEPS = 2 if (SWIGLU or tokens > 1 or (NORMED and bits == 8)) else UNROLL   # no register spills
+    UNROLL_STEPS = steps_per_pass(bits, mode, tokens)
 
     def gemv_quant_build(x, nw, eps, codes, scales, zeros, gshift, has_zeros, bias, out, has_bias):
         red = cuda.shared.array((WARPS, 9), float32)
@@ -423,10 +433,18 @@ def dequant_bf16_kernel(codes, scales, zeros, gshift, has_zeros, bits, out):
             out[r, k] = f32_to_bf16(s * float32(c - zp))
 
 
-def plain_blocks(bits: int) -> int:
-    """Blocks of 4 warps per SM of the plain one-token builds: the most without register
-    spills (int4 also holds its mask and the sums of x: 168 registers at 3)."""
-    return 3 if bits == 4 else 4
+def steps_per_pass(bits: int, mode: str, tokens: int) -> int:
+    """Warp steps whose code loads a pass issues together: UNROLL where the registers hold them
+    without spills (int8 plain and int4 normed one-token builds), else 2."""
+    one_token = tokens == 1 and ((mode == "plain" and bits == 8) or (mode == "normed" and bits == 4))
+    return UNROLL if one_token else 2
+
+
+def one_token_blocks(bits: int, mode: str) -> int:
+    """Blocks of 4 warps per SM of the one-token builds: the most without register spills
+    (ptxas, sm_90a): 4 (128 registers) for plain and int8 swiglu, 3 (168) for normed and int4
+    swiglu (the norm weight's loads; int4's mask and sums of x)."""
+    return 4 if mode == "plain" or (mode == "swiglu" and bits == 8) else 3
 
 
 def dequant_grid(n_bytes: int) -> int:
@@ -435,8 +453,8 @@ def dequant_grid(n_bytes: int) -> int:
 
 # The builds ops/cuda/linear.py picks (quant_build), registered at import so that the compile
 # tests see them.
-BUILDS = tuple((bits, "plain", 1, ways, 4, plain_blocks(bits)) for bits in (4, 8) for ways in (1, 2, 4)) + \
-    tuple((bits, mode, 1, 1, 4, blocks) for bits in (4, 8) for mode, blocks in (("normed", 3), ("swiglu", 4))) + \
+BUILDS = tuple((bits, "plain", 1, ways, 4, one_token_blocks(bits, "plain")) for bits in (4, 8) for ways in (1, 2, 4)) + \
+    tuple((bits, mode, 1, 1, 4, one_token_blocks(bits, mode)) for bits in (4, 8) for mode in ("normed", "swiglu")) + \
     tuple((bits, mode, 4, ways, 4, 3) for bits in (4, 8) for mode, ways in
           (("plain", 1), ("plain", 4), ("swiglu", 1)))
 for _build in BUILDS:

@@ -51,9 +51,9 @@ def quant_build(mode: str, tokens: int, n: int, row_bytes: int, sm_count: int = 
     if tokens > 1:
         ways = 4 if mode == "plain" and n <= 8192 and row_bytes >= 4 * K_q.STEP else 1
         return ways, 4, 3               # 4 tokens' accumulators and x: 168 registers, no spills
-    if mode != "plain":                 # registers without spills: 168 (normed), 128 (swiglu: 2 steps a pass)
-        return 1, 4, (3 if mode == "normed" else 4)
-    blocks = K_q.plain_blocks(bits)
+    blocks = K_q.one_token_blocks(bits, mode)
+    if mode != "plain":
+        return 1, 4, blocks
     slots = sm_count * 4 * blocks                       # resident warps
     pairs = (n + 1) // 2
     best, best_time = 1, float("inf")
