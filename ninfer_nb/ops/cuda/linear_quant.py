@@ -86,7 +86,8 @@ class QuantLinearOps(NormOps):
         if aligned and t <= K_q.MAX_TOKENS and x2.dtype == F32 and _ptr(x2) % 16 == 0:
             self._quant_gemv("plain", 1 if t == 1 else 4, x2, x2.reshape(-1), 1.0, q, bias, out2)
             return
-        self._linear_into(x, DenseWeight(self._dequant_bf16(q), "bf16"), bias, out2)
+        with self.scope():                  # the bf16 copy [N, K] is handed back after its GEMM
+            self._linear_into(x, DenseWeight(self._dequant_bf16(q), "bf16"), bias, out2)
 
     def _quant_swiglu(self, x: Any, q: QuantizedWeight) -> Any:
         """swiglu(linear(x, q)) for a quantized gate_up [2I, K]: the SwiGLU GEMV for one normed
