@@ -70,8 +70,9 @@ class _Value:
 class GgufMetadata(Mapping[str, Any]):
     """Key -> value, decoded (and cached) on first access; file order.
 
-    Scalars are Python int / float / bool, strings str, arrays lists of those. Strings that are
-    not valid UTF-8 raise ModelFormatError when read; `raw` gives their bytes.
+    Scalars are Python int / float / bool, strings str, arrays lists of those (cached: do not
+    modify them). Strings that are not valid UTF-8 raise ModelFormatError when read; `raw`
+    gives their bytes.
     """
 
     def __init__(self, buf: bytes, order: str, values: dict[str, _Value], source: str) -> None:
@@ -103,25 +104,25 @@ class GgufMetadata(Mapping[str, Any]):
         if v.value_type == VT.STRING:
             (length,) = struct.unpack_from(order + "Q", buf, v.start)
             data = buf[v.start + 8 : v.start + 8 + length]
-            return data if raw else self._utf8(key, [data])[0]
+            return data if raw else self._utf8(key, [data], in_array=False)[0]
         if v.value_type != VT.ARRAY:
             return struct.unpack_from(order + _CODES[v.value_type], buf, v.start)[0]
         if v.element_type == VT.STRING:
             bounds = v.string_bounds
             assert bounds is not None
             items = [buf[a + 8 : b] for a, b in zip(bounds, bounds[1:])]
-            return items if raw else self._utf8(key, items)
+            return items if raw else self._utf8(key, items, in_array=True)
         if v.element_type is None:        # an empty array of any type
             return []
         dtype = np.dtype(order + _CODES[v.element_type])
         return np.frombuffer(buf, dtype, v.count, v.start).tolist()
 
-    def _utf8(self, key: str, items: list[bytes]) -> list[str]:
+    def _utf8(self, key: str, items: list[bytes], *, in_array: bool) -> list[str]:
         try:
             return [str(b, "utf-8") for b in items]
         except UnicodeDecodeError:
             i = next(i for i, b in enumerate(items) if not _is_utf8(b))
-            where = f"element {i} of {key}" if len(items) > 1 else key
+            where = f"element {i} of {key}" if in_array else key
             raise ModelFormatError(
                 f"{self._source}: GGUF string {where} is not valid UTF-8: {items[i][:40]!r}"
             ) from None
