@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 
-
 def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ninfer_nb", *args], capture_output=True,
                           text=True, timeout=timeout)

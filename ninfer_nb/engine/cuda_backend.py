@@ -55,10 +55,9 @@ class CudaBackend:
                  choices: KernelChoices | None = None) -> None:
         from ..ops.cuda import CudaOps
         from ..runtime import device as dev
+        from ..runtime._drv import check, driver
         from ..runtime.arena import DeviceArena
         from ..runtime.stream import Stream
-
-        from ..runtime._drv import check, driver
 
         info = dev.select(index)
         self._context = check(driver().cuCtxGetCurrent())      # the primary context select made current
