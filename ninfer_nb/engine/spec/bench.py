@@ -2,12 +2,14 @@
 in one run, on a prompt that asks the model to repeat a passage with small edits (n-gram
 lookup's case: the output re-quotes the prompt).
 
-One model load: the plain run and each K run the same engine and prompt (prefix reuse off:
-the cache is dropped before each run); it prints tok/s, tokens per round (decode forwards),
-acceptance, and whether the greedy output equals the plain run's. Knows nothing about kernels.
+One model load; for each K a plain decode then the speculative one, same engine and prompt
+(prefix reuse off: the cache is dropped before each run); it prints both tok/s, tokens per
+round (decode forwards), acceptance, whether the greedy output equals the plain run's, and
+the machine's load average. Knows nothing about kernels.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -47,7 +49,8 @@ def _run(llm: Any, prompt: list[int], gen: int) -> tuple[list[int], float]:
 
 
 def run_spec_bench(llm: Any, draft_tokens: list[int], gen: int) -> list[dict[str, Any]]:
-    """Rows: the plain decode, then n-gram speculation at each K, on the same prompt."""
+    """Rows: n-gram speculation at each K, each against a plain decode of the same prompt run
+    just before it (a loaded machine's speed drifts; adjacent runs share the drift)."""
     engine = llm.engine
     if engine.proposer is None:
         raise SystemExit(f"bench --spec: speculation declined on {llm.backend.name} "
@@ -55,27 +58,29 @@ def run_spec_bench(llm: Any, draft_tokens: list[int], gen: int) -> list[dict[str
     proposer = engine.proposer
     prompt = repeat_prompt(llm)
     _run(llm, prompt, 8)                                   # warm-up
-    engine.proposer = None
-    plain, plain_tok_s = _run(llm, prompt, gen)
-    rows: list[dict[str, Any]] = [{"k": 0, "tok_s": plain_tok_s, "tokens": len(plain), "speedup": 1.0}]
+    load = [os.getloadavg()[0]]
+    rows: list[dict[str, Any]] = []
     for k in draft_tokens:
+        sys.stderr.write(f"bench: plain decode, then n-gram speculation at K = {k} ...\n")
+        engine.proposer = None
+        plain, plain_tok_s = _run(llm, prompt, gen)
         engine.proposer, engine.draft_tokens, engine.spec_stats = proposer, k, SpecStats()
-        sys.stderr.write(f"bench: n-gram speculation, K = {k} ...\n")
         tokens, tok_s = _run(llm, prompt, gen)
         s: SpecStats = engine.spec_stats
-        rows.append({"k": k, "tok_s": tok_s, "tokens": len(tokens), "speedup": tok_s / plain_tok_s,
-                     "tokens_per_round": s.tokens_per_round, "acceptance": s.acceptance,
-                     "rounds": s.rounds, "plain_steps": s.plain_steps, "same_output": tokens == plain})
+        rows.append({"k": k, "plain_tok_s": plain_tok_s, "tok_s": tok_s, "tokens": len(tokens),
+                     "speedup": tok_s / plain_tok_s, "tokens_per_round": s.tokens_per_round,
+                     "acceptance": s.acceptance, "rounds": s.rounds, "plain_steps": s.plain_steps,
+                     "same_output": tokens == plain})
+        load.append(os.getloadavg()[0])
     engine.proposer = proposer
     print(f"\n{llm.model_id} on {llm.device_name}: greedy, prompt {len(prompt)} tokens (repeat a passage "
-          f"with small edits), {gen} new tokens at most; n-gram sizes {NgramProposer().max_n}..{NgramProposer().min_n}")
-    print(f"{'K':>3}{'tok/s':>9}{'vs plain':>9}{'tok/round':>10}{'accept':>8}{'rounds':>7}{'plain':>6}"
-          f"{'tokens':>7}  same output")
+          f"with small edits), {gen} new tokens at most; n-gram sizes {NgramProposer().max_n}..{NgramProposer().min_n}; "
+          f"1-min load average {' -> '.join(f'{x:.1f}' for x in load)} on {os.cpu_count()} CPUs")
+    print(f"{'K':>3}{'plain t/s':>10}{'spec t/s':>9}{'speedup':>8}{'tok/round':>10}{'accept':>8}{'rounds':>7}"
+          f"{'plain':>6}{'tokens':>7}  same output")
     for r in rows:
-        if r["k"] == 0:
-            print(f"{'off':>3}{r['tok_s']:>9.1f}{1.0:>9.2f}{1.0:>10.2f}{'':>8}{'':>7}{'':>6}{r['tokens']:>7}")
-            continue
-        print(f"{r['k']:>3}{r['tok_s']:>9.1f}{r['speedup']:>9.2f}{r['tokens_per_round']:>10.2f}"
+        print(f"{r['k']:>3}{r['plain_tok_s']:>10.1f}{r['tok_s']:>9.1f}{r['speedup']:>8.2f}{r['tokens_per_round']:>10.2f}"
               f"{r['acceptance']:>8.1%}{r['rounds']:>7}{r['plain_steps']:>6}{r['tokens']:>7}  {r['same_output']}")
-    print("tok/round: tokens per decode forward (verify rounds and plain steps; no-match steps are plain)")
+    print("plain t/s: a plain decode run just before each K; tok/round: tokens per decode forward "
+          "(verify rounds and plain steps, the steps with no n-gram match)")
     return rows
