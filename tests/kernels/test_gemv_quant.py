@@ -1,7 +1,7 @@
 """kernels/linear/gemv_quant.py: the quantized decode GEMVs and the prefill dequantization.
 
-- the simulator cases (tests/kernels/gemv_quant_sim.py, in a subprocess with
-  NUMBA_ENABLE_CUDASIM=1) against quant/dequant.py + NumPy on fresh random data;
+- the simulator cases (tests/kernels/gemv_quant_sim.py, run by the session's simulator pool,
+  tests/support/sim_runner.py) against quant/dequant.py + NumPy on fresh random data;
 - every registered build compiles to PTX without float64 instructions and assembles for
   sm_90a with ptxas without register spills (prints registers / spills per build);
 - on the GPU (`-m gpu`): CudaOps' quantized linear ops vs the NumPy reference at the 27B and
@@ -9,10 +9,8 @@
 """
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +20,6 @@ from ninfer_nb.kernels.linear import gemv_quant as K_q
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_NAMES = sorted({K_q.gemv_quant(*b).name for b in K_q.BUILDS} | {K_q.dequant_bf16_kernel.name})
-
-
-def test_simulator_cases() -> None:
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        str(ROOT / "tests" / "kernels" / "gemv_quant_sim.py")],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout and "skipped" not in r.stdout, r.stdout[-2000:]
 
 
 def _spec(name: str):

@@ -1,8 +1,8 @@
 """The table-driven RoPE kernels (kernels/attention/rope.py) against ops.cpu, at large positions
 and with scaled tables (llama3, yarn: frequencies and the cos / sin amplitude).
 
-- `test_simulated_*`: the kernels under the CUDA simulator; they run in a subprocess started by
-  `test_rope_kernels_in_the_simulator` (the simulator must be on before numba is imported);
+- `test_simulated_*`: the kernels under the CUDA simulator; they run in the session's simulator pool
+  (tests/support/sim_runner.py; the simulator must be on before numba is imported);
 - `test_gpu_*` (marked gpu): the kernels on the device, fresh random inputs, real head dims;
 - `test_kernel_angle_accuracy_at_262143`: the kernel's angle arithmetic (float64 angle and
   reduction, float32 cos / sin) replayed in NumPy against float64: within 2.5e-7 everywhere.
@@ -10,9 +10,6 @@ and with scaled tables (llama3, yarn: frequencies and the cos / sin amplitude).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -64,17 +61,6 @@ def test_kernel_angle_accuracy_at_262143() -> None:
 
 
 # --- simulator ---------------------------------------------------------------------------
-
-def test_rope_kernels_in_the_simulator() -> None:
-    if SIMULATED:
-        pytest.skip("this is the simulator run")
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                           "-k", "simulated"], capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(root)), cwd=root)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
-
 
 def _sim_ops():
     from ninfer_nb.ops.cuda import CudaOps
