@@ -264,8 +264,7 @@ def main(argv: Sequence[str]) -> int:
                    help="prefill GEMM: wgmma (Hopper), mma.sync, or auto (wgmma on cc 9.0)")
     p.add_argument("--attention", choices=list(PREFILL_ATTENTIONS), default="flash",
                    help="prefill attention: mma.sync flash kernel, head dim 256 (flash; else as gemm), "
-                        "tensor-core GEMMs + softmax (gemm), fp32 flash kernel (simt), first mma.sync "
-                        "flash kernel (mma)")
+                        "tensor-core GEMMs + softmax (gemm), fp32 flash kernel (simt)")
     p.add_argument("--no-pdl", action="store_true",
                    help="decode graph without programmatic dependent launch (cc >= 9.0 uses it by default)")
     p.add_argument("--host-argmax", action="store_true",
