@@ -1,17 +1,13 @@
 """Kernel launches straight through `cuLaunchKernel`, in numba's kernel parameter ABI.
 
-`dispatcher[grid, block, stream](*args)` types every argument and wraps every CUDA-array-
-interface object in a DeviceNDArray on each call, then packs the parameters through
-cuda.core: 137-148 us of host time per launch of add_rms_norm (5 arrays, 1 scalar) on the
-H200 machine. Decode runs from CUDA graphs and does not care; prefill launches ~1000 kernels
-per chunk eagerly, so that host time bounded it (35B, 8192-token prompt: 10,834 tok/s through
-numba, 16,543 through this module, the same kernels).
+numba's `dispatcher[grid, block, stream](*args)` types and wraps every argument on each call
+(over 100 us of host time per launch); decode replays graphs and does not care, but an eager
+prefill chunk launches ~1000 kernels, so that host time bounded prefill (docs/perf-log.md).
 
 `Launcher` packs the same parameters itself: per array argument numba's data model (meminfo,
 parent, nitems, itemsize, data, shape..., strides... in bytes), per scalar its C type, each
 parameter in its own 8-byte slot of a buffer made once per compiled overload; a launch is one
-`struct.pack_into` and one `cuLaunchKernel` on the kernel's CUfunction: 9.9 us of host time
-for the same launch.
+`struct.pack_into` and one `cuLaunchKernel` on the kernel's CUfunction (~10 us of host time).
 
 Arguments must be `Tensor`s (C-contiguous device memory; each caches its packed parameters,
 `Tensor.kernel_abi`) or scalars; a host array raises `NotDeviceArgs` (the caller falls back to
