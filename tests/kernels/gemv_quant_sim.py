@@ -60,7 +60,7 @@ def run(ops, build, x, nw, wargs, bias, out, has_bias):
             bias, out, np.int32(has_bias))
 
 
-CASES = [(4, 32, False), (4, 64, True), (4, 128, False), (8, 128, False), (8, 32, True), (8, 64, False)]
+CASES = [(4, 32, False), (4, 64, True), (8, 128, False), (8, 32, True)]   # both widths, zero points, 3 groups
 
 
 @pytest.mark.parametrize("bits,group,zp", CASES)
@@ -87,7 +87,7 @@ def test_gemv_quant_one_token(ops, bits, group, zp):
     close(h, cpu.linear_swiglu(cpu.rms_norm(x, nw, 1e-6), gf), 1e-5)
 
 
-@pytest.mark.parametrize("bits,group,zp", [CASES[1], CASES[4]])
+@pytest.mark.parametrize("bits,group,zp", [CASES[1], CASES[3]])
 def test_gemv_quant_tokens(ops, bits, group, zp):
     """T = 5 (a full 4-token pass and a one-token one): plain with a bias at 1 and 4 K slices,
     and swiglu."""
@@ -107,7 +107,7 @@ def test_gemv_quant_tokens(ops, bits, group, zp):
     close(h, cpu.linear_swiglu(x, gf), 1e-5)
 
 
-@pytest.mark.parametrize("bits,group,zp", [CASES[1], CASES[3]])
+@pytest.mark.parametrize("bits,group,zp", [CASES[1], CASES[2]])
 def test_dequant_bf16(ops, bits, group, zp):
     """dequant_bf16_kernel: the bf16 rounding of the NumPy dequantization, bit for bit."""
     rng = np.random.default_rng(bits + group)
@@ -148,6 +148,8 @@ def test_cuda_ops_route_quantized_records(ops, name):
     close(ops.linear_swiglu(Normed(x, nw, 1e-6), gu), cpu.linear_swiglu(xn, gu), 1e-5)
 
 
+@pytest.mark.skipif(not os.environ.get("NINFER_SLOW_SIM"),
+                    reason="minutes in the simulator; NINFER_SLOW_SIM=1 runs it (CI keeps the per-op cases)")
 def test_tiny_hybrid_model_decodes_on_quantized_weights(ops):
     """A tiny Qwen3.5 hybrid (GDN and attention layers) whose projections and LM head are int4
     (bench --random --weights: quant/random.py): 3 tokens (the 4-token GEMVs) and then 1 token
