@@ -15,6 +15,8 @@ from typing import Any, Protocol
 Array = Any         # np.ndarray on the CPU, runtime.tensor.Tensor on the GPU
 Weight = Any        # models.weights.LinearWeight, or a bare [N, K] matrix
 
+PAGE_SIZE = 64      # tokens per KV page: paged caches keep a page's tokens in consecutive rows
+
 
 class Ops(Protocol):
     """What models/ may call on its `ops` object."""
@@ -77,20 +79,26 @@ class Ops(Protocol):
     # --- attention -----------------------------------------------------------------
     def qk_norm_rope_store(self, q: Array, k: Array, v: Array, q_norm: Array | None, k_norm: Array | None,
                            positions: Array, rope_table: Array, eps: float, k_cache: Array,
-                           v_cache: Array, k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
+                           v_cache: Array, k_scale: Array | None = None, v_scale: Array | None = None,
+                           page_table: Array | None = None) -> Array:
         """Head-norm (if given) and rotate q [T, Hq, D], k [T, Hkv, D] by rope_table [3, R/2]
-        (models/rope.py); store k, v into the caches [S, Hkv, D] at positions [T] in place
-        (int8 codes with scales [S, Hkv, D/64]). Returns q."""
+        (models/rope.py); store k, v into the caches [S, Hkv, D] in place (int8 codes with
+        scales [S, Hkv, D/64]) at the rows of positions [T]: the position itself without a
+        page table, else through page_table [B, P] int32 (see `attention`). Returns q."""
         ...
 
     def attention(self, q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float,
-                  k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
+                  k_scale: Array | None = None, v_scale: Array | None = None,
+                  page_table: Array | None = None) -> Array:
         """Causal GQA attention: q [T, Hq, D] at positions [T] sees cache keys 0..positions[i]
-        -> [T, Hq, D]."""
+        -> [T, Hq, D]. page_table None: one sequence, the key at position p is cache row p.
+        page_table [B, P] int32 (T % B == 0): token i belongs to sequence b = i // (T / B), whose
+        key at position p is row page_table[b, p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE."""
         ...
 
     def attention_gated(self, q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float,
-                        gate: Array, k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
+                        gate: Array, k_scale: Array | None = None, v_scale: Array | None = None,
+                        page_table: Array | None = None) -> Array:
         """attention(...) * sigmoid(gate [T, Hq * D]) as [T, Hq * D]."""
         ...
 
@@ -113,9 +121,12 @@ class Ops(Protocol):
 
     def gdn_decode(self, mixed: Array, z: Array, a: Array, b: Array, conv_state: Array, conv_w: Array,
                    a_log: Array, dt_bias: Array, state: Array, norm_w: Array, eps: float,
-                   n_k_heads: int) -> Array:
+                   n_k_heads: int, slots: Array | None = None) -> Array:
         """Conv, gated delta rule (gates from raw a, b) and gated norm by z of decode-sized T:
-        mixed [T, q | k | v] -> [T, Hv * Dv]; conv_state and state updated in place."""
+        mixed [T, q | k | v] -> [T, Hv * Dv]; conv_state and state updated in place.
+        slots None: one sequence, conv_state [K-1, C] and state [Hv, Dv, Dk]. slots [B] int32
+        (T % B == 0): conv_state [S, K-1, C] and state [S, Hv, Dv, Dk] are whole slot pools, and
+        sequence b's T / B tokens (rows b T/B ..) run in order on slot slots[b]."""
         ...
 
     # --- mixture of experts -----------------------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..models.weights import LINEAR_TYPES, DenseWeight, LinearWeight, QuantizedWeight
 from ..quant.dequant import dequantize, dequantize_rows
+from .base import PAGE_SIZE
 
 Array = np.ndarray
 
@@ -179,10 +180,26 @@ def _kv_rows(cache: Array, scales: Array | None, rows: int) -> Array:
     return cache[:rows].astype(np.float32, copy=False)
 
 
+def cache_rows(positions: Array, page_table: Array | None) -> Array:
+    """The cache row [T] of each token's K / V: its position without a page table; with
+    page_table [B, P] (T % B == 0), token i of sequence b = i // (T / B) at position p is row
+    page_table[b, p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE."""
+    pos = np.asarray(positions, dtype=np.int64)
+    if page_table is None:
+        return pos
+    table = np.asarray(page_table, dtype=np.int64)
+    t, n_seq = pos.shape[0], table.shape[0]
+    if t % n_seq:
+        raise ValueError(f"{t} tokens do not split into {n_seq} sequences of equal length")
+    seq = np.arange(t) // max(t // n_seq, 1)
+    return table[seq, pos // PAGE_SIZE] * PAGE_SIZE + pos % PAGE_SIZE
+
+
 def kv_store(k_cache: Array, v_cache: Array, k: Array, v: Array, positions: Array,
              k_scale: Array | None = None, v_scale: Array | None = None) -> None:
-    """Write k, v [T, Hkv, D] into caches [S, Hkv, D] at rows `positions` [T] (in place).
-    With scales [S, Hkv, D/64] the caches are int8 codes (kv_quantize_int8)."""
+    """Write k, v [T, Hkv, D] into caches [S, Hkv, D] at rows `positions` [T] (in place; the
+    rows, for paged caches cache_rows(positions, page_table)). With scales [S, Hkv, D/64] the
+    caches are int8 codes (kv_quantize_int8)."""
     if k_scale is not None and v_scale is not None:
         k_cache[positions], k_scale[positions] = kv_quantize_int8(k)
         v_cache[positions], v_scale[positions] = kv_quantize_int8(v)
@@ -193,22 +210,29 @@ def kv_store(k_cache: Array, v_cache: Array, k: Array, v: Array, positions: Arra
 
 def qk_norm_rope_store(q: Array, k: Array, v: Array, q_norm: Array | None, k_norm: Array | None,
                        positions: Array, rope_table: Array, eps: float, k_cache: Array,
-                       v_cache: Array, k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
+                       v_cache: Array, k_scale: Array | None = None, v_scale: Array | None = None,
+                       page_table: Array | None = None) -> Array:
     """An attention layer's prologue: q, k [T, H, D] head-normed (when the norms are given) and
-    rotated (`rope` with rope_table); k and v [T, Hkv, D] stored into the caches at `positions`.
-    Returns the rotated q."""
+    rotated (`rope` with rope_table); k and v [T, Hkv, D] stored into the caches at the rows of
+    `positions` (cache_rows: through page_table [B, P] when given). Returns the rotated q."""
     if q_norm is not None and k_norm is not None:          # a model has both head norms or neither
         q = rms_norm(q, q_norm, eps)
         k = rms_norm(k, k_norm, eps)
-    kv_store(k_cache, v_cache, rope(k, positions, rope_table), v, positions, k_scale, v_scale)
+    kv_store(k_cache, v_cache, rope(k, positions, rope_table), v, cache_rows(positions, page_table),
+             k_scale, v_scale)
     return rope(q, positions, rope_table)
 
 
 def attention(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float,
-              k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
+              k_scale: Array | None = None, v_scale: Array | None = None,
+              page_table: Array | None = None) -> Array:
     """Causal GQA attention. q [T, Hq, D] at absolute `positions` [T]; caches [S, Hkv, D] hold
     every key up to max(positions) (int8 codes when scales are given). Query i sees keys
-    0..positions[i]. Returns [T, Hq, D]."""
+    0..positions[i]. Returns [T, Hq, D]. With page_table [B, P] (T % B == 0) token i belongs to
+    sequence b = i // (T / B) and its keys are that sequence's rows (cache_rows): the paged
+    result is the contiguous one of each sequence's keys gathered in order."""
+    if page_table is not None:
+        return _attention_paged(q, k_cache, v_cache, positions, scale, k_scale, v_scale, page_table)
     t, hq, d = q.shape
     hkv = k_cache.shape[1]
     group = hq // hkv
@@ -226,12 +250,35 @@ def attention(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale:
     return out.transpose(2, 0, 1, 3).reshape(t, hq, d).astype(np.float32, copy=False)
 
 
+def _attention_paged(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float,
+                     k_scale: Array | None, v_scale: Array | None, page_table: Array) -> Array:
+    """`attention` through a page table: per sequence, its keys 0..max position gathered from
+    their pages into contiguous rows, then the contiguous attention of its queries."""
+    t, hq, d = q.shape
+    table = np.asarray(page_table, dtype=np.int64)
+    n_seq = table.shape[0]
+    if t % n_seq:
+        raise ValueError(f"attention: {t} tokens do not split into {n_seq} sequences of equal length")
+    out = np.empty((t, hq, d), dtype=np.float32)
+    n = t // n_seq
+    pos = np.asarray(positions)
+    for b in range(n_seq if n else 0):
+        toks = slice(b * n, (b + 1) * n)
+        keys = np.arange(int(pos[toks].max()) + 1)
+        rows = table[b, keys // PAGE_SIZE] * PAGE_SIZE + keys % PAGE_SIZE
+        out[toks] = attention(q[toks], k_cache[rows], v_cache[rows], pos[toks], scale,
+                              None if k_scale is None else k_scale[rows],
+                              None if v_scale is None else v_scale[rows])
+    return out
+
+
 def attention_gated(q: Array, k_cache: Array, v_cache: Array, positions: Array, scale: float, gate: Array,
-                    k_scale: Array | None = None, v_scale: Array | None = None) -> Array:
+                    k_scale: Array | None = None, v_scale: Array | None = None,
+                    page_table: Array | None = None) -> Array:
     """The gated attention's output: attention(..) [T, Hq, D] * sigmoid(gate [T, Hq * D]) as
     [T, Hq * D] (on the GPU the gate is applied as the decode kernels write the output)."""
     t, hq, d = q.shape
-    out = attention(q, k_cache, v_cache, positions, scale, k_scale, v_scale)
+    out = attention(q, k_cache, v_cache, positions, scale, k_scale, v_scale, page_table)
     return sigmoid_mul(out.reshape(t, hq * d), gate)
 
 
@@ -320,11 +367,25 @@ def gated_delta_rule_raw_gates(q: Array, k: Array, v: Array, a: Array, b: Array,
 
 def gdn_decode(mixed: Array, z: Array, a: Array, b: Array, conv_state: Array, conv_w: Array,
                a_log: Array, dt_bias: Array, state: Array, norm_w: Array, eps: float,
-               n_k_heads: int) -> Array:
+               n_k_heads: int, slots: Array | None = None) -> Array:
     """The GDN mixer between its projections, recurrent form (decode-sized T): causal conv +
     SiLU over mixed [T, q | k | v], the gated delta rule with its gates from the raw a, b [T, Hv],
     the gated RMS norm by z [T, Hv * Dv] -> [T, Hv * Dv]. conv_state and state [Hv, Dv, Dk] are
-    updated in place (one kernel on the GPU: kernels/gdn/gdn_decode.py)."""
+    updated in place (one kernel on the GPU: kernels/gdn/gdn_decode.py). With slots [B]: the
+    pools conv_state [S, K-1, C] and state [S, Hv, Dv, Dk], sequence b's T / B tokens in order
+    on slot slots[b] (each sequence exactly as alone on its slot's views)."""
+    if slots is not None:
+        ids = np.asarray(slots, dtype=np.int64)
+        t, n_seq = mixed.shape[0], ids.shape[0]
+        if t % n_seq or len(set(ids.tolist())) != n_seq:
+            raise ValueError(f"gdn_decode: {t} tokens over slots {ids.tolist()} (equal shares, distinct slots)")
+        n = t // n_seq
+        out = np.empty((t, z.shape[-1]), dtype=np.float32)
+        for i, slot in enumerate(ids.tolist()):
+            r = slice(i * n, (i + 1) * n)
+            out[r] = gdn_decode(mixed[r], z[r], a[r], b[r], conv_state[slot], conv_w, a_log, dt_bias,
+                                state[slot], norm_w, eps, n_k_heads)
+        return out
     t = mixed.shape[0]
     hv, dv, dk = state.shape
     qk = n_k_heads * dk

@@ -41,10 +41,12 @@ class AttentionOps(LinearOps):
 
     def qk_norm_rope_store(self, q: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, positions: Any,
                            rope_table: Any, eps: float, k_cache: Any, v_cache: Any,
-                           k_scale: Any = None, v_scale: Any = None) -> Any:
+                           k_scale: Any = None, v_scale: Any = None, page_table: Any = None) -> Any:
         """An attention layer's prologue (ops/cpu.py says what): one kernel for fp32 / bf16
         caches and head dims <= 256; the separate ops otherwise (int8 caches)."""
         _need(positions.dtype == I32, "qk_norm_rope_store: positions must be int32")
+        if page_table is not None:
+            raise NotImplementedError("qk_norm_rope_store: page_table (kernel in progress)")
         _need(rope_table.shape[0] == 3 and 2 * rope_table.shape[1] <= q.shape[2],
               f"qk_norm_rope_store: rope table {rope_table.shape} vs q {q.shape}")
         t, hq, d = q.shape
@@ -83,17 +85,20 @@ class AttentionOps(LinearOps):
             self._go(K_attn.kv_store_kernel, (hkv, t), 128, k_cache, v_cache, k, v, positions)
 
     def attention_gated(self, q: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float, gate: Any,
-                        k_scale: Any = None, v_scale: Any = None) -> Any:
+                        k_scale: Any = None, v_scale: Any = None, page_table: Any = None) -> Any:
         """ops.cpu.attention_gated: attention(..) * sigmoid(gate) as [T, Hq * D]. Decode-sized T:
         the gate is applied in the split kernels' combine kernel (no sigmoid_mul launch)."""
         t, hq, d = q.shape
         _need(gate.shape[-1] == hq * d and gate.size == t * hq * d, f"attention_gated: gate {gate.shape} vs q {q.shape}")
-        out = self.attention(q, k_cache, v_cache, positions, scale, k_scale, v_scale, _gate=_rows(gate, hq * d))
+        out = self.attention(q, k_cache, v_cache, positions, scale, k_scale, v_scale, page_table,
+                             _gate=_rows(gate, hq * d))
         return out.reshape(t, hq * d) if _decode_sized(t) else self.sigmoid_mul(out.reshape(t, hq * d), gate)
 
     def attention(self, q: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float,
-                  k_scale: Any = None, v_scale: Any = None, _gate: Any = None) -> Any:
+                  k_scale: Any = None, v_scale: Any = None, page_table: Any = None, _gate: Any = None) -> Any:
         _need(positions.dtype == I32, "attention: positions must be int32")
+        if page_table is not None:
+            raise NotImplementedError("attention: page_table (kernel in progress)")
         t, hq, d = q.shape
         _need(d <= K_attn.MAX_D, f"attention: head_dim {d} > {K_attn.MAX_D}")
         _need(hq % k_cache.shape[1] == 0, "attention: Hq must be a multiple of Hkv")

@@ -91,9 +91,11 @@ class GdnOps(NormOps):
         return out
 
     def gdn_decode(self, mixed: Any, z: Any, a: Any, b: Any, conv_state: Any, conv_w: Any, a_log: Any,
-                   dt_bias: Any, state: Any, norm_w: Any, eps: float, n_k_heads: int) -> Any:
+                   dt_bias: Any, state: Any, norm_w: Any, eps: float, n_k_heads: int, slots: Any = None) -> Any:
         """ops.cpu.gdn_decode: conv, gated delta rule and gated norm of decode-sized T. One kernel
         on cc >= 9.0 for the heads it takes (kernels/gdn/gdn_decode.py), else the three ops."""
+        if slots is not None:
+            raise NotImplementedError("gdn_decode: slots (kernel in progress)")
         t = mixed.shape[0]
         hv, dv, dk = state.shape
         if (GDN_DECODE_FUSED and t and not SIM and self.arch is not None and self.arch >= (9, 0)
