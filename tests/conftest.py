@@ -1,6 +1,8 @@
 """Session fixtures shared by every test package: tiny random HF checkpoints (with the real
 Qwen3.6 vocabulary and chat template) and the HF models they were made from (the oracle).
-GPU-marked tests are skipped on machines without a usable CUDA device."""
+GPU-marked tests are skipped on machines without a usable CUDA device, unless the run says a
+GPU must be there (NINFER_REQUIRE_GPU=1, the GPU session's scripts): then the whole run fails
+at collection with the reason, instead of reporting skips and exiting 0."""
 from __future__ import annotations
 
 import os
@@ -23,15 +25,32 @@ def pretend_cc90_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(disp, "get_current_device", lambda: types.SimpleNamespace(compute_capability=(9, 0)))
 
 
-def _cuda_usable() -> bool:
+REQUIRE_GPU = "NINFER_REQUIRE_GPU"
+
+
+def _cuda_unusable_reason() -> str | None:
+    """None when a CUDA device answers; else why not (for the skip or the error)."""
     try:
-        from ninfer_nb.runtime.device import cuda_available
-    except ImportError:
-        return False
+        from ninfer_nb.runtime._drv import driver
+
+        drv = driver()
+    except Exception as exc:
+        return f"cuda-python is not usable ({type(exc).__name__}: {exc})"
     try:
-        return bool(cuda_available())
-    except Exception:
-        return False
+        err = drv.cuInit(0)[0]
+        if err != drv.CUresult.CUDA_SUCCESS:
+            return f"cuInit failed: {err!r}"
+        err, n = drv.cuDeviceGetCount()
+        if err != drv.CUresult.CUDA_SUCCESS or n < 1:
+            return f"no CUDA device (cuDeviceGetCount: {err!r}, {n})"
+    except Exception as exc:
+        return f"CUDA failed to initialise ({type(exc).__name__}: {exc})"
+    return None
+
+
+def gpu_required() -> bool:
+    """The run must have a usable GPU (NINFER_REQUIRE_GPU set to anything but '' / '0')."""
+    return os.environ.get(REQUIRE_GPU, "") not in ("", "0")
 
 
 SIMULATOR_TEST = "test_simulator.py::test_simulator_cases"
@@ -39,8 +58,10 @@ SIMULATOR_TEST = "test_simulator.py::test_simulator_cases"
 
 @pytest.hookimpl(trylast=True)          # after -m / -k deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if any("gpu" in item.keywords for item in items) and not _cuda_usable():
-        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run `pytest -m gpu` on the GPU machine)")
+    if any("gpu" in item.keywords for item in items) and (reason := _cuda_unusable_reason()):
+        if gpu_required():
+            raise pytest.UsageError(f"{REQUIRE_GPU}=1 but the GPU is unusable: {reason}")
+        skip = pytest.mark.skip(reason=f"needs an NVIDIA GPU (run `pytest -m gpu` on the GPU machine): {reason}")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
