@@ -183,14 +183,18 @@ class LLM:
         self._outputs[rid] = collections.deque()
         finish: FinishReason | None = None
         timings: Timings | None = None
+        n_out = 0                               # tokens yielded (index into request.logprobs)
         try:
             while finish is None:
                 out = self._next_output(rid)
                 for i, token in enumerate(out.new_token_ids):
+                    lp = request.logprobs[n_out] if n_out < len(request.logprobs) else None
+                    n_out += 1
                     if out.finish_reason == "stop" and i == len(out.new_token_ids) - 1:
-                        yield StreamEvent(token_id=token, text="")        # the stop token: no text
+                        yield StreamEvent(token_id=token, text="", logprobs=lp)   # the stop token: no text
                         continue
-                    yield StreamEvent(token_id=token, text=stops.push(detok.push(token)) if detok else "")
+                    yield StreamEvent(token_id=token, text=stops.push(detok.push(token)) if detok else "",
+                                      logprobs=lp)
                     if stops.stopped:
                         final = engine.finish(rid, RequestStatus.FINISHED_STOPPED)
                         finish, timings = "stop", (final or out).timings

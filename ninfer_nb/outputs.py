@@ -6,7 +6,10 @@ TTFT = prepare + prefill (first token belongs to prefill), decode tok/s = (n - 1
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .engine.logprobs import TokenLogprobs
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -59,6 +62,7 @@ class StreamEvent:
     finished: bool = False
     finish_reason: FinishReason | None = None
     timings: Timings | None = None          # set on the final event
+    logprobs: TokenLogprobs | None = None   # the token's, when params.logprobs is set
 
 
 @dataclass

@@ -24,6 +24,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None     # None: off; k: the chosen token's logprob + top k (0..20)
+    # a thinking-token budget: after this many generated tokens still inside <think>, the
+    # engine emits `thinking_end_ids` (ids ending with the </think> id) instead of sampling
+    thinking_budget: int | None = None
+    thinking_end_ids: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -66,6 +71,13 @@ class SamplingParams:
                 raise bad(f"{name} must be in [-2, 2], got {v}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise bad(f"seed must be an integer, got {self.seed!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= 20):
+            raise bad(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+        if self.thinking_budget is not None and (isinstance(self.thinking_budget, bool)
+                                                 or not isinstance(self.thinking_budget, int)
+                                                 or self.thinking_budget < 0):
+            raise bad(f"thinking_budget must be an integer >= 0, got {self.thinking_budget!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop must be non-empty strings")
         return self

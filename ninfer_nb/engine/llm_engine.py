@@ -39,6 +39,7 @@ from ..models.decoder import Decoder
 from ..models.state import KVDtype
 from .backends.base import Backend
 from .generator import Generator
+from .output_hooks import sampler_for
 from .request import Request, RequestOutput, RequestStatus
 from .sampler import Sampler
 from .spec import Proposer
@@ -101,7 +102,8 @@ class LLMEngine:
         matcher = request.constraint.matcher() if request.constraint is not None else None
         # a constrained request ends on EOS, which its grammar allows exactly where it may end
         stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos and matcher is None else set(self.eos_ids))
-        sampler = Sampler(p, self.valid_vocab, seed=self.seed, matcher=matcher)
+        # logprobs / a thinking budget: a hooked host sampler (engine/output_hooks.py)
+        sampler = sampler_for(request, p, self.valid_vocab, seed=self.seed, matcher=matcher)
         # the pick kernel reads no token mask yet: a constrained request samples on the host
         pick = sampler.device_pick() if self.decode.device_pick and matcher is None else None
         if pick is not None and pick[0] > 0.0 and not self.generator.picks_on_device(self.valid_vocab):
@@ -162,7 +164,8 @@ class LLMEngine:
 
     def _next_tokens(self, run: _Run) -> list[int] | None:
         """The next token(s), each observed by the request's sampler; None: a prefill chunk ran."""
-        if run.request.output_ids and self.proposer is not None and run.sampler.matcher is None:
+        if (run.request.output_ids and self.proposer is not None and run.sampler.matcher is None
+                and not getattr(run.sampler, "needs_rows", False)):
             tokens = self._speculate(run)
             if tokens:
                 return tokens

@@ -18,6 +18,7 @@ from ..params import SamplingParams
 
 if TYPE_CHECKING:
     from ..structured import Constraint
+    from .logprobs import TokenLogprobs
 
 
 class RequestStatus(enum.Enum):
@@ -62,6 +63,8 @@ class Request:
     page_ids: list[int] = field(default_factory=list)   # its KV pages (paged KV; empty today)
     timings: Timings = field(default_factory=Timings)
     first_token_time: float | None = None
+    # one per output token when params.logprobs is set (engine/output_hooks.py records them)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
