@@ -295,9 +295,11 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--repeat", type=int, default=3, help="cold prefills per prompt length (median reported)")
     p.add_argument("--peer", choices=["hf"], default=None)
     p.add_argument("--json", default=None, help="write every figure to this file")
-    p.add_argument("--spec", choices=["off", "ngram"], default="off",
-                   help="ngram: speculative decoding vs plain decode on a repeat-a-passage prompt "
-                        "(engine/spec/bench.py; CPU / eager backends)")
+    p.add_argument("--spec", choices=["off", "oracle", "ngram", "mtp"], default="off",
+                   help="speculative decoding vs plain decode in the same run (engine/spec/bench.py): "
+                        "ngram / mtp on a repeat-a-passage prompt; oracle drafts the plain run's own "
+                        "greedy continuation (100 %% acceptance: the verify machinery's upper bound; "
+                        "random weights work; prompt length: the first --prompt-len)")
     p.add_argument("--draft-tokens", default="3", help="comma-separated draft counts K (--spec)")
     args = p.parse_args(list(argv))
     experimental = _experimental_names(args.experimental)      # before the peer run and the load
@@ -319,16 +321,18 @@ def main(argv: Sequence[str]) -> int:
         peer_s = time.perf_counter() - t_peer
     t_load = time.perf_counter()
     llm = LLM(config=EngineConfig(
-        model, device=args.device, max_context=max(lens) + args.gen + 8, show_progress=True,
+        model, device=args.device, show_progress=True,
+        max_context=max(lens + ([768] if args.spec in ("ngram", "mtp") else [])) + args.gen + 8,
         prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph, kv_cache=args.kv_cache,
         kernels=kernel_choices(args), weights=args.weights,
         decode=DecodeChoices(device_pick=not args.host_argmax, decode_ahead=not args.no_decode_ahead),
-        spec=args.spec, draft_tokens=1))
+        spec="ngram" if args.spec == "oracle" else args.spec, draft_tokens=1))
     load_s = time.perf_counter() - t_load
     if args.spec != "off":
         from .engine.spec.bench import run_spec_bench
 
-        spec_rows = run_spec_bench(llm, [int(k) for k in args.draft_tokens.split(",")], args.gen)
+        spec_rows = run_spec_bench(llm, args.spec, [int(k) for k in args.draft_tokens.split(",")], args.gen,
+                                   lens[0])
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"model": llm.model_id, "device": llm.device_name, "spec": spec_rows}, f, indent=1)

@@ -42,6 +42,16 @@ def _on_calling_thread(method: Callable[..., Any]) -> Callable[..., Any]:
     return bound
 
 
+class _MultiStep:
+    """A captured multi-token forward: its device inputs, its argmax outputs, its graph."""
+
+    def __init__(self, ids: Any, pos: Any, picks: Any) -> None:
+        self.ids, self.pos, self.picks = ids, pos, picks       # [n] int32 each
+        self.warmed = False
+        self.graph: Any = None
+        self.out: Any = None
+
+
 class CudaBackend:
     name = "cuda"
     decode_graphs = True
@@ -90,6 +100,9 @@ class CudaBackend:
         self._ring_events: list[Any] = []
         self._pending: collections.deque[int] = collections.deque()   # launched, uncollected slots
         self._launches = 0
+        # multi-token forwards (speculative verify rounds): one graph per (tokens, argmax) key
+        self._multi: dict[tuple[int, int], _MultiStep] = {}
+        self._greedy: tuple[Any, Any, Any, Any, Any] | None = None   # argmax pick inputs, see _argmax_rows
 
     def _bind_calling_thread(self) -> None:
         from ..runtime._drv import check, driver
@@ -256,6 +269,82 @@ class CudaBackend:
         e0 = Event().record(self.stream)
         for _ in range(replays):
             self._graph.replay()
+        e1 = Event().record(self.stream)
+        return float(e0.elapsed_ms(e1) * 1e3 / replays)
+
+    # --- multi-token forwards: a speculative verify round (B = 1, n = K + 1 tokens) ------------
+    @_on_calling_thread
+    def verify_step(self, forward: Forward, tokens: list[int], position: int, vocab: int = 0) -> np.ndarray:
+        """Feed `tokens` at positions position.. in one forward that returns logits at every
+        one (`forward` must); vocab > 0: the argmax of each row over ids < vocab ([n] int32,
+        lowest id on ties; n * 4 bytes come back), else the logits rows [n, V] fp32. By graph
+        replay, one graph per (n, argmax or not): the first call of a key runs eagerly
+        (compiles the n-token kernels), the second captures, later ones replay."""
+        from ..runtime.graph import CudaGraph
+
+        n = len(tokens)
+        key = (n, int(vocab))
+        step = self._multi.get(key)
+        if step is None:
+            step = self._multi[key] = _MultiStep(self.ops.zeros((n,), np.int32, persistent=True),
+                                                 self.ops.zeros((n,), np.int32, persistent=True),
+                                                 self.ops.zeros((n,), np.int32, persistent=True))
+        step.ids.copy_from_numpy(np.asarray(tokens, np.int32), self.stream)
+        step.pos.copy_from_numpy(np.arange(position, position + n, dtype=np.int32), self.stream)
+
+        def run() -> Any:
+            logits = forward(step.ids, step.pos)                            # [n, V]
+            if vocab:
+                self._argmax_rows(logits, vocab, step.picks)
+                return step.picks
+            return logits
+
+        self.scratch.reset()
+        if not step.warmed:
+            step.warmed = True
+            out = run()
+        elif step.graph is None:
+            graph = CudaGraph(self.stream)
+            with self.ops.programmatic_launches(self.pdl):
+                step.out = graph.capture(run)
+            step.graph = graph
+            graph.replay()
+            out = step.out
+        else:
+            step.graph.replay()
+            out = step.out
+        return self.to_host(out)
+
+    def _argmax_rows(self, logits: Any, vocab: int, picks: Any) -> None:
+        """picks[i] := argmax of logits[i, :vocab] (the decode graph's pick kernel at temperature
+        0, one launch per row; its feed-back writes the token into picks[i])."""
+        if self._greedy is None:
+            self._greedy = (self.ops.zeros((1,), np.float32, persistent=True),     # temperature 0
+                            self.ops.zeros((1,), np.int64, persistent=True),       # seed (unread)
+                            self.ops.zeros((1,), np.int64, persistent=True),       # offset (unread)
+                            self.ops.zeros((1,), np.int32, persistent=True),       # block counter
+                            self.ops.zeros((1,), np.int32, persistent=True))       # fed position (unread)
+        temperature, seed, offset, counter, pos = self._greedy
+        flat = logits.reshape(-1)
+        v = logits.shape[1]
+        for i in range(logits.shape[0]):
+            row = flat[i * v : i * v + vocab].reshape(1, vocab)                 # [1, vocab]
+            self.ops.pick_feed(row, temperature, seed, offset, counter, picks[i : i + 1], pos)
+
+    @_on_calling_thread
+    def time_verify_steps(self, n: int, vocab: int, replays: int = 16) -> float | None:
+        """Device time (us) of the captured n-token verify graph replayed back to back at the
+        inputs of its last call (it rewrites the caches at those positions); None if not
+        captured yet."""
+        from ..runtime.events import Event
+
+        step = self._multi.get((n, int(vocab)))
+        if step is None or step.graph is None:
+            return None
+        step.graph.replay()
+        e0 = Event().record(self.stream)
+        for _ in range(replays):
+            step.graph.replay()
         e1 = Event().record(self.stream)
         return float(e0.elapsed_ms(e1) * 1e3 / replays)
 

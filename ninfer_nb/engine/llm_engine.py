@@ -10,16 +10,26 @@ a constraint (structured output) always samples on the host, its grammar masking
 ends on EOS where the grammar may end (even with ignore_eos). A request
 finishes on a stop token, on its token budget (max_tokens, or the context is full), when its
 cancel flag is set (checked before its next token), or when the caller finishes it
-(`finish`: the front door's stop strings). One request runs at a time; the others wait in
-arrival order. Knows nothing about text.
+(`finish`: the front door's stop strings). Knows nothing about text.
 
-Speculative decoding (spec="ngram", CPU / eager backends): a running request on the host
-sampler path drafts up to `draft_tokens` tokens by prompt lookup (engine/spec/ngram.py); one
-step then verifies them in one forward and returns every token it kept plus one
-(engine/spec/verify.py), and the generator rolls the caches back past the rejected ones. No
-draft: a plain step. Backends with decode graphs (CUDA) decode plainly: the verify has no
-graph yet and has not been run on the GPU. Tokens after a stop token within a round stay in the
-cache, like a queued-ahead step's.
+Several requests at once (`max_concurrency` > 1, engine/scheduler.py): each runs in a lane (a
+`Generator` over one shared state: its GDN slots, its KV pages of one page pool). A step is
+one decode round of every running request that has a token to feed (B rows in one forward:
+`Backend.decode_rows`, or `pick_rows` when every row is picked where the logits are), then at
+most one prefill chunk of the earliest admitted request still prefilling, so a long prompt
+delays the others by one chunk per step. Each row keeps its own position, sampler and budget.
+Requests wait for a lane and the pages their prompt needs; a shortage of pages preempts the
+latest admitted request, which is recomputed later. With one lane and no page budget the
+engine is the one-sequence path it always was: contiguous KV, decode graphs with the pick and
+the next step queued ahead (CUDA), one request runs and the others wait in arrival order.
+
+Speculative decoding (spec="ngram"): a running request without a constraint drafts up to
+`draft_tokens` tokens by prompt lookup (engine/spec/ngram.py); one step then verifies them in
+one forward (on CUDA a graph per K + 1; greedy requests get the K + 1 argmax ids back, others
+the rows for the host sampler) and returns every token it kept plus one (engine/spec/verify.py),
+and the generator rolls the caches back past the rejected ones. No draft: a plain step (not
+queued ahead). Tokens after a stop token within a round stay in the cache, like a
+queued-ahead step's.
 
 Queued-ahead stop semantics (Generator.decode_token): a request that stops with a step queued
 ahead leaves that step's token fed to the cache too; the next prompt reuses it or diverges
@@ -27,46 +37,42 @@ before it.
 """
 from __future__ import annotations
 
-import collections
 import time
-from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ..config import DecodeChoices, ModelConfig
 from ..errors import ContextLengthExceededError, InvalidRequestError
 from ..models.decoder import Decoder
-from ..models.state import KVDtype
-from .backends.base import Backend
-from .generator import Generator
+from ..models.state import KVDtype, new_state
+from .backends.base import Backend, RowsForward
+from .batch import ForwardBatch
+from .generator import Generator, lane_slots
+from .kv_pages import PageAllocator, PageTable, pages_for
 from .output_hooks import sampler_for
 from .request import Request, RequestOutput, RequestStatus
-from .sampler import Sampler
+from .sampler import gumbel_max_pick
+from .scheduler import Run, Scheduler
 from .spec import Proposer
 from .spec.ngram import NgramProposer
 from .spec.stats import SpecStats
-from .spec.verify import verify_drafts
+from .spec.verify import accept_greedy, verify_drafts
 
 SPEC_KINDS = ("off", "ngram")
 
 
-@dataclass
-class _Run:
-    """The engine's side of a request: its sampler, its device pick, its stop ids and budget."""
-
-    request: Request
-    sampler: Sampler
-    pick: tuple[float, int] | None         # (temperature, seed) picked on the device, or None
-    stop_ids: frozenset[int]
-    budget: int                            # tokens it may generate
-    prefilling: bool = False               # its prefill started and has chunks left
+_Run = Run                  # the engine's side of a request (engine/scheduler.py)
 
 
 class LLMEngine:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, *, max_context: int,
                  prefill_chunk: int, valid_vocab: int, eos_ids: frozenset[int], use_graphs: bool = True,
                  kv_dtype: KVDtype = "fp32", seed: int | None = None,
-                 decode: DecodeChoices | None = None, spec: str = "off", draft_tokens: int = 3) -> None:
+                 decode: DecodeChoices | None = None, spec: str = "off", draft_tokens: int = 3,
+                 max_concurrency: int = 1, kv_pages: int | None = None) -> None:
+        """max_concurrency: lanes (requests decoding at once); kv_pages: the KV page pool (None:
+        every lane's full context). One lane without kv_pages: the contiguous one-sequence path."""
         self.model_config = cfg
         self.backend = backend
         self.max_context = max_context
@@ -80,15 +86,33 @@ class LLMEngine:
             raise InvalidRequestError(f"spec must be one of {', '.join(SPEC_KINDS)}, got {spec!r}")
         if spec != "off" and draft_tokens < 1:
             raise InvalidRequestError(f"draft_tokens must be >= 1, got {draft_tokens}")
-        # the proposer, when speculation runs here (None: plain decode; CUDA declines, see above)
-        self.proposer: Proposer | None = NgramProposer() if spec == "ngram" and not backend.decode_graphs else None
+        # the proposer, when speculation runs (None: plain decode)
+        self.proposer: Proposer | None = NgramProposer() if spec == "ngram" else None
         self.draft_tokens = draft_tokens
         self.spec_stats = SpecStats()
-        self.generator = Generator(cfg, decoder, backend, max_context, prefill_chunk,
-                                   use_graphs=use_graphs, kv_dtype=kv_dtype,
-                                   verify_slot=self.proposer is not None)
-        self._waiting: collections.deque[_Run] = collections.deque()
-        self._running: _Run | None = None
+        if max_concurrency < 1:
+            raise InvalidRequestError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        verify_slot = self.proposer is not None
+        self.paged = max_concurrency > 1 or kv_pages is not None
+        allocator: PageAllocator | None = None
+        if not self.paged:
+            lanes = [Generator(cfg, decoder, backend, max_context, prefill_chunk, use_graphs=use_graphs,
+                               kv_dtype=kv_dtype, verify_slot=verify_slot)]
+        else:
+            per_lane, table_pages = lane_slots(verify_slot), pages_for(max_context)
+            allocator = PageAllocator(kv_pages if kv_pages is not None else max_concurrency * table_pages)
+            state = new_state(cfg, max_context, backend.zeros, kv_dtype, gdn_slots=max_concurrency * per_lane,
+                              num_pages=allocator.num_pages)
+            lanes = [Generator(cfg, decoder, backend, max_context, prefill_chunk, use_graphs=use_graphs,
+                               kv_dtype=kv_dtype, verify_slot=verify_slot, state=state, slot_base=i * per_lane,
+                               pages=PageTable(allocator, table_pages))
+                     for i in range(max_concurrency)]
+        self.scheduler = Scheduler(lanes, allocator)
+        self.generator = lanes[0]                 # the first lane (the only one on the one-sequence path)
+        # decode rounds pick where the logits are (the CUDA graph's pick kernel) when every row can
+        self._round_picks = use_graphs and backend.decode_graphs and self.paged
+        self._errors: list[RequestOutput] = []   # requests a failed round ended, reported next step
+        self.batch_sizes: dict[int, int] = {}    # decode round size -> rounds run (metrics, bench)
 
     # --- requests ------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -106,15 +130,23 @@ class LLMEngine:
         sampler = sampler_for(request, p, self.valid_vocab, seed=self.seed, matcher=matcher)
         # the pick kernel reads no token mask yet: a constrained request samples on the host
         pick = sampler.device_pick() if self.decode.device_pick and matcher is None else None
-        if pick is not None and pick[0] > 0.0 and not self.generator.picks_on_device(self.valid_vocab):
+        if pick is not None and pick[0] > 0.0 and not self.picks_on_device:
             pick = None                          # no decode graph to sample in (CPU): the host samples
-        request.status = RequestStatus.WAITING
+        budget = min(p.max_tokens, self.max_context - n)
+        self.scheduler.check_fits(n, budget)
         request.timings.prompt_tokens = n
-        self._waiting.append(_Run(request, sampler, pick, frozenset(stop_ids),
-                                  min(p.max_tokens, self.max_context - n)))
+        self.scheduler.add(_Run(request, sampler, pick, frozenset(stop_ids), budget))
 
     def has_unfinished_requests(self) -> bool:
-        return self._running is not None or bool(self._waiting)
+        return self.scheduler.has_work() or bool(self._errors)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Cancel a waiting or running request now; its final output (None if it is not here)."""
@@ -122,45 +154,162 @@ class LLMEngine:
 
     def finish(self, request_id: str, status: RequestStatus) -> RequestOutput | None:
         """End a request with `status` (the front door's stop string: FINISHED_STOPPED)."""
-        if self._running is not None and self._running.request.request_id == request_id:
-            return self._finish(self._running, status)
-        for run in self._waiting:
-            if run.request.request_id == request_id:
-                self._waiting.remove(run)
-                return self._finish(run, status)
-        return None
+        run = self.scheduler.find(request_id)
+        return None if run is None else self._finish(run, status)
 
     # --- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One model call: the running request's next token, or a prefill chunk of the next
-        waiting one (its first token after the last chunk). [] when no request got a token."""
-        run = self._running
-        if run is None:
-            if not self._waiting:
-                return []
-            run = self._running = self._waiting.popleft()
-            run.request.status = RequestStatus.RUNNING
+        """One engine step: cancelled requests end, waiting ones are admitted, every running
+        request with a token to feed gets its next token(s) (one decode round), then one
+        prefill chunk runs (the earliest admitted request still prefilling; its first token
+        after its last chunk). [] when no request got a token or finished."""
+        outs, self._errors = self._errors, []
+        sched = self.scheduler
+        for run in [*sched.running, *sched.waiting]:
+            if run.request.cancel.is_set():
+                outs.append(self._finish(run, RequestStatus.FINISHED_ABORTED))
+        sched.admit()
+        decoding = [run for run in sched.running if run.decoding]
+        if decoding:
+            if not self.paged:
+                outs += self._steps(decoding, self._next_tokens)
+            else:
+                outs += self._decode_round(decoding)
+        prefill = next((run for run in sched.running if not run.decoding), None)
+        if prefill is not None:
+            outs += self._steps([prefill], self._prefill_step)
+        return outs
+
+    def _steps(self, runs: list[_Run], fn: Callable[[_Run], list[int] | None]) -> list[RequestOutput]:
+        """fn(run) for each run (its new tokens, None: none yet), as outputs; a failure ends the
+        run with an error (its caches dropped) and is raised."""
+        outs = []
+        for run in runs:
+            if run.lane is None:                 # preempted by an earlier run's reservation
+                continue
+            try:
+                tokens = fn(run)
+            except BaseException:
+                self._fail([run])
+                raise
+            if tokens is not None:
+                outs.append(self._emit(run, tokens))
+        return outs
+
+    def _fail(self, runs: list[_Run]) -> None:
+        for run in runs:
+            if run.lane is not None:
+                run.lane.forget()                # the caches may be half-written
+            self._errors.append(self._finish(run, RequestStatus.FINISHED_ERROR))
+
+    def _emit(self, run: _Run, tokens: list[int]) -> RequestOutput:
+        """The output of `run`'s new tokens: it finishes on a stop token or its budget."""
         req = run.request
-        if req.cancel.is_set():
-            return [self._finish(run, RequestStatus.FINISHED_ABORTED)]
-        try:
-            tokens = self._next_tokens(run)
-            if tokens is None:                   # a prefill chunk, more to come
-                return []
-        except BaseException:
-            self.generator.forget()              # the caches may be half-written
-            self._finish(run, RequestStatus.FINISHED_ERROR)
-            raise
-        req.num_computed_tokens = len(self.generator.tokens)
+        if run.lane is not None:
+            req.num_computed_tokens = len(run.lane.tokens)
         new: list[int] = []
         for token in tokens:
             req.output_ids.append(token)
             new.append(token)
             if token in run.stop_ids:
-                return [self._finish(run, RequestStatus.FINISHED_STOPPED, new)]
+                return self._finish(run, RequestStatus.FINISHED_STOPPED, new)
             if len(req.output_ids) >= run.budget:
-                return [self._finish(run, RequestStatus.FINISHED_LENGTH, new)]
-        return [RequestOutput(req.request_id, new)]
+                return self._finish(run, RequestStatus.FINISHED_LENGTH, new)
+        return RequestOutput(req.request_id, new)
+
+    def _decode_round(self, runs: list[_Run]) -> list[RequestOutput]:
+        """Paged lanes: speculating requests verify on their own; the rest feed one token each
+        in one forward of B rows, each row sampled by its own request."""
+        sched, outs = self.scheduler, []
+        plain = []
+        for run in runs:
+            if run.lane is None:
+                continue
+            if self._can_speculate(run):
+                outs += self._steps([run], self._verify_round)
+                continue
+            assert run.lane is not None
+            sched.reserve(run, len(run.lane.tokens) + 1)
+            plain.append(run)
+        rows = [run for run in plain if run.lane is not None]      # reservations may preempt
+        if not rows:
+            return outs
+        lanes = [run.lane for run in rows]
+        try:
+            tokens = [run.request.output_ids[-1] for run in rows]
+            positions = [lane.feed_row(token) for lane, token in zip(lanes, tokens) if lane is not None]
+            slots = [lane.running_slot for lane in lanes if lane is not None]
+            table = np.stack([lane.pages.row for lane in lanes if lane is not None and lane.pages is not None])
+            forward = self._rows_forward(lanes[0])
+            picks = [run.pick for run in rows]
+            self.batch_sizes[len(rows)] = self.batch_sizes.get(len(rows), 0) + 1
+            if self._round_picks and all(p is not None for p in picks):
+                picked = self.backend.pick_rows(forward, tokens, positions, slots, table,
+                                                [(t, sd, len(run.request.output_ids))
+                                                 for run, (t, sd) in zip(rows, picks)])  # type: ignore[misc]
+            else:
+                logits = self.backend.decode_rows(forward, tokens, positions, slots, table)
+                picked = [self._pick(run, row) for run, row in zip(rows, logits)]
+        except BaseException:
+            self._fail(rows)
+            raise
+        for run, token in zip(rows, picked):
+            run.sampler.observe(token)
+            outs.append(self._emit(run, [token]))
+        return outs
+
+    def _pick(self, run: _Run, row: np.ndarray) -> int:
+        """The next token from a logits row: the device pick's rule on the host, or the sampler."""
+        if run.pick is not None:
+            temperature, seed = run.pick
+            return gumbel_max_pick(row[: self.valid_vocab], temperature, seed, len(run.request.output_ids))
+        return run.sampler.sample(row)
+
+    def _rows_forward(self, lane: Generator) -> RowsForward:
+        ops, decoder, state = self.backend.ops, lane.decoder, lane.state
+        return lambda ids, pos, slots, table: decoder.forward(ops, ForwardBatch.rows(ids, pos, slots, table), state)
+
+    def _can_speculate(self, run: _Run) -> bool:
+        return (self.proposer is not None and bool(run.request.output_ids) and run.sampler.matcher is None
+                and not getattr(run.sampler, "needs_rows", False))
+
+    def _verify_round(self, run: _Run) -> list[int] | None:
+        """A paged lane's speculative round (pages for the drafts reserved first), or a plain
+        decode step of it alone when there is nothing to draft."""
+        assert run.lane is not None
+        k = min(self.draft_tokens, run.budget - len(run.request.output_ids) - 1)
+        self.scheduler.reserve(run, len(run.lane.tokens) + max(k, 0) + 1)
+        if run.lane is None:                     # preempted: it was the latest admitted
+            return None
+        return self._next_tokens(run)
+
+    def _prefill_step(self, run: _Run) -> list[int] | None:
+        """One prefill chunk of `run` (pages reserved first); its first token after the last
+        chunk (none after a preempted request's refill: it continues decoding)."""
+        lane, req = run.lane, run.request
+        assert lane is not None
+        if not run.prefilling:
+            cached = lane.start_prefill(run.fill, req.turn_start if not run.resumed else None)
+            if not run.resumed:
+                req.num_cached_tokens = req.timings.cached_tokens = cached
+            run.prefilling = True
+        self.scheduler.reserve(run, lane.next_chunk_end())
+        if run.lane is None:                     # preempted: the pool cannot hold it now
+            return None
+        logits = lane.prefill_step()
+        req.num_computed_tokens = len(lane.tokens)
+        if logits is None:
+            return None
+        run.prefilling = False
+        if run.resumed:                          # its next token is known: back to the rounds
+            run.resumed = False
+            return None
+        req.timings.prefill_s = time.perf_counter() - req.arrival_time
+        token = run.sampler.sample(logits)
+        run.sampler.observe(token)
+        req.first_token_time = time.perf_counter()            # decode time runs from here
+        req.timings.ttft_s = req.first_token_time - req.arrival_time
+        return [token]
 
     def _next_tokens(self, run: _Run) -> list[int] | None:
         """The next token(s), each observed by the request's sampler; None: a prefill chunk ran."""
@@ -174,54 +323,48 @@ class LLMEngine:
         if token is not None:
             run.sampler.observe(token)
             return [token]
-        return None
+        return None                              # (a paged lane's round: preempted)
 
     def _speculate(self, run: _Run) -> list[int]:
         """One verify round: draft, verify [last, drafts] in one forward, keep the accepted
         prefix and one more token. [] when there is nothing to draft (the caller decodes)."""
         assert self.proposer is not None
-        req, gen = run.request, self.generator
+        req, gen = run.request, run.lane
+        assert gen is not None
         room = min(run.budget - len(req.output_ids), self.max_context - len(gen.tokens)) - 1
         k = min(self.draft_tokens, room)
         drafts = self.proposer.propose(req.prompt_ids + req.output_ids, k) if k > 0 else []
         if not drafts:
             return []
-        rows = gen.verify([req.output_ids[-1]] + drafts)
-        tokens = verify_drafts(drafts, rows, run.sampler)
+        if run.pick is not None and run.pick[0] == 0.0:       # greedy: the argmax ids come back
+            picks = gen.verify([req.output_ids[-1]] + drafts, self.valid_vocab)
+            tokens = accept_greedy(drafts, [int(t) for t in picks])
+            for token in tokens:
+                run.sampler.observe(token)
+        else:
+            tokens = verify_drafts(drafts, gen.verify([req.output_ids[-1]] + drafts), run.sampler)
         gen.rollback(len(tokens))             # the last token and the accepted drafts
         self.spec_stats.record(len(drafts), len(tokens) - 1)
         return tokens
 
     def _next_token(self, run: _Run) -> int | None:
-        req, gen = run.request, self.generator
+        """The next token of a decoding request on the one-sequence path."""
+        req, gen = run.request, run.lane
+        assert gen is not None
         n = len(req.output_ids)
-        if n == 0:
-            if not run.prefilling:
-                cached = gen.start_prefill(req.prompt_ids, req.turn_start)
-                req.num_cached_tokens = req.timings.cached_tokens = cached
-                run.prefilling = True
-            logits = gen.prefill_step()
-            req.num_computed_tokens = len(gen.tokens)
-            if logits is None:
-                return None
-            run.prefilling = False
-            req.timings.prefill_s = time.perf_counter() - req.arrival_time
-            token = run.sampler.sample(logits)
-            req.first_token_time = time.perf_counter()            # decode time runs from here
-            req.timings.ttft_s = req.first_token_time - req.arrival_time
-            return token
         last = req.output_ids[-1]
         if run.pick is not None:   # the step after the next token queued too, unless that token is the last
             temperature, seed = run.pick
-            return gen.decode_token(last, self.valid_vocab, ahead=self.decode.decode_ahead and n + 1 < run.budget,
+            # no step queued ahead while speculating: the next round's verify feeds the caches
+            ahead = self.decode.decode_ahead and n + 1 < run.budget and self.proposer is None
+            return gen.decode_token(last, self.valid_vocab, ahead=ahead,
                                     temperature=temperature, seed=seed, offset=n)
         return run.sampler.sample(gen.decode(last))
 
     def _finish(self, run: _Run, status: RequestStatus, tokens: list[int] | None = None) -> RequestOutput:
         req = run.request
+        self.scheduler.finish(run)
         req.status = status
-        if self._running is run:
-            self._running = None
         t = req.timings
         t.completion_tokens = n = len(req.output_ids)
         t.decode_s = time.perf_counter() - req.first_token_time if n > 1 and req.first_token_time else 0.0
@@ -232,17 +375,21 @@ class LLMEngine:
     @property
     def picks_on_device(self) -> bool:
         """Decode steps pick their token in the decode graph (device_pick on a backend with graphs)."""
+        if self.paged:
+            return self._round_picks and self.backend.token_pick_vocab == self.valid_vocab
         return self.generator.picks_on_device(self.valid_vocab)
 
     @property
     def context_tokens(self) -> int:
-        """Tokens whose effects are in the caches (the cached prefix)."""
+        """Tokens whose effects are in the first lane's caches (its cached prefix)."""
         return len(self.generator.tokens)
 
     def forget(self) -> None:
-        """Drop the cached prefix (the next prompt starts from an empty cache)."""
-        self.generator.forget()
+        """Drop the cached prefixes of idle lanes (the next prompt starts from an empty cache)."""
+        self.scheduler.forget_idle()
 
     def logits_all(self, token_ids: list[int]) -> np.ndarray:
-        """Logits at every position of token_ids ([T, V]) from an empty cache."""
-        return self.generator.logits_all(token_ids)
+        """Logits at every position of token_ids ([T, V]) from an empty cache (an idle lane's)."""
+        if not self.paged:
+            return self.generator.logits_all(token_ids)
+        return self.scheduler.idle_lane(len(token_ids)).logits_all(token_ids)

@@ -34,6 +34,20 @@ def verify_drafts(drafts: list[int], rows: np.ndarray, sampler: Sampler) -> list
     return out
 
 
+def accept_greedy(drafts: list[int], picks: list[int]) -> list[int]:
+    """The tokens a greedy round emits from the target's argmax ids picks [K+1] (row i: the
+    token after d_i): the drafts while they equal the argmax, then the argmax after them."""
+    if len(picks) != len(drafts) + 1:
+        raise ValueError(f"{len(picks)} argmax ids for {len(drafts)} drafts (need K + 1)")
+    out: list[int] = []
+    for draft, pick in zip(drafts, picks):
+        out.append(pick)
+        if pick != draft:
+            return out
+    out.append(picks[-1])
+    return out
+
+
 def _accept_or_replace(draft: int, row: np.ndarray, sampler: Sampler) -> int:
     """`draft` if the target accepts it, else the target's replacement token."""
     if sampler.params.greedy:

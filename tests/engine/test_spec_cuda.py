@@ -1,0 +1,94 @@
+"""Speculative decoding on the CUDA backend: the verify round (a graph per K + 1) and the
+rollback give the plain greedy tokens for every K, the oracle drafter is accepted in full, and
+rejecting every draft leaves the KV rows and GDN state byte-identical to a plain step. Random
+tiny presets (built on the device: no checkpoint files needed on the GPU machine)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_nb import LLM
+from ninfer_nb.engine.generator import RUNNING_SLOT
+from ninfer_nb.engine.request import Request
+from ninfer_nb.engine.spec.oracle import OracleProposer
+from ninfer_nb.engine.spec.stats import SpecStats
+from ninfer_nb.models.state import GDNSlots, KVCache
+from ninfer_nb.params import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = [int(t) for t in np.random.default_rng(5).integers(100, 240000, 40)]
+
+
+def _llm(preset: str, k: int = 3) -> LLM:
+    return LLM(f"random:{preset}", device="cuda", max_context=160, spec="ngram", draft_tokens=k)
+
+
+def _generate(llm: LLM, n: int) -> list[int]:
+    request = Request("r", PROMPT, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    llm.engine.forget()
+    llm.engine.add_request(request)
+    while not request.finished:
+        llm.engine.step()
+    return request.output_ids
+
+
+class _Corrupted:
+    """The oracle's drafts with every `every`-th one wrong: full, partial and no acceptance."""
+
+    def __init__(self, plain: list[int], every: int) -> None:
+        self.plain, self.every = plain, every
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        n = len(tokens) - len(PROMPT)
+        return [t + 1 if (n + i) % self.every == 0 else t for i, t in enumerate(self.plain[n : n + k])]
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3.5", "tiny-qwen3.5-moe"])
+def test_cuda_greedy_spec_equals_plain_for_every_k(preset: str) -> None:
+    llm = _llm(preset)
+    engine = llm.engine
+    engine.proposer = None
+    plain = _generate(llm, 40)
+    for k in (1, 3, 5):
+        engine.draft_tokens = k
+        engine.proposer, engine.spec_stats = OracleProposer(tuple(PROMPT), tuple(plain)), SpecStats()
+        assert _generate(llm, 40) == plain, f"oracle K={k}"
+        assert engine.spec_stats.acceptance == 1.0 and engine.spec_stats.rounds > 0
+        engine.proposer, engine.spec_stats = _Corrupted(plain, every=3), SpecStats()
+        assert _generate(llm, 40) == plain, f"corrupted oracle K={k}"
+        s = engine.spec_stats
+        assert 0 < s.accepted < s.drafted
+
+
+def _state_bytes(llm: LLM, rows: int) -> list[bytes]:
+    out = []
+    b = llm.backend
+    for layer in llm.engine.generator.state.layers:
+        if isinstance(layer, KVCache):
+            out += [b.to_host(layer.k)[:rows].tobytes(), b.to_host(layer.v)[:rows].tobytes()]
+        else:
+            assert isinstance(layer, GDNSlots)
+            s = layer.slot(RUNNING_SLOT)
+            out += [b.to_host(s.conv).tobytes(), b.to_host(s.recurrent).tobytes()]
+    return out
+
+
+def test_cuda_reject_all_leaves_the_state_byte_identical() -> None:
+    """Plain step of the last token, then (twice: eager, then the captured graphs) a verify of
+    [last, 4 wrong drafts] rolled back to the last token: the same bytes every time."""
+    llm = _llm("tiny-qwen3.5", k=4)
+    gen = llm.engine.generator
+    runs = []
+    for drafting in (False, True, True, True):
+        gen.forget()
+        logits, _ = gen.prefill(PROMPT)
+        last = int(np.argmax(logits[: llm.valid_vocab]))
+        if drafting:
+            gen.verify([last, 1, 2, 3, 4], llm.valid_vocab)
+            gen.rollback(1)
+        else:
+            gen.decode(last)
+        assert gen.tokens == PROMPT + [last]
+        runs.append(_state_bytes(llm, len(gen.tokens)))
+    assert runs[1] == runs[0] and runs[2] == runs[0] and runs[3] == runs[0]
