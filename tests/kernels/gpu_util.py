@@ -9,6 +9,14 @@ import numpy as np
 BF16 = ml_dtypes.bfloat16
 
 
+def stable_seed(*parts: object) -> int:
+    """A seed from names (a test's id, a shape): the same in every run and process, unlike
+    hash(), which Python salts per process, so a failing case replays."""
+    import zlib
+
+    return zlib.crc32("/".join(map(str, parts)).encode())
+
+
 class GpuEnv:
     def __init__(self, arena_bytes: int = 24 << 30, scratch_bytes: int = 8 << 30) -> None:
         from ninfer_nb.ops.cuda import CudaOps
@@ -21,10 +29,10 @@ class GpuEnv:
         self.scratch = self.arena.carve(scratch_bytes)
         self.mark = self.arena.offset
         self.stream = Stream()
-        self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena, sm_count=info.multiprocessors)
-        # the arch picks the flash attention kernel; the GEMM choice stays mma.sync unless a test
-        # turns wgmma on (use_wgmma), as these tests were written
-        self.ops.arch = tuple(info.compute_capability)
+        # built for the device's architecture, as CudaBackend builds them: the default kernels
+        # (on cc 9.0 the wgmma prefill GEMMs); a test of another kernel pins it (use_wgmma)
+        self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena,
+                           arch=tuple(info.compute_capability), sm_count=info.multiprocessors)
 
     def fresh(self) -> Any:
         """Reset scratch + persistent allocations and fill the scratch with NaN sentinels."""

@@ -2,7 +2,10 @@
 CudaOps.linear, GPU only.
 
 Reference: NumPy fp32 on the bf16-rounded x and W (the kernel converts x to bf16), so the
-tolerance measures the kernel, not the rounding. The scratch arena is NaN-filled before each
+tolerance measures the kernel, not the rounding: the same bf16 products summed in fp32 in
+another order (relative Frobenius error ~2e-7 measured; TOL leaves 10x). The SwiGLU GEMM's
+bf16 output may round the other way where its fp32 value sits within an fp32 ulp or two of a
+bf16 rounding boundary (one bf16 ulp, 2^-8, on a few elements in 10^4): TOL_BF16_OUT. The scratch arena is NaN-filled before each
 case, so an unwritten output element fails. `test_gemm_mma_timing` prints TFLOP/s (CUDA events,
 best of 5) of mma.sync, wgmma (on cc 9.0) and the old CUDA-core `gemm_kernel`, and writes the
 table to $OUT if set.
@@ -20,7 +23,8 @@ from ninfer_nb.kernels.linear import linear as K_lin
 from tests.kernels.gpu_util import BF16, GpuEnv, rnd, rnd_bf16
 
 pytestmark = pytest.mark.gpu
-TOL = 1e-2
+TOL = 2e-6
+TOL_BF16_OUT = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +69,12 @@ def test_gemm_mma(env, m, n, k, with_bias):
     W, X = env.up(w), env.up(x)
     B = env.up(b) if with_bias else None
     names = _spy(ops)
+    wgmma, ops.use_wgmma = ops.use_wgmma, False           # this test is mma.sync's (wgmma: below)
     try:
         got = env.host(ops.linear(X, W, B))
     finally:
         del ops._go
+        ops.use_wgmma = wgmma
     assert "gemm_mma_kernel" in names and "f32_to_bf16_kernel" in names, names
     ref = x.astype(BF16).astype(np.float32) @ w.astype(np.float32).T
     if with_bias:
@@ -79,14 +85,14 @@ def test_gemm_mma(env, m, n, k, with_bias):
 
 
 def _hopper_ops(env):
-    from ninfer_nb.ops.cuda import CudaOps
     from ninfer_nb.runtime import device
 
     cc = device.select("cuda:0").compute_capability
     if tuple(cc) != (9, 0):
         pytest.skip(f"wgmma needs cc 9.0 (this GPU is {cc})")
-    env.fresh()
-    return CudaOps(env.scratch, env.stream, persistent=env.arena, arch=(9, 0))
+    ops = env.fresh()
+    assert ops.arch == (9, 0) and ops.use_wgmma           # the default on Hopper, as GpuEnv builds it
+    return ops
 
 
 @pytest.mark.parametrize("m,n,k,with_bias", [
@@ -159,7 +165,7 @@ def test_gemm_wgmma_swiglu_mlp(env, m, inter, k):
         timing = f"; MLP fused {_best_ms(env, fused):.2f} ms, GEMM + swiglu + GEMM {_best_ms(env, pair):.2f} ms"
     print(f"\ngemm_wgmma_swiglu MLP M={m} I={inter} K={k}: rel_fro_err h {err_h:.2e}, out {err:.2e}, "
           f"vs unfused {err_unfused:.2e}{timing}")
-    assert err_h <= TOL and err <= TOL and err_unfused <= 1e-3
+    assert err_h <= TOL_BF16_OUT and err <= TOL_BF16_OUT and err_unfused <= TOL_BF16_OUT
 
 
 def _best_ms(env, fn, reps: int = 5) -> float:

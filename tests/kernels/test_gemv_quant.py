@@ -111,10 +111,10 @@ def test_gpu_linear_matches_numpy_at_model_shapes(env, preset: str, name: str) -
     codes, scales, zero points)."""
     from ninfer_nb.quant.dequant import dequantize_rows
     from ninfer_nb.quant.formats import quant_format
-    from tests.kernels.gpu_util import close, rnd
+    from tests.kernels.gpu_util import close, rnd, stable_seed
 
     fmt = quant_format(name)
-    rng = np.random.default_rng(abs(hash((preset, name))) % 2**32)
+    rng = np.random.default_rng(stable_seed(preset, name))
     for n, k in _matrix_shapes(preset):
         ops = env.fresh()
         q = _random_quantized(rng, fmt, n, k)

@@ -20,7 +20,7 @@ from ninfer_nb.ops import cuda as cuda_ops
 from ninfer_nb.ops.cuda import gdn as cuda_gdn
 from ninfer_nb.ops.cuda import linear as cuda_linear
 from ninfer_nb.ops.cuda import moe as cuda_moe
-from tests.kernels.gpu_util import BF16, F32Experts, GpuEnv, close, rnd, rnd_bf16
+from tests.kernels.gpu_util import BF16, F32Experts, GpuEnv, close, rnd, rnd_bf16, stable_seed
 
 pytestmark = pytest.mark.gpu
 TOL32 = 1e-5
@@ -34,7 +34,7 @@ def env() -> GpuEnv:
 
 @pytest.fixture
 def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(abs(hash(request.node.name)) % (2**32))
+    return np.random.default_rng(stable_seed(request.node.name))
 
 
 @pytest.mark.parametrize("n,k", [(5120, 17408), (5120, 6144), (2048, 4096), (257, 2048), (6, 2304), (3, 2048)])
