@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ninfer_nb.chat import ChatDelta, ChatStreamParser, prompt_opens_reasoning
+from ninfer_nb.engine.logprobs import TokenLogprobs
 from ninfer_nb.engine.worker import EngineWorker, JobStream
 from ninfer_nb.errors import ContextLengthExceededError, InvalidRequestError
 from ninfer_nb.outputs import StreamEvent, Timings
@@ -25,6 +26,7 @@ from ninfer_nb.structured import Constraint
 from .constraints import OutputRequest
 from .engine import ChatEngine, Message, Tool
 from .prompt import Prompt
+from .reasoning import CLOSE_THINKING
 from .telemetry import RequestTrace
 
 FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
@@ -37,6 +39,8 @@ class ChatJob:
     params: SamplingParams
     enable_thinking: bool
     output: OutputRequest | None = None  # structured output / enforced tool calls, compiled later
+    n: int = 1                           # choices, each its own engine request on one prompt
+    thinking_budget: int | None = None   # thinking tokens before </think> is forced
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,28 @@ class Delta:
     kind: Literal["reasoning", "content", "tool_call"]
     text: str = ""
     tool_call: ToolCallOut | None = None
+    index: int = 0                                   # the choice (n > 1, several prompts)
+    # the generated tokens' logprobs up to this delta's text (params.logprobs set)
+    logprobs: tuple[TokenLogprobs, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChoiceEnd:
+    """One choice finished (sent as it happens; every choice's is also in Finished.choices).
+    `logprobs`: those of its tokens no delta carried (a withheld stop token, held-back text)."""
+
+    index: int
+    reason: FinishReason
+    completion_tokens: int
+    stop_sequence: str | None = None
+    timings: Timings | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)
 class Finished:
+    """The whole job's end: choice 0's outcome, usage summed over the choices."""
+
     reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
@@ -66,6 +88,7 @@ class Finished:
     cached_tokens: int = 0
     stop_sequence: str | None = None
     timings: Timings | None = None
+    choices: tuple[ChoiceEnd, ...] = ()
 
     @property
     def total_tokens(self) -> int:
@@ -77,7 +100,7 @@ class KeepAlive:
 
 
 KEEPALIVE = KeepAlive()
-Event = Started | Delta | Finished
+Event = Started | Delta | ChoiceEnd | Finished
 
 
 def check_context(engine: ChatEngine, prompt: Prompt) -> None:
@@ -106,13 +129,33 @@ def _engine_stream(engine: ChatEngine, job: ChatJob, prompt: Prompt, params: Sam
 
 def _chat_events(events: Iterator[StreamEvent],
                  parser: ChatStreamParser) -> Iterator[ChatDelta | StreamEvent]:
-    """Token events in, the parser's reasoning / content / tool-call deltas interleaved."""
+    """Token events in, the parser's reasoning / content / tool-call deltas interleaved (each
+    token's event before its text's deltas, so its logprobs go with that text)."""
     for ev in events:
+        if not ev.finished:
+            yield ev
         if ev.text:
             yield from parser.push(ev.text)
         if ev.finished:
             yield from parser.finish()
-        yield ev
+            yield ev
+
+
+def text_events(events: Iterator[StreamEvent]) -> Iterator[ChatDelta | StreamEvent]:
+    """Token events of a plain completion (no chat parsing): all text is content."""
+    for ev in events:
+        if not ev.finished:
+            yield ev
+        if ev.text:
+            yield ChatDelta("content", ev.text)
+        if ev.finished:
+            yield ev
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index`'s parameters: a given seed moves by the index (vLLM's rule), so seeded
+    choices differ and each is reproducible."""
+    return params if index == 0 or params.seed is None else params.replace(seed=params.seed + index)
 
 
 def chat_job(engine: ChatEngine, job: ChatJob, prompt: Prompt,
@@ -123,64 +166,118 @@ def chat_job(engine: ChatEngine, job: ChatJob, prompt: Prompt,
         prompt_tokens = len(prompt)
         room = max(1, engine.max_context - prompt_tokens)
         params = job.params.replace(max_tokens=min(job.params.max_tokens, room))
-        stream = _engine_stream(engine, job, prompt, params, cancel, constraint)
-        started = False
-        final: StreamEvent | None = None
-        tail: list[int] = []  # the last generated ids, to name a matched stop string
-        reasoning: list[str] = []
-        n_calls = 0
-        for ev in stream:
-            if not started:  # after the first step: context errors surface before Started
-                started = True
-                yield Started(prompt_tokens)
-            if isinstance(ev, StreamEvent):
-                if ev.finished:
-                    final = ev
-                elif ev.token_id is not None:
-                    tail = [*tail[-63:], ev.token_id]
-                continue
-            if ev.kind == "reasoning":
-                reasoning.append(ev.text)
-            if ev.kind == "tool_call" and ev.tool_call is not None:
-                n_calls += 1
-                call = ev.tool_call
-                yield Delta("tool_call", "", ToolCallOut(call.name, dict(call.arguments)))
-            elif ev.text:
-                yield Delta(ev.kind, ev.text)
-        if not started:
-            yield Started(prompt_tokens)
-        yield _finished(
-            engine, params, prompt_tokens, final, tail, "".join(reasoning), n_calls
-        )
+        if job.thinking_budget is not None and prompt_opens_reasoning(prompt.text):
+            params = params.replace(thinking_budget=job.thinking_budget, thinking_end_ids=tuple(
+                engine.tokenizer.encode(CLOSE_THINKING)))
+        choices = [(params_i, _engine_stream(engine, job, prompt, params_i, cancel, constraint))
+                   for params_i in (choice_params(params, i) for i in range(job.n))]
+        yield from run_choices(engine, choices, prompt_tokens)
 
     return run
 
 
-def _finished(
-    engine: ChatEngine,
-    params: SamplingParams,
-    prompt_tokens: int,
-    final: StreamEvent | None,
-    tail: list[int],
-    reasoning: str,
-    n_calls: int,
-) -> Finished:
+@dataclass
+class _Choice:
+    """What one choice has produced so far (run_choices)."""
+
+    params: SamplingParams
+    events: Iterator[ChatDelta | StreamEvent]
+    final: StreamEvent | None = None
+    tail: list[int] | None = None          # the last generated ids, to name a matched stop string
+    reasoning: str = ""
+    n_calls: int = 0
+    pending: list[TokenLogprobs] | None = None    # logprobs not yet sent with a delta
+
+
+def run_choices(engine: ChatEngine,
+                choices: list[tuple[SamplingParams, Iterator[ChatDelta | StreamEvent]]],
+                prompt_tokens: int, *, first: int = 0) -> Iterator[Event]:
+    """Drive the choices' engine streams in turn, one item each (the engine steps them as it
+    schedules them), and turn them into Started, Delta (with `index` = first + position),
+    ChoiceEnd as each ends, and one Finished with the usage of all."""
+    state = [_Choice(p, it, tail=[], pending=[]) for p, it in choices]
+    live = list(range(len(state)))
+    started = False
+    ends: list[ChoiceEnd] = []
+    try:
+        while live:
+            for i in list(live):
+                c = state[i]
+                try:
+                    ev = next(c.events)
+                except StopIteration:
+                    live.remove(i)
+                    if not started:
+                        started = True
+                        yield Started(prompt_tokens)
+                    ends.append(_choice_end(engine, c, first + i))
+                    yield ends[-1]
+                    continue
+                if not started:  # after the first step: context errors surface before Started
+                    started = True
+                    yield Started(prompt_tokens)
+                yield from _choice_event(c, ev, first + i)
+    finally:
+        for c in state:
+            close = getattr(c.events, "close", None)
+            if close is not None:
+                close()
+    if not started:
+        yield Started(prompt_tokens)
+    ends.sort(key=lambda e: e.index)
+    yield _finished(engine, state, prompt_tokens, ends)
+
+
+def _choice_event(c: _Choice, ev: ChatDelta | StreamEvent, index: int) -> Iterator[Delta]:
+    assert c.tail is not None and c.pending is not None
+    if isinstance(ev, StreamEvent):
+        if ev.finished:
+            c.final = ev
+        elif ev.token_id is not None:
+            c.tail = [*c.tail[-63:], ev.token_id]
+            if ev.logprobs is not None:
+                c.pending.append(ev.logprobs)
+        return
+    if ev.kind == "reasoning":
+        c.reasoning += ev.text
+    if ev.kind == "tool_call" and ev.tool_call is not None:
+        c.n_calls += 1
+        call = ev.tool_call
+        yield Delta("tool_call", "", ToolCallOut(call.name, dict(call.arguments)), index)
+    elif ev.text:
+        lps, c.pending = tuple(c.pending), []
+        yield Delta(ev.kind, ev.text, index=index, logprobs=lps)
+
+
+def _choice_end(engine: ChatEngine, c: _Choice, index: int) -> ChoiceEnd:
+    final = c.final
     reason = (final.finish_reason if final else None) or "stop"
     if reason not in ("stop", "length", "cancelled"):
         raise RuntimeError(f"generation ended with {reason!r}")
     timings = final.timings if final else None
-    completion = timings.completion_tokens if timings else 0
     stop_sequence = None
-    if reason == "stop" and final is not None:
-        stop_sequence = _matched_stop(engine, params, tail)
+    if reason == "stop" and final is not None and c.tail is not None:
+        stop_sequence = _matched_stop(engine, c.params, c.tail)
+    return ChoiceEnd(index, "tool_calls" if c.n_calls and reason == "stop" else reason,
+                     timings.completion_tokens if timings else 0, stop_sequence, timings,
+                     tuple(c.pending or ()))
+
+
+def _finished(engine: ChatEngine, state: list[_Choice], prompt_tokens: int,
+              ends: list[ChoiceEnd]) -> Finished:
+    head = ends[0]
+    timings = head.timings
+    reasoning = sum(len(engine.tokenizer.encode(c.reasoning)) for c in state if c.reasoning)
     return Finished(
-        reason="tool_calls" if n_calls and reason == "stop" else reason,
-        prompt_tokens=timings.prompt_tokens if timings and timings.prompt_tokens else prompt_tokens,
-        completion_tokens=completion,
-        reasoning_tokens=len(engine.tokenizer.encode(reasoning)) if reasoning else 0,
+        reason=head.reason,
+        prompt_tokens=timings.prompt_tokens if len(ends) == 1 and timings and timings.prompt_tokens
+        else prompt_tokens,
+        completion_tokens=sum(e.completion_tokens for e in ends),
+        reasoning_tokens=reasoning,
         cached_tokens=timings.cached_tokens if timings else 0,
-        stop_sequence=stop_sequence,
+        stop_sequence=head.stop_sequence,
         timings=timings,
+        choices=tuple(ends),
     )
 
 
@@ -284,25 +381,55 @@ def start_generation(
     return Generation(stream, trace, keepalive_s, is_disconnected, on_exit)
 
 
+@dataclass
+class CollectedChoice:
+    index: int
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCallOut] | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    end: ChoiceEnd | None = None
+
+
 @dataclass(frozen=True)
 class Collected:
     reasoning: str
     content: str
     tool_calls: list[ToolCallOut]
     finished: Finished
+    choices: list[CollectedChoice]       # by index (choice 0 is also the fields above)
 
 
 async def collect(gen: Generation) -> Collected:
     """Run a generation to its end (non-streaming responses)."""
-    reasoning: list[str] = []
-    content: list[str] = []
-    calls: list[ToolCallOut] = []
+    by_index: dict[int, CollectedChoice] = {}
+
+    def choice(i: int) -> CollectedChoice:
+        if i not in by_index:
+            by_index[i] = CollectedChoice(i, tool_calls=[], logprobs=[])
+        return by_index[i]
+
     async for ev in gen.events():
         if isinstance(ev, Delta):
+            c = choice(ev.index)
+            assert c.tool_calls is not None and c.logprobs is not None
+            c.logprobs.extend(ev.logprobs)
             if ev.kind == "tool_call" and ev.tool_call is not None:
-                calls.append(ev.tool_call)
+                c.tool_calls.append(ev.tool_call)
+            elif ev.kind == "reasoning":
+                c.reasoning += ev.text
             else:
-                (reasoning if ev.kind == "reasoning" else content).append(ev.text)
+                c.content += ev.text
+        elif isinstance(ev, ChoiceEnd):
+            c = choice(ev.index)
+            assert c.logprobs is not None
+            c.logprobs.extend(ev.logprobs)
+            c.end = ev
     if gen.finished is None:
         raise RuntimeError("the generation ended without a final event")
-    return Collected("".join(reasoning), "".join(content), calls, gen.finished)
+    for end in gen.finished.choices:
+        choice(end.index).end = end
+    ordered = [by_index[i] for i in sorted(by_index)] or [choice(0)]
+    head = ordered[0]
+    return Collected(head.reasoning, head.content, list(head.tool_calls or []), gen.finished,
+                     ordered)

@@ -10,9 +10,21 @@ from typing import Any
 
 from aiohttp import web
 
+from ninfer_nb.engine.logprobs import TokenLogprobs
+
 from .errors import to_api_error
 from .fields import read_json
-from .generation import Delta, Finished, Generation, KeepAlive, Started, ToolCallOut, collect
+from .generation import (
+    ChoiceEnd,
+    Delta,
+    Finished,
+    Generation,
+    KeepAlive,
+    Started,
+    ToolCallOut,
+    collect,
+)
+from .logprobs_json import TokenTexts, chat_logprobs
 from .messages import dump_arguments
 from .openai_input import ChatOptions, parse_chat_request
 from .sse import SSEWriter
@@ -49,27 +61,34 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     job, options = parse_chat_request(state, await read_json(request))
     trace_of(request).note(protocol="openai.chat", model=options.model, stream=options.stream)
     gen = await state.generate(request, job)
+    texts = TokenTexts(state.engine.tokenizer)
     async with gen:
         if options.stream:
-            return await _stream(request, gen, options)
+            return await _stream(request, gen, options, texts)
         out = await collect(gen)
-    calls = tool_calls_json(out.tool_calls)
-    for c in calls:
-        del c["index"]
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": out.content if out.content or not calls else None,
-        "reasoning_content": out.reasoning or None,
-    }
-    if calls:
-        message["tool_calls"] = calls
+    choices = []
+    for c in out.choices:
+        calls = tool_calls_json(c.tool_calls or [])
+        for call in calls:
+            del call["index"]
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": c.content if c.content or not calls else None,
+            "reasoning_content": c.reasoning or None,
+        }
+        if calls:
+            message["tool_calls"] = calls
+        reason = c.end.reason if c.end is not None else out.finished.reason
+        choices.append({"index": c.index, "message": message,
+                        "logprobs": chat_logprobs(c.logprobs or [], texts)
+                        if options.logprobs else None,
+                        "finish_reason": _FINISH[reason]})
     body = {
         "id": new_id("chatcmpl-"),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": options.model,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": _FINISH[out.finished.reason]}],
+        "choices": choices,
         "usage": usage(out.finished),
     }
     if (timings := timings_json(out.finished)) is not None:
@@ -78,39 +97,44 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(
-    request: web.Request, gen: Generation, options: ChatOptions
+    request: web.Request, gen: Generation, options: ChatOptions, texts: TokenTexts
 ) -> web.StreamResponse:
     sse = SSEWriter(request)
     head = {"id": new_id("chatcmpl-"), "object": "chat.completion.chunk",
             "created": int(time.time()), "model": options.model}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        body = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+    def chunk(delta: dict[str, Any], finish: str | None = None, index: int = 0,
+              lps: tuple[TokenLogprobs, ...] = ()) -> dict[str, Any]:
+        logprobs = chat_logprobs(lps, texts) if options.logprobs and lps else None
+        body = {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
                                      "finish_reason": finish}]}
         if options.include_usage:
             body["usage"] = None
         return body
 
-    calls: list[ToolCallOut] = []
+    calls: dict[int, list[ToolCallOut]] = {}
     try:
         async for ev in gen.events():
             if isinstance(ev, KeepAlive):
                 await sse.comment()
             elif isinstance(ev, Started):
-                await sse.send(chunk({"role": "assistant", "content": ""}))
+                for i in range(options.n):
+                    await sse.send(chunk({"role": "assistant", "content": ""}, index=i))
             elif isinstance(ev, Delta):
                 if ev.kind == "tool_call" and ev.tool_call is not None:
-                    calls.append(ev.tool_call)
+                    calls.setdefault(ev.index, []).append(ev.tool_call)
                 else:
                     key = "reasoning_content" if ev.kind == "reasoning" else "content"
-                    await sse.send(chunk({key: ev.text}))
-            elif isinstance(ev, Finished):
-                if calls:
-                    await sse.send(chunk({"tool_calls": tool_calls_json(calls)}))
-                final = chunk({}, _FINISH[ev.reason])
-                if (timings := timings_json(ev)) is not None:
-                    final["timings"] = timings
+                    await sse.send(chunk({key: ev.text}, index=ev.index, lps=ev.logprobs))
+            elif isinstance(ev, ChoiceEnd):
+                if ev.index in calls:
+                    await sse.send(chunk({"tool_calls": tool_calls_json(calls[ev.index])},
+                                         index=ev.index))
+                final = chunk({}, _FINISH[ev.reason], ev.index, ev.logprobs)
+                if ev.timings is not None:
+                    final["timings"] = ev.timings.as_dict()
                 await sse.send(final)
+            elif isinstance(ev, Finished):
                 if options.include_usage:
                     await sse.send({**head, "choices": [], "usage": usage(ev)})
     except ConnectionError:
@@ -119,7 +143,16 @@ async def _stream(
         if not sse.prepared:
             raise  # nothing sent yet: a normal HTTP error
         trace_of(request).failed(exc)
-        await sse.send(to_api_error(exc).openai_body())
+        await end_stream_with_error(sse, exc)
         return await sse.close()
     await sse.done()
     return await sse.close()
+
+
+async def end_stream_with_error(sse: SSEWriter, exc: BaseException) -> None:
+    """A failure after the stream began: the error event, then `[DONE]` (the stream's end)."""
+    try:
+        await sse.send(to_api_error(exc).openai_body())
+        await sse.done()
+    except ConnectionError:
+        pass  # the client is gone

@@ -8,16 +8,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ninfer_nb.engine.logprobs import MAX_TOP_LOGPROBS
+
 from . import messages as m
 from .constraints import OutputRequest, json_format, one_of, tool_grammar
 from .engine import Message, Tool
 from .errors import BadRequest
 from .fields import MAX_SEED, Fields, as_object
 from .generation import ChatJob
+from .reasoning import effort_budget
 from .state import ServerState
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
           "tool": "tool"}
+
+
+MAX_N = 16                    # choices per request
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,8 @@ class ChatOptions:
     model: str
     stream: bool
     include_usage: bool
+    n: int = 1
+    logprobs: bool = False
 
 
 def content_text(content: Any, where: str, *, allow_none: bool = False) -> str:
@@ -135,8 +143,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJo
     if f.has("functions") or f.has("function_call"):
         raise BadRequest("`functions` / `function_call` are deprecated; use tools",
                          param="functions", code="tools_not_supported")
-    if f.integer("n", 1) != 1:
-        raise BadRequest("n must be 1", param="n", code="n_not_supported")
+    n = parse_n(f)
     messages = parse_messages(f.array("messages", required=True) or [])
     tools = apply_tool_choice(parse_tools(f), f.raw("tool_choice"))
     output = _output(f, tools)
@@ -155,18 +162,51 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJo
         frequency_penalty=f.number("frequency_penalty", lo=-2.0, hi=2.0),
         seed=f.integer("seed", minimum=0, maximum=MAX_SEED),
         ignore_eos=f.boolean("ignore_eos"),
+        logprobs=chat_logprobs(f),
     )
+    effort_thinking, budget = effort_budget(f.raw("reasoning_effort"), "reasoning_effort")
     thinking = f.boolean("enable_thinking")
     if thinking is None:
         kwargs = f.object("chat_template_kwargs") or {}
+        unknown = sorted(set(kwargs) - {"enable_thinking"})
+        if unknown:
+            raise BadRequest(f"chat_template_kwargs.{unknown[0]} is not supported (only "
+                             "enable_thinking)", param=f"chat_template_kwargs.{unknown[0]}")
         value = kwargs.get("enable_thinking")
-        thinking = value if isinstance(value, bool) else state.config.enable_thinking
+        thinking = value if isinstance(value, bool) else effort_thinking
+    if thinking is None:
+        thinking = state.config.enable_thinking
     options = ChatOptions(
         model=model or state.model_id,
         stream=bool(f.boolean("stream", False)),
         include_usage=bool(stream_opts.get("include_usage", False)),
+        n=n,
+        logprobs=params.logprobs is not None,
     )
-    return ChatJob(messages, tools, params, thinking, output), options
+    return ChatJob(messages, tools, params, thinking, output, n=n, thinking_budget=budget), options
+
+
+def parse_n(f: Fields) -> int:
+    """`n` choices (1..MAX_N); `best_of` other than 1 / n is refused."""
+    n = f.integer("n", 1, minimum=1)
+    assert n is not None
+    if n > MAX_N:
+        raise BadRequest(f"n must be <= {MAX_N}, got {n}", param="n", code="n_not_supported")
+    best_of = f.integer("best_of", minimum=1)
+    if best_of is not None and best_of != n and best_of != 1:
+        raise BadRequest("best_of is not supported (each of the n choices is returned)",
+                         param="best_of", code="best_of_not_supported")
+    return n
+
+
+def chat_logprobs(f: Fields) -> int | None:
+    """Chat's `logprobs` (bool) + `top_logprobs` (0..20) as the engine's top-k, None when off."""
+    top = f.integer("top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
+    if not f.boolean("logprobs", False):
+        if top:
+            raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        return None
+    return top or 0
 
 
 def _output(f: Fields, tools: list[Tool] | None) -> OutputRequest | None:

@@ -184,7 +184,8 @@ def test_drain_ends_every_protocol_stream_with_its_error_event(scripted: Any) ->
         t.join(10)
     chat = [line[6:] for line in out["/v1/chat/completions"] if line.startswith("data: ")]
     assert out["/v1/chat/completions"][0] == "status 200"
-    assert json.loads(chat[-1])["error"]["code"] == "server_shutdown"
+    assert chat[-1] == "[DONE]"  # after the error event
+    assert json.loads(chat[-2])["error"]["code"] == "server_shutdown"
     assert len(chat) > 10  # it ran until the deadline
     events = [line for line in out["/v1/messages"] if line.startswith("event: ")]
     assert out["/v1/messages"][0] == "status 200" and events == ["event: error"]

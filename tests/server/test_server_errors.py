@@ -134,7 +134,7 @@ def test_body_over_limit_is_413_before_parsing(real_server: LiveServer) -> None:
 
 
 def test_unsupported_features(real_server: LiveServer) -> None:
-    cases = [({**CHAT, "n": 2}, "n_not_supported"),
+    cases = [({**CHAT, "n": 17}, "n_not_supported"), ({**CHAT, "n": 2, "best_of": 3}, "best_of_not_supported"),
              ({**CHAT, "functions": [{"name": "f"}]}, "tools_not_supported"),
              ({**CHAT, "messages": [{"role": "function", "content": "x"}]}, "tools_not_supported"),
              ({**CHAT, "messages": [{"role": "user", "content": [
@@ -204,8 +204,9 @@ def test_mid_stream_failure_in_each_protocol(scripted) -> None:
             return r.read().decode()
 
     chat = stream("/v1/chat/completions", {"model": MODEL_ID, "stream": True, "messages": msgs})
-    last = [line for line in chat.splitlines() if line.startswith("data:")][-1]
+    *_, last, done = [line for line in chat.splitlines() if line.startswith("data:")]
     assert json.loads(last[5:])["error"]["code"] == "internal_error"
+    assert done == "data: [DONE]"  # the error event, then the stream's end
     claude = stream("/v1/messages", {"model": "m", "stream": True, "max_tokens": 20,
                                      "messages": msgs})
     assert "event: error" in claude and '"api_error"' in claude
