@@ -163,11 +163,28 @@ class LayerWeights:
 
 
 @dataclass
+class MTPWeights:
+    """The checkpoint's multi-token-prediction head (Qwen3.5 / 3.6 `mtp.*`): the next token's
+    embedding and the target's final-normed hidden, each normed, concatenated and projected by
+    `fc` (kept as its two column halves: two GEMVs instead of a concatenation), then one
+    full-attention decoder layer (its own KV cache) and a final norm; the target's embedding
+    and LM head are shared (models/mtp.py runs it)."""
+
+    fc_embedding: LinearWeight   # [H, H]  fc's columns 0..H-1 (fc [H, 2H] takes [e | h])
+    fc_hidden: LinearWeight      # [H, H]  fc's columns H..2H-1
+    norm_embedding: Array   # [H]  zero-centred norm weights, +1 applied
+    norm_hidden: Array      # [H]
+    layer: LayerWeights     # a full-attention layer; MLP (dense) or MoE (35B-A3B)
+    norm: Array             # [H]  before the shared LM head
+
+
+@dataclass
 class ModelWeights:
     embed: LinearWeight     # [V, H]
     layers: list[LayerWeights]
     norm: Array             # [H]
     lm_head: LinearWeight   # [V, H] (the same record as embed when tied)
+    mtp: MTPWeights | None = None   # the MTP draft head, when the checkpoint has one
 
 
 def map_weights(obj: Any, on_linear: Callable[[LinearWeight], Any], on_array: Callable[[Array], Any],

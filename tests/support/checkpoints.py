@@ -67,14 +67,42 @@ def build_hf_model(kind: str, seed: int = 0, **overrides: Any):
     return model.eval()
 
 
+def mtp_tensors(model: Any, seed: int = 0) -> dict[str, Any]:
+    """Random `mtp.*` tensors of a Qwen3.5 / 3.6 model's MTP head (what real checkpoints ship and
+    HF transformers ignores): fc [H, 2H], the two pre-fc norms and the final norm [H], and one
+    full-attention decoder layer named like the model's own full-attention layers (dense MLP
+    or MoE), drawn like build_hf_model's weights."""
+    import torch
+
+    cfg = model.config
+    fa = [i for i, kind in enumerate(cfg.layer_types) if kind == "full_attention"][0]
+    prefix = f"model.layers.{fa}."
+    gen = torch.Generator().manual_seed(1000 + seed)
+    h = cfg.hidden_size
+
+    def rand(shape: tuple[int, ...]) -> Any:
+        if len(shape) == 1:
+            return torch.randn(shape, generator=gen) * 0.3
+        return torch.randn(shape, generator=gen) / max(shape[-1], 1) ** 0.5
+
+    out = {f"mtp.layers.0.{k[len(prefix):]}": rand(tuple(v.shape))
+           for k, v in model.state_dict().items() if k.startswith(prefix)}
+    out["mtp.fc.weight"] = rand((h, 2 * h))
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        out[f"mtp.{name}.weight"] = rand((h,))
+    return out
+
+
 def write_tiny_checkpoint(dest: Path, kind: str, *, seed: int = 0, wrapper: bool = False,
                           tokenizer: bool = True, bf16: bool = False, drop: str | None = None,
-                          **overrides: Any):
+                          mtp: bool = False, **overrides: Any):
     """Write a checkpoint directory; returns the HF model it was made from.
 
     bf16=True stores the weights in bfloat16 (the returned model is bf16 too).
     drop: a regex; matching tensors are left out of the files and zeroed in the returned model
     (e.g. the MoE shared expert, to check checkpoints that have none).
+    mtp=True (Qwen3.5 kinds) adds a random MTP head (`mtp_tensors`; the returned model has none:
+    transformers does not run it).
     wrapper=True writes the multimodal layout (`model.language_model.` names, nested
     `text_config`, plus a stray vision and MTP tensor that loaders must ignore)."""
     import torch
@@ -96,17 +124,23 @@ def write_tiny_checkpoint(dest: Path, kind: str, *, seed: int = 0, wrapper: bool
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     text_cfg = model.config.to_dict()
+    if mtp:
+        text_cfg["mtp_num_hidden_layers"] = 1
     if wrapper:
         state = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
                  for k, v in state.items()}
         state["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 4)
-        state["mtp.fc.weight"] = torch.zeros(4, 4)
+        if not mtp:                                 # a stray MTP tensor the loader must ignore
+            state["mtp.fc.weight"] = torch.zeros(4, 4)
         root = {"model_type": "qwen3_5_moe" if kind == "qwen35_moe" else "qwen3_5",
                 "architectures": ["Qwen3_5ForConditionalGeneration"],
                 "text_config": text_cfg, "vision_config": {"depth": 1},
                 "tie_word_embeddings": text_cfg.get("tie_word_embeddings", False)}
     else:
         root = text_cfg
+    if mtp:
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        state.update({k: v.to(dtype).contiguous() for k, v in mtp_tensors(model, seed).items()})
     (dest / "config.json").write_text(json.dumps(root, indent=1, default=str))
     names = sorted(state)
     half = len(names) // 2
