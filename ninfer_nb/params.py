@@ -20,6 +20,11 @@ class SamplingParams:
     min_p: float = 0.0              # 0 = off
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # HF / vLLM: a token seen in the prompt or the output has its logit divided (> 0) or
+    # multiplied (< 0) by this; 1 = off
+    repetition_penalty: float = 1.0
+    # (token id, bias) pairs added to the logits before the penalties (OpenAI logit_bias)
+    logit_bias: tuple[tuple[int, float], ...] = ()
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -69,6 +74,19 @@ class SamplingParams:
             v = float(getattr(self, name))
             if not -2.0 <= v <= 2.0:
                 raise bad(f"{name} must be in [-2, 2], got {v}")
+        rep = self.repetition_penalty
+        if isinstance(rep, bool) or not isinstance(rep, (int, float)) or not math.isfinite(rep) or not 0.0 < rep <= 2.0:
+            raise bad(f"repetition_penalty must be a number in (0, 2], got {rep!r}")
+        if len(self.logit_bias) > 300:
+            raise bad(f"logit_bias has {len(self.logit_bias)} entries (at most 300)")
+        seen: set[int] = set()
+        for entry in self.logit_bias:
+            if (not isinstance(entry, tuple) or len(entry) != 2 or isinstance(entry[0], bool)
+                    or not isinstance(entry[0], int) or entry[0] < 0 or entry[0] in seen
+                    or isinstance(entry[1], bool) or not isinstance(entry[1], (int, float))
+                    or not -100.0 <= entry[1] <= 100.0):
+                raise bad(f"logit_bias entries must be distinct (token id >= 0, bias in [-100, 100]), got {entry!r}")
+            seen.add(entry[0])
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise bad(f"seed must be an integer, got {self.seed!r}")
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)

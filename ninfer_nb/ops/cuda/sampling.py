@@ -1,11 +1,13 @@
 """Token selection on the GPU (kernels/sampling.py): argmax, the decode graph's pick-and-feed,
-penalties, token counts and the host-driven sampler."""
+penalties, token counts and the host-driven sampler; the decode graph's sampler over B rows
+(kernels/sample_pick.py: `sample_pick` and the device buffers it reads, `SamplePickBuffers`)."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
+from ninfer_nb.kernels import sample_pick as K_sp
 from ninfer_nb.kernels import sampling as K_smp
 
 from .launch import F32, CudaOpsBase, _need
@@ -52,3 +54,105 @@ class SamplingOps(CudaOpsBase):
                  probs, out)
         return out
 
+
+    def sample_pick(self, logits: Any, vocab: int, bufs: "SamplePickBuffers", ids: Any, pos: Any) -> Any:
+        """The next token of each row of logits [B, >= vocab] over ids < vocab, sampled with
+        each row's parameters in `bufs` (kernels/sample_pick.py: temperature, top-k, top-p,
+        min-p, penalties, logit bias, seed; the host sampler's semantics, exactly), into out
+        [B] int32 and fed back: ids[b] = out[b], pos[b] += 1 ([B] int32, the graph's inputs),
+        the row's offset + 1 and its token counted. Six kernels, no host sync (graph-safe)."""
+        b = logits.shape[0]
+        _need(logits.dtype == F32 and logits.ndim == 2 and logits.shape[1] >= vocab, "sample_pick: fp32 [B, >= vocab]")
+        _need(b <= bufs.rows and vocab == bufs.vocab, f"sample_pick: {b} rows of {vocab} for buffers of "
+              f"{bufs.rows} x {bufs.vocab}")
+        n = np.int32(vocab)
+        span = self._pick_threads * K_sp.PICK_PER
+        grid = (-(-vocab // span), b)
+        t = self._pick_threads
+        zrow = self.empty((b, vocab))                                    # [B, vocab] fp32
+        out = self.empty((b,), np.int32)
+        fpar, ipar, hist, zmax, best = bufs.fpar[:b], bufs.ipar[:b], bufs.hist[:b], bufs.zmax[:b], bufs.best[:b]
+        self._go(K_sp.pick_prep_kernel, grid, t, logits, n, fpar, ipar, bufs.bias_ids[:b], bufs.bias_val[:b],
+                 bufs.counts, zrow, zmax, hist, bufs.cand_n[:b], best)
+        self._go(K_sp.pick_hist_kernel, grid, t, zrow, n, fpar, ipar, zmax, hist, bufs.plan[:b], bufs.arrived[:b])
+        self._go(K_sp.pick_gather_kernel, grid, t, zrow, n, fpar, ipar, zmax, bufs.plan[:b], bufs.cand[:b],
+                 bufs.cand_n[:b])
+        self._go(K_sp.pick_select_kernel, b, self._select_threads, zrow, n, fpar, ipar, zmax, bufs.plan[:b], bufs.cand[:b],
+                 bufs.cand_n[:b], bufs.sel[:b], best)
+        self._go(K_sp.pick_full_kernel, grid, t, zrow, n, fpar, ipar, zmax, bufs.sel[:b], best)
+        self._go(K_sp.pick_finish_kernel, 1, max(32, 1 << (b - 1).bit_length()), best, ipar, bufs.counts, zmax,
+                 out, ids, pos)
+        return out
+
+    # threads of the sampler's kernels (the simulator runs every thread in Python: tests shrink them)
+    _pick_threads = K_sp.PICK_THREADS
+    _select_threads = K_sp.SELECT_THREADS
+
+
+class SamplePickBuffers:
+    """The device state `sample_pick` reads for `rows` rows over `vocab` ids: the parameters
+    (written by the host before a replay: `set_row`), the token counts, the step's work
+    buffers (zeroed by the kernels themselves). Allocated once, so a captured graph keeps them."""
+
+    def __init__(self, ops: Any, rows: int, vocab: int, max_bias: int = 300) -> None:
+        _need(0 < vocab <= K_sp.MAX_VOCAB, f"sample_pick: vocabulary of {vocab}")
+        self.ops, self.rows, self.vocab, self.max_bias = ops, rows, vocab, max_bias
+
+        def z(shape: tuple[int, ...], dtype: Any) -> Any:
+            return ops.zeros(shape, dtype, persistent=True)
+
+        self.fpar = z((rows, K_sp.NF), np.float32)         # [B, NF] temperature, top-p, min-p, penalties
+        self.ipar = z((rows, K_sp.NI), np.int64)           # [B, NI] top-k, seed, offset, bias entries, counts row
+        self.bias_ids = z((rows, max_bias), np.int32)      # [B, max_bias]
+        self.bias_val = z((rows, max_bias), np.float32)
+        self.counts = z((rows, vocab), np.int32)           # [B, V] generated count | PROMPT_BIT
+        self.zmax = z((rows,), np.uint64)
+        self.hist = z((rows, 2 * K_sp.NB), np.uint64)
+        self.plan = z((rows, 4), np.uint64)
+        self.arrived = z((rows,), np.int32)                # the histogram's block counter (kept 0)
+        self.cand = z((rows, K_sp.CAP), np.uint64)
+        self.cand_n = z((rows,), np.int32)
+        self.sel = z((rows, 2), np.uint64)
+        self.best = z((rows,), np.uint64)
+        self._fpar = np.zeros((rows, K_sp.NF), np.float32)
+        self._fpar[:, K_sp.F_TOP_P] = 1.0
+        self._fpar[:, K_sp.F_REP] = 1.0
+        self._ipar = np.zeros((rows, K_sp.NI), np.int64)
+        self._ipar[:, K_sp.I_CROW] = -1
+        self._put(self.fpar, self._fpar)
+        self._put(self.ipar, self._ipar)
+
+    def _put(self, dst: Any, host: np.ndarray) -> None:
+        if isinstance(dst, np.ndarray):
+            dst[...] = host
+        else:
+            dst.copy_from_numpy(np.ascontiguousarray(host, dtype=dst.dtype), self.ops.stream)
+
+    def set_row(self, b: int, *, temperature: float, seed: int, offset: int, top_k: int = 0, top_p: float = 1.0,
+                min_p: float = 0.0, repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                presence_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
+                counts: np.ndarray | None = None) -> None:
+        """Row b's parameters for the next replay, on the host until `flush`. counts: the row's
+        token counts [vocab] int32 (generated count | PROMPT_BIT) to upload now (syncs the
+        stream), or None to keep what the device holds (it counts every token it picks);
+        penalties read them. top_k 1 or temperature 0: the argmax."""
+        bias = logit_bias or {}
+        _need(len(bias) <= self.max_bias, f"sample_pick: {len(bias)} logit bias entries (at most {self.max_bias})")
+        penalized = repetition_penalty != 1.0 or frequency_penalty != 0.0 or presence_penalty != 0.0
+        self._fpar[b] = (temperature if top_k != 1 else 0.0, top_p, min_p, repetition_penalty, frequency_penalty,
+                         presence_penalty, 0.0, 0.0)
+        self._ipar[b] = (top_k, seed, offset, len(bias), b if penalized else -1, 0, 0, 0)
+        if bias:
+            ids = np.zeros(self.max_bias, np.int32)
+            vals = np.zeros(self.max_bias, np.float32)
+            ids[: len(bias)] = list(bias.keys())
+            vals[: len(bias)] = list(bias.values())
+            self._put(self.bias_ids[b], ids)
+            self._put(self.bias_val[b], vals)
+        if counts is not None:
+            self._put(self.counts[b], counts)
+
+    def flush(self, rows: int) -> None:
+        """Upload the first `rows` rows' parameters (two copies; syncs the stream)."""
+        self._put(self.fpar[:rows], self._fpar[:rows])
+        self._put(self.ipar[:rows], self._ipar[:rows])
