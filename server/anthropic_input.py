@@ -157,6 +157,14 @@ def thinking_enabled(state: ServerState, f: Fields) -> bool:
     return thinking.get("type") != "disabled"
 
 
+def thinking_budget(f: Fields) -> int | None:
+    """`thinking.budget_tokens` (type enabled): thinking tokens before `</think>` is forced."""
+    thinking = f.object("thinking")
+    if thinking is None or thinking.get("type") == "disabled":
+        return None
+    return as_object(thinking, "thinking").integer("budget_tokens", minimum=1)
+
+
 def parse_messages_request(
     state: ServerState, body: dict[str, Any]
 ) -> tuple[ChatJob, MessagesOptions]:
@@ -176,7 +184,8 @@ def parse_messages_request(
         top_k=f.integer("top_k", minimum=0),
     )
     tools = parse_tools(f)
-    job = ChatJob(parse_messages(f), tools, params, thinking_enabled(state, f), _output(f, tools))
+    job = ChatJob(parse_messages(f), tools, params, thinking_enabled(state, f), _output(f, tools),
+                  thinking_budget=thinking_budget(f))
     return job, MessagesOptions(model=model, stream=bool(f.boolean("stream", False)))
 
 

@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from ninfer_nb.engine.faults import fatal_fault
 from ninfer_nb.engine.worker import EngineWorker
 
-from . import anthropic, info, openai_chat, responses
+from . import anthropic, completions, info, openai_chat, responses
 from .config import ServerConfig
 from .drain import drain
 from .engine import ChatEngine
@@ -39,6 +40,9 @@ def setup_routes(app: web.Application) -> None:
     r.add_get("/v1/models", info.list_models)
     r.add_get("/v1/models/{model_id:.+}", info.get_model)
     r.add_post("/v1/chat/completions", openai_chat.chat_completions)
+    r.add_post("/v1/completions", completions.completions)
+    r.add_post("/tokenize", completions.tokenize)
+    r.add_post("/detokenize", completions.detokenize)
     r.add_post("/v1/responses", responses.create_response)
     r.add_post("/v1/responses/input_tokens", responses.input_tokens)
     r.add_get("/v1/responses/{response_id}", responses.get_response)
@@ -56,7 +60,10 @@ def create_app(
     state = ServerState(
         config=config,
         engine=engine,
-        worker=worker or EngineWorker(max_pending=config.max_pending),
+        worker=worker or EngineWorker(
+            max_pending=config.max_pending,
+            # a device fault the engine cannot recover from stops the worker (/health, exit 3)
+            fault_check=lambda exc: fatal_fault(exc, getattr(engine, "backend", None))),
         model_id=model_id,
         metrics=Metrics(model_id, engine.max_context),
         log=RequestLog(config.request_log, secrets=(config.api_key or "",))

@@ -10,15 +10,18 @@ whole run. Knows the engine only through `render_chat` and its tokenizer; knows 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ninfer_nb.chat import Tokenizer
 from ninfer_nb.structured import Constraint
 
 from .constraints import OutputRequest, compile_output, warm_grammar
 from .engine import ChatEngine, Message, TokenizerLike, Tool
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,10 @@ class PromptBuilder:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, compile_output, self.engine, want,
                                           prompt.text)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the prompt threads (tokenizing plain text, detokenizing)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def count(self, messages: list[Message], tools: list[Tool] | None,
                     enable_thinking: bool) -> int:

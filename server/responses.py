@@ -37,7 +37,8 @@ def _job(req: ResponsesRequest, conversation: list[Message]) -> ChatJob:
     msgs = leading_system([*head, *conversation])
     if not any(msg["role"] != "system" for msg in msgs):
         raise BadRequest("input must contain at least one message", param="input")
-    return ChatJob(msgs, req.tools, req.params, req.enable_thinking, req.output)
+    return ChatJob(msgs, req.tools, req.params, req.enable_thinking, req.output,
+                   thinking_budget=req.thinking_budget)
 
 
 def _store(state: ServerState, req: ResponsesRequest, conversation: list[Message],

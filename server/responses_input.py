@@ -16,6 +16,7 @@ from .engine import Message, Tool
 from .errors import BadRequest
 from .fields import MAX_SEED, Fields, as_object
 from .openai_input import content_text
+from .reasoning import effort_budget
 from .state import ServerState
 
 
@@ -34,6 +35,7 @@ class ResponsesRequest:
     include_reasoning: bool
     echo: dict[str, Any]          # request fields repeated in the response object
     output: OutputRequest | None = None   # text.format JSON, or calls enforced by tool_choice
+    thinking_budget: int | None = None    # from reasoning.effort (server/reasoning.py)
 
 
 def input_items(raw: Any) -> list[dict[str, Any]]:
@@ -143,10 +145,10 @@ def parse_responses_request(state: ServerState, body: dict[str, Any]) -> Respons
         raise BadRequest("background responses are not supported", param="background")
     items = input_items(f.raw("input") if f.has("input") else [])
     reasoning = f.object("reasoning") or {}
+    effort_thinking, budget = effort_budget(reasoning.get("effort"), "reasoning.effort")
     thinking = f.boolean("enable_thinking")
     if thinking is None:
-        effort = reasoning.get("effort")
-        thinking = effort != "none" if effort is not None else state.config.enable_thinking
+        thinking = effort_thinking if effort_thinking is not None else state.config.enable_thinking
     params = state.sampling(
         f.integer("max_output_tokens", minimum=1),
         temperature=f.number("temperature", lo=0.0, hi=2.0),
@@ -188,4 +190,5 @@ def parse_responses_request(state: ServerState, body: dict[str, Any]) -> Respons
         include_reasoning="reasoning.encrypted_content" in include,
         echo=echo,
         output=one_of(want, tools, calls),
+        thinking_budget=budget,
     )

@@ -10,10 +10,11 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
-from ninfer_nb.engine.worker import EngineWorker
+from ninfer_nb.engine.worker import EngineWorker, JobFn
 from ninfer_nb.errors import ModelNotFoundError
 from ninfer_nb.params import SamplingParams
 
@@ -64,6 +65,19 @@ class ServerState:
             keepalive_s=self.config.keepalive_s, is_disconnected=gone,
             on_exit=self.generations.discard, constraint=constraint,
         )
+        self.generations.add(gen)
+        return gen
+
+    def start_job(self, request: web.Request, fn: JobFn[Any]) -> Generation:
+        """Queue an engine-thread job of generation events (completions) like `generate`."""
+        def gone() -> bool:
+            transport = request.transport
+            return transport is None or transport.is_closing()
+
+        if self.draining:
+            raise self.shutting_down()
+        gen = Generation(self.worker.submit_stream(fn), request[TRACE], self.config.keepalive_s,
+                         gone, self.generations.discard)
         self.generations.add(gen)
         return gen
 
