@@ -57,6 +57,7 @@ def test_compile_sm90(name: str, i: int) -> None:
 FLOAT64_BY_DESIGN = {
     "rope_kernel": "the angle position * (table hi + lo) and its reduction mod 2 pi in float64 (rope_angle)",
     "qk_norm_rope_store_kernel": "the same RoPE angle",
+    "qk_norm_rope_store_paged_kernel": "the same RoPE angle",
     "kv_store_int8_kernel": "round() goes through float64; the codes must equal ops.cpu's np.rint",
     "fill_uniform_f32_kernel": "bench's random weights: the uniform value from the hash in float64",
     "fill_uniform_bf16_kernel": "the same",

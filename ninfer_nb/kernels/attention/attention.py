@@ -57,6 +57,7 @@ import math
 from numba import cuda, float32
 
 from ninfer_nb.kernels.attention.kvquant import GROUP, kv_load
+from ninfer_nb.kernels.attention.paging import flat_row, paged_row, seq_of
 from ninfer_nb.kernels.common.bf16 import from_f32
 from ninfer_nb.kernels.common.nbtypes import (
     f32,
@@ -66,10 +67,11 @@ from ninfer_nb.kernels.common.nbtypes import (
     i8_3,
     i32,
     i32_1,
+    i32_2,
     u16_3,
 )
 from ninfer_nb.kernels.common.ptx import ldg_f32
-from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.common.registry import KernelSpec, kernel
 from ninfer_nb.kernels.common.warp import warp_max as _warp_max
 from ninfer_nb.kernels.common.warp import warp_sum as _warp_sum
 
@@ -134,6 +136,7 @@ def kv_store_int8_kernel(k_codes, v_codes, k_scale, v_scale, k, v, positions):
 
 
 _SPLIT_SIGS = [(f32_3, c, c, f32_3, f32_3, i32_1, f32, f32_4, f32_4) for c in (f32_3, u16_3, i8_3)]
+_SPLIT_PAGED_SIGS = [(f32_3, c, c, f32_3, f32_3, i32_1, i32_2, f32, f32_4, f32_4) for c in (f32_3, u16_3, i8_3)]
 
 
 KEYS_PER_PASS = 4     # decode: keys a warp loads (K and V rows) before any math
@@ -165,60 +168,79 @@ def _pass_softmax(qv, kk, vv, sc, acc, m, l, j, k1):
     return m_new, l
 
 
-@kernel(*_SPLIT_SIGS, sim=False, launch_bounds=(128, 4))
-def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, part_o, part_ml):
-    """grid (n_split, Hq, T), block 128. part_o [T, Hq, n_split, D] (unnormalised),
-    part_ml [T, Hq, n_split, 2] = (running max, running sum); a split past the query's keys
-    writes (NEG, 0).
+def _make_split(paged: bool) -> KernelSpec:
+    """attn_split_kernel (one sequence, key j at cache row j) or attn_split_paged_kernel (the
+    same, with page_table [B, P] after positions: token t's keys through its sequence's row;
+    paging.py)."""
+    key_row = paged_row if paged else flat_row
 
-    Warp w walks keys j = k0 + w, + 4, ... KEYS_PER_PASS at a time: it issues the K and the V
-    loads of all of them (lane: dims lane + 32 e) before any math, so one pass waits for one
-    memory round trip, then runs the independent dot products and shuffle reductions side
-    by side, and one online-softmax update for the group. (Two keys per pass with the V loads
-    after the softmax waited two round trips per two keys.) Keys past k1 load key k0 + w
-    again and get p = 0."""
-    sm_m = cuda.shared.array(SPLIT_WARPS, float32)
-    sm_l = cuda.shared.array(SPLIT_WARPS, float32)
-    sm_acc = cuda.shared.array((SPLIT_WARPS, MAX_D), float32)
-    qv = cuda.local.array(8, float32)
-    acc = cuda.local.array(8, float32)
-    kk = cuda.local.array((KEYS_PER_PASS, 8), float32)
-    vv = cuda.local.array((KEYS_PER_PASS, 8), float32)
-    sc = cuda.local.array(KEYS_PER_PASS, float32)
-    sp = cuda.blockIdx.x
-    h = cuda.blockIdx.y
-    t = cuda.blockIdx.z
-    lane = cuda.threadIdx.x & 31
-    warp = cuda.threadIdx.x >> 5
-    d_head = q.shape[2]
-    hk = h // (q.shape[1] // k_cache.shape[1])
-    k0, k1 = _split_range(positions[t], sp, part_o.shape[2])
-    for e in range(8):
-        d = lane + 32 * e
-        qv[e] = q[t, h, d] * scale if d < d_head else float32(0.0)
-        acc[e] = float32(0.0)
-    m = float32(NEG)
-    l = float32(0.0)
-    j = k0 + warp
-    while j < k1:
-        for u in range(KEYS_PER_PASS):
-            ju = j + u * SPLIT_WARPS
-            ju = ju if ju < k1 else j
-            for e in range(8):
-                d = lane + 32 * e
-                ok = d < d_head
-                kk[u, e] = kv_load(k_cache, k_scale, ju, hk, d) if ok else float32(0.0)
-                vv[u, e] = kv_load(v_cache, v_scale, ju, hk, d) if ok else float32(0.0)
-        m, l = _pass_softmax(qv, kk, vv, sc, acc, m, l, j, k1)
-        j += KEYS_PER_PASS * SPLIT_WARPS
-    if lane == 0:
-        sm_m[warp] = m
-        sm_l[warp] = l
-    for e in range(8):
-        d = lane + 32 * e
-        if d < d_head:
-            sm_acc[warp, d] = acc[e]
-    _merge_split_warps(sm_m, sm_l, sm_acc, d_head, part_o, part_ml, t, h, sp)
+    @cuda.jit(device=True, inline=True)
+    def split(q, k_cache, v_cache, k_scale, v_scale, positions, page_table, scale, part_o, part_ml):
+        """grid (n_split, Hq, T), block 128. part_o [T, Hq, n_split, D] (unnormalised),
+        part_ml [T, Hq, n_split, 2] = (running max, running sum); a split past the query's keys
+        writes (NEG, 0).
+
+        Warp w walks keys j = k0 + w, + 4, ... KEYS_PER_PASS at a time: it issues the K and the V
+        loads of all of them (lane: dims lane + 32 e) before any math, so one pass waits for one
+        memory round trip, then runs the independent dot products and shuffle reductions side
+        by side, and one online-softmax update for the group. (Two keys per pass with the V loads
+        after the softmax waited two round trips per two keys.) Keys past k1 load key k0 + w
+        again and get p = 0."""
+        sm_m = cuda.shared.array(SPLIT_WARPS, float32)
+        sm_l = cuda.shared.array(SPLIT_WARPS, float32)
+        sm_acc = cuda.shared.array((SPLIT_WARPS, MAX_D), float32)
+        qv = cuda.local.array(8, float32)
+        acc = cuda.local.array(8, float32)
+        kk = cuda.local.array((KEYS_PER_PASS, 8), float32)
+        vv = cuda.local.array((KEYS_PER_PASS, 8), float32)
+        sc = cuda.local.array(KEYS_PER_PASS, float32)
+        sp = cuda.blockIdx.x
+        h = cuda.blockIdx.y
+        t = cuda.blockIdx.z
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        d_head = q.shape[2]
+        hk = h // (q.shape[1] // k_cache.shape[1])
+        b = seq_of(t, positions.shape[0], page_table.shape[0])
+        k0, k1 = _split_range(positions[t], sp, part_o.shape[2])
+        for e in range(8):
+            d = lane + 32 * e
+            qv[e] = q[t, h, d] * scale if d < d_head else float32(0.0)
+            acc[e] = float32(0.0)
+        m = float32(NEG)
+        l = float32(0.0)
+        j = k0 + warp
+        while j < k1:
+            for u in range(KEYS_PER_PASS):
+                ju = j + u * SPLIT_WARPS
+                ju = key_row(page_table, b, ju if ju < k1 else j)
+                for e in range(8):
+                    d = lane + 32 * e
+                    ok = d < d_head
+                    kk[u, e] = kv_load(k_cache, k_scale, ju, hk, d) if ok else float32(0.0)
+                    vv[u, e] = kv_load(v_cache, v_scale, ju, hk, d) if ok else float32(0.0)
+            m, l = _pass_softmax(qv, kk, vv, sc, acc, m, l, j, k1)
+            j += KEYS_PER_PASS * SPLIT_WARPS
+        if lane == 0:
+            sm_m[warp] = m
+            sm_l[warp] = l
+        for e in range(8):
+            d = lane + 32 * e
+            if d < d_head:
+                sm_acc[warp, d] = acc[e]
+        _merge_split_warps(sm_m, sm_l, sm_acc, d_head, part_o, part_ml, t, h, sp)
+
+    if paged:
+        def attn_split_paged_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, page_table, scale, part_o,
+                                    part_ml):
+            split(q, k_cache, v_cache, k_scale, v_scale, positions, page_table, scale, part_o, part_ml)
+
+        return kernel(*_SPLIT_PAGED_SIGS, sim=False, launch_bounds=(128, 4))(attn_split_paged_kernel)
+
+    def attn_split_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, part_o, part_ml):
+        split(q, k_cache, v_cache, k_scale, v_scale, positions, positions, scale, part_o, part_ml)
+
+    return kernel(*_SPLIT_SIGS, sim=False, launch_bounds=(128, 4))(attn_split_kernel)
 
 
 @cuda.jit(device=True, inline=True)
@@ -241,6 +263,10 @@ def _merge_split_warps(sm_m, sm_l, sm_acc, d_head, part_o, part_ml, t, h, sp):
             ll += sm_l[w_] * math.exp(sm_m[w_] - mm)
         part_ml[t, h, sp, 0] = mm
         part_ml[t, h, sp, 1] = ll
+
+
+attn_split_kernel = _make_split(False)
+attn_split_paged_kernel = _make_split(True)
 
 
 COMBINE_THREADS = 256   # = MAX_D: thread d owns output dim d
@@ -348,201 +374,222 @@ N_PF = 12             # staging values per thread per slice: 8 of Q, 4 of K
 assert 2 * BUF <= A_SIZE and 16 * 128 <= P_SIZE and MAX_D <= COMBINE_THREADS
 
 
-@cuda.jit(device=True)
-def _qk_elem(q, k_cache, k_scale, qrow_s, hk, j0, kmax, d, d_head, lrow, l):
-    """Staging element l (< 8: Q row lrow + 8l; else K key j0 + lrow + 8(l - 8)) at dim d."""
-    if d >= d_head:
-        return float32(0.0)
-    if l < 8:
-        rb = qrow_s[lrow + 8 * l]
-        return q[rb, d] if rb >= 0 else float32(0.0)
-    j = j0 + lrow + 8 * (l - 8)
-    return kv_load(k_cache, k_scale, j, hk, d) if j <= kmax else float32(0.0)
-
-
 _PRE_SIGS = [(f32_2, c, c, f32_3, f32_3, i32_1, f32, f32_2) for c in (f32_3, u16_3, i8_3)]
+_PRE_PAGED_SIGS = [(f32_2, c, c, f32_3, f32_3, i32_1, i32_2, f32, f32_2) for c in (f32_3, u16_3, i8_3)]
 
 
-@kernel(*_PRE_SIGS, launch_bounds=(PRE_THREADS, 2))
-def attn_prefill_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, out):
-    """q, out [T * Hq, D] (row t * Hq + h); grid (ceil(T * G / 64), Hkv), block 256, G = Hq / Hkv.
-    Block rows r = (t * G + g) - r0 for q-head hk * G + g; see the module docstring."""
-    sa = cuda.shared.array(A_SIZE, float32)
-    sp = cuda.shared.array(P_SIZE, float32)
-    sr = cuda.shared.array(R_SIZE, float32)
-    ls_s = cuda.shared.array(R_SIZE, float32)   # running sums, per (key group, row)
-    m_s = cuda.shared.array(PRE_BM, float32)    # running row max
-    corr_s = cuda.shared.array(PRE_BM, float32)
-    rpos_s = cuda.shared.array(PRE_BM, i32)
-    qrow_s = cuda.shared.array(PRE_BM, i32)
-    acc = cuda.local.array((4, 16), float32)    # O rows ty + 16i, dims tx + 16c
-    sc = cuda.local.array((4, 4), float32)      # S rows ry + 16i, keys kx + 8j
-    mo = cuda.local.array(4, float32)           # row max before this tile (half 0)
-    pf = cuda.local.array(N_PF, float32)        # next staging slice, in flight
-    tid = cuda.threadIdx.x & 1023       # the masks make indices provably >= 0 (see NNEG)
-    hk = cuda.blockIdx.y & 0xFFFF
-    n_tok = positions.shape[0]
-    hq = q.shape[0] // n_tok
-    d_head = q.shape[1]
-    grp = hq // k_cache.shape[1]
-    r0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * PRE_BM     # longest rows first
-    if tid < PRE_BM:
-        rr = r0 + tid
-        if rr < n_tok * grp:
-            t = rr // grp
-            qrow_s[tid] = t * hq + hk * grp + (rr - t * grp)
-            rpos_s[tid] = positions[t]
-        else:
-            qrow_s[tid] = -1
-            rpos_s[tid] = -1
-        m_s[tid] = float32(NEG)
-    for r in range(tid, R_SIZE, PRE_THREADS):
-        ls_s[r] = float32(0.0)
-    for i in range(4):
-        for c in range(16):
-            acc[i, c] = float32(0.0)
-    cuda.syncthreads()
-    kmax = -1
-    for r in range(PRE_BM):
-        kmax = max(kmax, rpos_s[r])
-    half = tid >> 7                 # Q.K^T: which 16 dims of each 32-dim slice
-    tig = tid & 127
-    ry = tig >> 3
-    kx = tig & 7
-    ty = tid >> 4                   # P.V: rows ty + 16i, dims tx + 16c
-    tx = tid & 15
-    lrow = tid >> 5                 # staging: rows / keys lrow + 8l, dim lcol of the slice
-    lcol = tid & 31
-    n_sl = (d_head + PRE_DS - 1) // PRE_DS
-    ncb = (d_head + 63) // 64
-    for l in range(N_PF):
-        pf[l] = _qk_elem(q, k_cache, k_scale, qrow_s, hk, 0, kmax, lcol, d_head, lrow, l)
-    for j0 in range(0, kmax + 1, PRE_BN):
-        j0 = j0 & NNEG
-        # ---- S = Q K^T over D slices: double-buffered, one barrier per slice
+def _make_prefill(paged: bool) -> KernelSpec:
+    """attn_prefill_kernel, or attn_prefill_paged_kernel: the same with page_table [1, P] after
+    positions (one sequence; key j at row paging.paged_row(page_table, 0, j))."""
+    key_row = paged_row if paged else flat_row
+
+    @cuda.jit(device=True)
+    def qk_elem(q, k_cache, k_scale, page_table, qrow_s, hk, j0, kmax, d, d_head, lrow, l):
+        """Staging element l (< 8: Q row lrow + 8l; else K key j0 + lrow + 8(l - 8)) at dim d."""
+        if d >= d_head:
+            return float32(0.0)
+        if l < 8:
+            rb = qrow_s[lrow + 8 * l]
+            return q[rb, d] if rb >= 0 else float32(0.0)
+        j = j0 + lrow + 8 * (l - 8)
+        return kv_load(k_cache, k_scale, key_row(page_table, 0, j), hk, d) if j <= kmax else float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
+    def prefill(q, k_cache, v_cache, k_scale, v_scale, positions, page_table, scale, out):
+        """q, out [T * Hq, D] (row t * Hq + h); grid (ceil(T * G / 64), Hkv), block 256, G = Hq / Hkv.
+        Block rows r = (t * G + g) - r0 for q-head hk * G + g; see the module docstring."""
+        sa = cuda.shared.array(A_SIZE, float32)
+        sp = cuda.shared.array(P_SIZE, float32)
+        sr = cuda.shared.array(R_SIZE, float32)
+        ls_s = cuda.shared.array(R_SIZE, float32)   # running sums, per (key group, row)
+        m_s = cuda.shared.array(PRE_BM, float32)    # running row max
+        corr_s = cuda.shared.array(PRE_BM, float32)
+        rpos_s = cuda.shared.array(PRE_BM, i32)
+        qrow_s = cuda.shared.array(PRE_BM, i32)
+        acc = cuda.local.array((4, 16), float32)    # O rows ty + 16i, dims tx + 16c
+        sc = cuda.local.array((4, 4), float32)      # S rows ry + 16i, keys kx + 8j
+        mo = cuda.local.array(4, float32)           # row max before this tile (half 0)
+        pf = cuda.local.array(N_PF, float32)        # next staging slice, in flight
+        tid = cuda.threadIdx.x & 1023       # the masks make indices provably >= 0 (see NNEG)
+        hk = cuda.blockIdx.y & 0xFFFF
+        n_tok = positions.shape[0]
+        hq = q.shape[0] // n_tok
+        d_head = q.shape[1]
+        grp = hq // k_cache.shape[1]
+        r0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * PRE_BM     # longest rows first
+        if tid < PRE_BM:
+            rr = r0 + tid
+            if rr < n_tok * grp:
+                t = rr // grp
+                qrow_s[tid] = t * hq + hk * grp + (rr - t * grp)
+                rpos_s[tid] = positions[t]
+            else:
+                qrow_s[tid] = -1
+                rpos_s[tid] = -1
+            m_s[tid] = float32(NEG)
+        for r in range(tid, R_SIZE, PRE_THREADS):
+            ls_s[r] = float32(0.0)
         for i in range(4):
-            for j in range(4):
-                sc[i, j] = float32(0.0)
-        for s in range(n_sl):
-            b = (s & 1) * BUF
-            for l in range(8):
-                sa[b + lcol * QP + lrow + 8 * l] = pf[l]
-            for l in range(4):
-                sa[b + K_OFF + lcol * KP + lrow + 8 * l] = pf[8 + l]
+            for c in range(16):
+                acc[i, c] = float32(0.0)
+        cuda.syncthreads()
+        kmax = -1
+        for r in range(PRE_BM):
+            kmax = max(kmax, rpos_s[r])
+        half = tid >> 7                 # Q.K^T: which 16 dims of each 32-dim slice
+        tig = tid & 127
+        ry = tig >> 3
+        kx = tig & 7
+        ty = tid >> 4                   # P.V: rows ty + 16i, dims tx + 16c
+        tx = tid & 15
+        lrow = tid >> 5                 # staging: rows / keys lrow + 8l, dim lcol of the slice
+        lcol = tid & 31
+        n_sl = (d_head + PRE_DS - 1) // PRE_DS
+        ncb = (d_head + 63) // 64
+        for l in range(N_PF):
+            pf[l] = qk_elem(q, k_cache, k_scale, page_table, qrow_s, hk, 0, kmax, lcol, d_head, lrow, l)
+        for j0 in range(0, kmax + 1, PRE_BN):
+            j0 = j0 & NNEG
+            # ---- S = Q K^T over D slices: double-buffered, one barrier per slice
+            for i in range(4):
+                for j in range(4):
+                    sc[i, j] = float32(0.0)
+            for s in range(n_sl):
+                b = (s & 1) * BUF
+                for l in range(8):
+                    sa[b + lcol * QP + lrow + 8 * l] = pf[l]
+                for l in range(4):
+                    sa[b + K_OFF + lcol * KP + lrow + 8 * l] = pf[8 + l]
+                cuda.syncthreads()
+                if s + 1 < n_sl:
+                    for l in range(N_PF):
+                        pf[l] = qk_elem(q, k_cache, k_scale, page_table, qrow_s, hk, j0, kmax, (((s + 1) * PRE_DS) & NNEG) + lcol,
+                                         d_head, lrow, l)
+                qb = b + half * (PRE_DS // 2) * QP + ry
+                kb = b + K_OFF + half * (PRE_DS // 2) * KP + kx
+                for dd in range(PRE_DS // 2):
+                    qi = (qb + dd * QP) & NNEG
+                    ki = (kb + dd * KP) & NNEG
+                    q0 = sa[qi]
+                    q1 = sa[qi + 16]
+                    q2 = sa[qi + 32]
+                    q3 = sa[qi + 48]
+                    for j in range(4):
+                        kv = sa[ki + 8 * j]
+                        sc[0, j] += q0 * kv
+                        sc[1, j] += q1 * kv
+                        sc[2, j] += q2 * kv
+                        sc[3, j] += q3 * kv
+            # ---- half 1 hands its partial sums to half 0; everyone stages the V tile
+            if half == 1:
+                for i in range(4):
+                    for j in range(4):
+                        sp[(i * 4 + j) * 128 + tig] = sc[i, j]
             cuda.syncthreads()
-            if s + 1 < n_sl:
+            if tid < d_head:
+                for l in range(PRE_BN):
+                    j = j0 + l
+                    sa[l * MAX_D + tid] = (kv_load(v_cache, v_scale, key_row(page_table, 0, j), hk, tid)
+                                                 if j <= kmax else float32(0.0))
+            if half == 0:
+                for i in range(4):
+                    rp = rpos_s[ry + 16 * i]
+                    mx = float32(NEG)
+                    for j in range(4):
+                        v = (sc[i, j] + sp[(i * 4 + j) * 128 + tig]) * scale
+                        if j0 + kx + 8 * j > rp:
+                            v = float32(NEG)
+                        sc[i, j] = v
+                        mx = max(mx, v)
+                    sr[kx * RP + ry + 16 * i] = mx
+                    mo[i] = m_s[ry + 16 * i]
+            cuda.syncthreads()
+            # ---- online softmax (half 0): row max over the 8 key groups, P to shared memory
+            if half == 0:
+                for i in range(4):
+                    row = ry + 16 * i
+                    mt = mo[i]
+                    for g in range(8):
+                        mt = max(mt, sr[g * RP + row])
+                    corr = math.exp(mo[i] - mt)
+                    ls = float32(0.0)
+                    for j in range(4):
+                        v = sc[i, j]
+                        p = math.exp(v - mt) if v > float32(NEG) else float32(0.0)
+                        sp[(kx + 8 * j) * PP + row] = p
+                        ls += p
+                    ls_s[kx * RP + row] = ls_s[kx * RP + row] * corr + ls
+                    if kx == 0:
+                        corr_s[row] = corr
+                        m_s[row] = mt
+            cuda.syncthreads()
+            if j0 + PRE_BN <= kmax:     # next tile's first Q/K slice, in flight during P.V
                 for l in range(N_PF):
-                    pf[l] = _qk_elem(q, k_cache, k_scale, qrow_s, hk, j0, kmax, (((s + 1) * PRE_DS) & NNEG) + lcol,
-                                     d_head, lrow, l)
-            qb = b + half * (PRE_DS // 2) * QP + ry
-            kb = b + K_OFF + half * (PRE_DS // 2) * KP + kx
-            for dd in range(PRE_DS // 2):
-                qi = (qb + dd * QP) & NNEG
-                ki = (kb + dd * KP) & NNEG
-                q0 = sa[qi]
-                q1 = sa[qi + 16]
-                q2 = sa[qi + 32]
-                q3 = sa[qi + 48]
-                for j in range(4):
-                    kv = sa[ki + 8 * j]
-                    sc[0, j] += q0 * kv
-                    sc[1, j] += q1 * kv
-                    sc[2, j] += q2 * kv
-                    sc[3, j] += q3 * kv
-        # ---- half 1 hands its partial sums to half 0; everyone stages the V tile
-        if half == 1:
+                    pf[l] = qk_elem(q, k_cache, k_scale, page_table, qrow_s, hk, j0 + PRE_BN, kmax, lcol, d_head, lrow, l)
+            # ---- O = O * corr + P V: 4 rows x 16 dims per thread
             for i in range(4):
-                for j in range(4):
-                    sp[(i * 4 + j) * 128 + tig] = sc[i, j]
-        cuda.syncthreads()
-        if tid < d_head:
-            for l in range(PRE_BN):
-                j = j0 + l
-                sa[l * MAX_D + tid] = kv_load(v_cache, v_scale, j, hk, tid) if j <= kmax else float32(0.0)
-        if half == 0:
-            for i in range(4):
-                rp = rpos_s[ry + 16 * i]
-                mx = float32(NEG)
-                for j in range(4):
-                    v = (sc[i, j] + sp[(i * 4 + j) * 128 + tig]) * scale
-                    if j0 + kx + 8 * j > rp:
-                        v = float32(NEG)
-                    sc[i, j] = v
-                    mx = max(mx, v)
-                sr[kx * RP + ry + 16 * i] = mx
-                mo[i] = m_s[ry + 16 * i]
-        cuda.syncthreads()
-        # ---- online softmax (half 0): row max over the 8 key groups, P to shared memory
-        if half == 0:
-            for i in range(4):
-                row = ry + 16 * i
-                mt = mo[i]
-                for g in range(8):
-                    mt = max(mt, sr[g * RP + row])
-                corr = math.exp(mo[i] - mt)
-                ls = float32(0.0)
-                for j in range(4):
-                    v = sc[i, j]
-                    p = math.exp(v - mt) if v > float32(NEG) else float32(0.0)
-                    sp[(kx + 8 * j) * PP + row] = p
-                    ls += p
-                ls_s[kx * RP + row] = ls_s[kx * RP + row] * corr + ls
-                if kx == 0:
-                    corr_s[row] = corr
-                    m_s[row] = mt
-        cuda.syncthreads()
-        if j0 + PRE_BN <= kmax:     # next tile's first Q/K slice, in flight during P.V
-            for l in range(N_PF):
-                pf[l] = _qk_elem(q, k_cache, k_scale, qrow_s, hk, j0 + PRE_BN, kmax, lcol, d_head, lrow, l)
-        # ---- O = O * corr + P V: 4 rows x 16 dims per thread
+                corr = corr_s[ty + 16 * i]
+                for c in range(16):
+                    acc[i, c] *= corr
+            for kk in range(PRE_BN):
+                pb = (kk * PP + ty) & NNEG
+                p0 = sp[pb]
+                p1 = sp[pb + 16]
+                p2 = sp[pb + 32]
+                p3 = sp[pb + 48]
+                vb = (kk * MAX_D + tx) & NNEG
+                for c in range(4):
+                    vv = sa[vb + 16 * c]
+                    acc[0, c] += p0 * vv
+                    acc[1, c] += p1 * vv
+                    acc[2, c] += p2 * vv
+                    acc[3, c] += p3 * vv
+                if ncb > 1:
+                    for c in range(4, 8):
+                        vv = sa[vb + 16 * c]
+                        acc[0, c] += p0 * vv
+                        acc[1, c] += p1 * vv
+                        acc[2, c] += p2 * vv
+                        acc[3, c] += p3 * vv
+                if ncb > 2:
+                    for c in range(8, 12):
+                        vv = sa[vb + 16 * c]
+                        acc[0, c] += p0 * vv
+                        acc[1, c] += p1 * vv
+                        acc[2, c] += p2 * vv
+                        acc[3, c] += p3 * vv
+                if ncb > 3:
+                    for c in range(12, 16):
+                        vv = sa[vb + 16 * c]
+                        acc[0, c] += p0 * vv
+                        acc[1, c] += p1 * vv
+                        acc[2, c] += p2 * vv
+                        acc[3, c] += p3 * vv
+            cuda.syncthreads()
         for i in range(4):
-            corr = corr_s[ty + 16 * i]
-            for c in range(16):
-                acc[i, c] *= corr
-        for kk in range(PRE_BN):
-            pb = (kk * PP + ty) & NNEG
-            p0 = sp[pb]
-            p1 = sp[pb + 16]
-            p2 = sp[pb + 32]
-            p3 = sp[pb + 48]
-            vb = (kk * MAX_D + tx) & NNEG
-            for c in range(4):
-                vv = sa[vb + 16 * c]
-                acc[0, c] += p0 * vv
-                acc[1, c] += p1 * vv
-                acc[2, c] += p2 * vv
-                acc[3, c] += p3 * vv
-            if ncb > 1:
-                for c in range(4, 8):
-                    vv = sa[vb + 16 * c]
-                    acc[0, c] += p0 * vv
-                    acc[1, c] += p1 * vv
-                    acc[2, c] += p2 * vv
-                    acc[3, c] += p3 * vv
-            if ncb > 2:
-                for c in range(8, 12):
-                    vv = sa[vb + 16 * c]
-                    acc[0, c] += p0 * vv
-                    acc[1, c] += p1 * vv
-                    acc[2, c] += p2 * vv
-                    acc[3, c] += p3 * vv
-            if ncb > 3:
-                for c in range(12, 16):
-                    vv = sa[vb + 16 * c]
-                    acc[0, c] += p0 * vv
-                    acc[1, c] += p1 * vv
-                    acc[2, c] += p2 * vv
-                    acc[3, c] += p3 * vv
-        cuda.syncthreads()
-    for i in range(4):
-        row = ty + 16 * i
-        rb = qrow_s[row]
-        if rb >= 0:
-            lsum = float32(0.0)
-            for g in range(8):
-                lsum += ls_s[g * RP + row]
-            inv = float32(1.0) / lsum
-            for c in range(16):
-                d = tx + 16 * c
-                if d < d_head:
-                    out[rb, d] = acc[i, c] * inv
+            row = ty + 16 * i
+            rb = qrow_s[row]
+            if rb >= 0:
+                lsum = float32(0.0)
+                for g in range(8):
+                    lsum += ls_s[g * RP + row]
+                inv = float32(1.0) / lsum
+                for c in range(16):
+                    d = tx + 16 * c
+                    if d < d_head:
+                        out[rb, d] = acc[i, c] * inv
+
+    if paged:
+        def attn_prefill_paged_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, page_table, scale, out):
+            prefill(q, k_cache, v_cache, k_scale, v_scale, positions, page_table, scale, out)
+
+        return kernel(*_PRE_PAGED_SIGS, launch_bounds=(PRE_THREADS, 2))(attn_prefill_paged_kernel)
+
+    def attn_prefill_kernel(q, k_cache, v_cache, k_scale, v_scale, positions, scale, out):
+        prefill(q, k_cache, v_cache, k_scale, v_scale, positions, positions, scale, out)
+
+    return kernel(*_PRE_SIGS, launch_bounds=(PRE_THREADS, 2))(attn_prefill_kernel)
+
+
+attn_prefill_kernel = _make_prefill(False)
+attn_prefill_paged_kernel = _make_prefill(True)

@@ -52,8 +52,9 @@ import math
 from numba import cuda, float32, uint32
 
 from ninfer_nb.kernels.attention.attention import MAX_D, NEG
+from ninfer_nb.kernels.attention.paging import flat_row, paged_row, seq_of
 from ninfer_nb.kernels.common.bf16 import f32_bits
-from ninfer_nb.kernels.common.nbtypes import f32, f32_3, f32_4, i32_1, u16_3
+from ninfer_nb.kernels.common.nbtypes import f32, f32_3, f32_4, i32_1, i32_2, u16_3
 from ninfer_nb.kernels.common.ptx import (
     as_f32,
     ldg_stream_v4_u32,
@@ -119,22 +120,26 @@ def _p_word(we, wo, src, odd):
     return xo if odd else xe
 
 
-def _make_split_mma(d_head_: int) -> KernelSpec:
+def _make_split_mma(d_head_: int, paged: bool = False) -> KernelSpec:
     """attn_split_mma_d{D}_kernel: the kernel for one head dim D (HEAD_DIMS), so the
     k-step / chunk / m-tile counts are constants and their guards fold away (with D a runtime
-    value every mma sat behind a branch and a WARPSYNC)."""
+    value every mma sat behind a branch and a WARPSYNC). paged: attn_split_mma_paged_d{D}_kernel,
+    with page_table [B, P] after positions (token t's keys through its sequence's table row,
+    paging.py); the flat kernel's rows are the key positions."""
     D_HEAD = d_head_
+    key_row = paged_row if paged else flat_row
     n_ks = D_HEAD >> 4                  # S k-steps (16 dims each)
     n_kc = D_HEAD >> 5                  # 16-byte K chunks per lane and row (2 k-steps each)
     n_vc = D_HEAD >> 6                  # 16-byte V chunks per lane and row (4 m-tiles each)
 
     @cuda.jit(device=True, inline=True)
-    def load_tile(k_cache, v_cache, kw, vw, j0, k0, k1, row, col, g, t4):
-        """The 16-byte loads of the tile at j0: K rows j0 + g, + 8 into kw; V rows j0 + 2t, + 8,
-        + 1, + 9 into vw (keys past k1 load row k0 again; their p is 0)."""
+    def load_tile(k_cache, v_cache, page_table, b, kw, vw, j0, k0, k1, row, col, g, t4):
+        """The 16-byte loads of the tile at j0: K keys j0 + g, + 8 into kw; V keys j0 + 2t, + 8,
+        + 1, + 9 into vw (keys past k1 load key k0 again; their p is 0); key j at cache row
+        key_row(page_table, b, j)."""
         for r in range(2):
             j = j0 + g + 8 * r
-            base = (j if j < k1 else k0) * row + col + 8 * t4
+            base = key_row(page_table, b, j if j < k1 else k0) * row + col + 8 * t4
             for c in range(8):
                 if c < n_kc:
                     x = ldg_stream_v4_u32(k_cache, base + 32 * c)
@@ -142,14 +147,15 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
                         kw[r, c, i] = x[i]
         for r in range(4):
             j = j0 + 2 * t4 + (r >> 1) + 8 * (r & 1)
-            base = (j if j < k1 else k0) * row + col + 8 * g
+            base = key_row(page_table, b, j if j < k1 else k0) * row + col + 8 * g
             for c in range(4):
                 if c < n_vc:
                     x = ldg_stream_v4_u32(v_cache, base + 64 * c)
                     for i in range(4):
                         vw[r, c, i] = x[i]
 
-    def attn_split_mma(q, k_cache, v_cache, positions, scale, part_o, part_ml):
+    @cuda.jit(device=True, inline=True)
+    def split_mma(q, k_cache, v_cache, positions, page_table, scale, part_o, part_ml):
         """grid (n_split, Hkv, T), block 32 DEC_WARPS; q.shape[2] == D_HEAD. See the module docstring."""
         sm_m = cuda.shared.array((DEC_WARPS, MAX_GROUP), float32)
         sm_l = cuda.shared.array((DEC_WARPS, MAX_GROUP), float32)
@@ -172,6 +178,7 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
         grp = q.shape[1] // n_kv
         d_head = D_HEAD
         n_keys = positions[t] + 1
+        b = seq_of(t, positions.shape[0], page_table.shape[0])
         n_split = part_o.shape[2]
         split_len = max((n_keys + n_split - 1) // n_split, MIN_SPLIT_KEYS)
         k0 = sp * split_len
@@ -192,7 +199,7 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
         col = hk * d_head
         j0 = k0 + DEC_TILE * w
         if j0 < k1:                         # the first tile's loads overlap Q's round trip
-            load_tile(k_cache, v_cache, kw, vw, j0, k0, k1, row, col, g, t4)
+            load_tile(k_cache, v_cache, page_table, b, kw, vw, j0, k0, k1, row, col, g, t4)
         z = scale if g < grp else float32(0.0)      # the mma's head columns past the group: zero
         for c in range(8):
             if c < n_kc:
@@ -269,7 +276,7 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
                     o[mt, 3] = r[3]
             j0 += DEC_TILE * DEC_WARPS
             if j0 < k1:
-                load_tile(k_cache, v_cache, kw, vw, j0, k0, k1, row, col, g, t4)
+                load_tile(k_cache, v_cache, page_table, b, kw, vw, j0, k0, k1, row, col, g, t4)
         # ---- this warp's (max, sum, O) to shared memory, then the block's merge
         l_e = _col_sum(l_e)
         l_o = _col_sum(l_o)
@@ -309,10 +316,21 @@ def _make_split_mma(d_head_: int) -> KernelSpec:
                     acc += sm_o[_oslot(w_, hh, d)] * sm_m[w_, hh]
                 part_o[t, hk * grp + hh, sp, d] = acc
 
+    options: dict = {"sim": True, "fastmath": True, "launch_bounds": (32 * DEC_WARPS, BLOCKS_PER_SM)}
+    if paged:
+        def attn_split_mma_paged(q, k_cache, v_cache, positions, page_table, scale, part_o, part_ml):
+            split_mma(q, k_cache, v_cache, positions, page_table, scale, part_o, part_ml)
+
+        attn_split_mma_paged.__name__ = f"attn_split_mma_paged_d{D_HEAD}_kernel"
+        return kernel((f32_3, u16_3, u16_3, i32_1, i32_2, f32, f32_4, f32_4), **options)(attn_split_mma_paged)
+
+    def attn_split_mma(q, k_cache, v_cache, positions, scale, part_o, part_ml):
+        split_mma(q, k_cache, v_cache, positions, positions, scale, part_o, part_ml)
+
     attn_split_mma.__name__ = f"attn_split_mma_d{D_HEAD}_kernel"
-    return kernel((f32_3, u16_3, u16_3, i32_1, f32, f32_4, f32_4), sim=True, fastmath=True,
-                  launch_bounds=(32 * DEC_WARPS, BLOCKS_PER_SM))(attn_split_mma)
+    return kernel((f32_3, u16_3, u16_3, i32_1, f32, f32_4, f32_4), **options)(attn_split_mma)
 
 
 HEAD_DIMS = (64, 256)           # Qwen3.5 / 3.6 attention: 256; 64: Llama-family (SmolLM2) and the simulator's case
 SPLIT_MMA_KERNELS: dict[int, KernelSpec] = {d: _make_split_mma(d) for d in HEAD_DIMS}
+SPLIT_MMA_PAGED_KERNELS: dict[int, KernelSpec] = {d: _make_split_mma(d, paged=True) for d in HEAD_DIMS}

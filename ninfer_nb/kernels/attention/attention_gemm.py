@@ -28,6 +28,7 @@ import math
 from numba import cuda, float32
 
 from ninfer_nb.kernels.attention.kvquant import kv_load
+from ninfer_nb.kernels.attention.paging import flat_row, paged_row
 from ninfer_nb.kernels.common.bf16 import f32_to_bf16
 from ninfer_nb.kernels.common.nbtypes import (
     f32,
@@ -36,10 +37,11 @@ from ninfer_nb.kernels.common.nbtypes import (
     i8_3,
     i32,
     i32_1,
+    i32_2,
     u16_2,
     u16_3,
 )
-from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.common.registry import KernelSpec, kernel
 
 KEY_ALIGN = 64              # Lp = L rounded up to this (the PV GEMM's K must be a multiple of 64)
 SOFTMAX_THREADS = 256
@@ -67,34 +69,58 @@ def attn_gather_q_kernel(q, qb):
 _GATHER_SIGS = [(c, c, f32_3, f32_3, i32_1, u16_3, u16_3) for c in (f32_3, u16_3, i8_3)]
 
 
-@kernel(*_GATHER_SIGS)
-def attn_gather_kv_kernel(k_cache, v_cache, k_scale, v_scale, positions, kb, vt):
-    """grid (Lp / 32, ceil(D / 32), Hkv), block (32, 8). kb[h, key, :] = K, vt[h, :, key] = V
-    (bf16) for key <= positions[-1], zero up to Lp. Any cache dtype (kv_load; int8 scales)."""
-    tile = cuda.shared.array((TILE, TILE_PITCH), float32)
-    k0 = cuda.blockIdx.x * TILE
-    d0 = cuda.blockIdx.y * TILE
-    h = cuda.blockIdx.z
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    n_keys = positions[positions.shape[0] - 1] + 1       # positions increase within a chunk
-    d_head = kb.shape[2]
-    d = d0 + tx
-    for i in range(TILE // 8):
-        key = k0 + ty + 8 * i
-        kv = float32(0.0)
-        vv = float32(0.0)
-        if key < n_keys and d < d_head:
-            kv = kv_load(k_cache, k_scale, key, h, d)
-            vv = kv_load(v_cache, v_scale, key, h, d)
-        if d < d_head:
-            kb[h, key, d] = f32_to_bf16(kv)
-        tile[ty + 8 * i, tx] = vv
-    cuda.syncthreads()
-    for i in range(TILE // 8):
-        dd = d0 + ty + 8 * i
-        if dd < d_head:
-            vt[h, dd, k0 + tx] = f32_to_bf16(tile[tx, ty + 8 * i])
+_GATHER_PAGED_SIGS = [(c, c, f32_3, f32_3, i32_1, i32_2, u16_3, u16_3) for c in (f32_3, u16_3, i8_3)]
+
+
+def _make_gather_kv(paged: bool) -> KernelSpec:
+    """attn_gather_kv_kernel, or attn_gather_kv_paged_kernel: the same with page_table [1, P]
+    after positions (one sequence; key j at row paging.paged_row(page_table, 0, j))."""
+    key_row = paged_row if paged else flat_row
+
+    @cuda.jit(device=True, inline=True)
+    def gather(k_cache, v_cache, k_scale, v_scale, positions, page_table, kb, vt):
+        """grid (Lp / 32, ceil(D / 32), Hkv), block (32, 8). kb[h, key, :] = K, vt[h, :, key] = V
+        (bf16) for key <= positions[-1], zero up to Lp. Any cache dtype (kv_load; int8 scales)."""
+        tile = cuda.shared.array((TILE, TILE_PITCH), float32)
+        k0 = cuda.blockIdx.x * TILE
+        d0 = cuda.blockIdx.y * TILE
+        h = cuda.blockIdx.z
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        n_keys = positions[positions.shape[0] - 1] + 1       # positions increase within a chunk
+        d_head = kb.shape[2]
+        d = d0 + tx
+        for i in range(TILE // 8):
+            key = k0 + ty + 8 * i
+            kv = float32(0.0)
+            vv = float32(0.0)
+            if key < n_keys and d < d_head:
+                row = key_row(page_table, 0, key)
+                kv = kv_load(k_cache, k_scale, row, h, d)
+                vv = kv_load(v_cache, v_scale, row, h, d)
+            if d < d_head:
+                kb[h, key, d] = f32_to_bf16(kv)
+            tile[ty + 8 * i, tx] = vv
+        cuda.syncthreads()
+        for i in range(TILE // 8):
+            dd = d0 + ty + 8 * i
+            if dd < d_head:
+                vt[h, dd, k0 + tx] = f32_to_bf16(tile[tx, ty + 8 * i])
+
+    if paged:
+        def attn_gather_kv_paged_kernel(k_cache, v_cache, k_scale, v_scale, positions, page_table, kb, vt):
+            gather(k_cache, v_cache, k_scale, v_scale, positions, page_table, kb, vt)
+
+        return kernel(*_GATHER_PAGED_SIGS)(attn_gather_kv_paged_kernel)
+
+    def attn_gather_kv_kernel(k_cache, v_cache, k_scale, v_scale, positions, kb, vt):
+        gather(k_cache, v_cache, k_scale, v_scale, positions, positions, kb, vt)
+
+    return kernel(*_GATHER_SIGS)(attn_gather_kv_kernel)
+
+
+attn_gather_kv_kernel = _make_gather_kv(False)
+attn_gather_kv_paged_kernel = _make_gather_kv(True)
 
 
 @kernel((f32_2, i32_1, i32, i32, f32, u16_2))
