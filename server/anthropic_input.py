@@ -13,6 +13,7 @@ from .engine import Message, Tool
 from .errors import BadRequest
 from .fields import Fields, as_object
 from .generation import ChatJob
+from .route_fields import check_fields
 from .state import ServerState
 
 
@@ -169,6 +170,7 @@ def parse_messages_request(
     state: ServerState, body: dict[str, Any]
 ) -> tuple[ChatJob, MessagesOptions]:
     f = Fields(body)
+    check_fields("/v1/messages", body)
     model = f.string("model", required=True) or ""
     max_tokens = f.integer("max_tokens", minimum=1)
     if max_tokens is None:

@@ -41,8 +41,9 @@ from .generation import (
 )
 from .logprobs_json import TokenTexts, completion_logprobs, merge_completion_logprobs
 from .openai_chat import end_stream_with_error
-from .openai_input import parse_n
+from .openai_input import parse_n, penalty_fields
 from .prompt import Prompt
+from .route_fields import check_fields
 from .sse import SSEWriter
 from .state import STATE, ServerState, new_id, trace_of
 
@@ -93,6 +94,7 @@ def _prompts(raw: Any) -> list[str | list[int]]:
 
 def parse_completion_request(state: ServerState, body: dict[str, Any]) -> CompletionRequest:
     f = Fields(body)
+    check_fields("/v1/completions", body)
     model = f.string("model")
     state.check_model(model)
     if f.has("suffix") and f.raw("suffix") != "":
@@ -121,6 +123,7 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
         seed=f.integer("seed", minimum=0, maximum=MAX_SEED),
         ignore_eos=f.boolean("ignore_eos"),
         logprobs=logprobs,
+        **penalty_fields(f),
     )
     if max_tokens == 0:
         params = params.replace(max_tokens=0)        # echo only: no engine request
@@ -321,7 +324,9 @@ async def tokenize(request: web.Request) -> web.Response:
     """`{prompt, add_special_tokens?}` or `{messages, add_generation_prompt?, ...}` ->
     `{count, max_model_len, tokens, token_strs}`."""
     state = request.app[STATE]
-    f = Fields(await read_json(request))
+    body = await read_json(request)
+    check_fields("/tokenize", body)
+    f = Fields(body)
     if f.has("model"):
         state.check_model(f.string("model"))
     engine: Any = state.engine
@@ -360,7 +365,9 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     """`{tokens: [ids]}` -> `{prompt: text}`."""
     state = request.app[STATE]
-    f = Fields(await read_json(request))
+    body = await read_json(request)
+    check_fields("/detokenize", body)
+    f = Fields(body)
     if f.has("model"):
         state.check_model(f.string("model"))
     raw = f.array("tokens", required=True) or []

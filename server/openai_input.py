@@ -17,6 +17,7 @@ from .errors import BadRequest
 from .fields import MAX_SEED, Fields, as_object
 from .generation import ChatJob
 from .reasoning import effort_budget
+from .route_fields import check_fields
 from .state import ServerState
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
@@ -138,6 +139,7 @@ def apply_tool_choice(tools: list[Tool] | None, choice: Any) -> list[Tool] | Non
 
 def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJob, ChatOptions]:
     f = Fields(body)
+    check_fields("/v1/chat/completions", body)
     model = f.string("model")
     state.check_model(model)
     if f.has("functions") or f.has("function_call"):
@@ -163,6 +165,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJo
         seed=f.integer("seed", minimum=0, maximum=MAX_SEED),
         ignore_eos=f.boolean("ignore_eos"),
         logprobs=chat_logprobs(f),
+        **penalty_fields(f),
     )
     effort_thinking, budget = effort_budget(f.raw("reasoning_effort"), "reasoning_effort")
     thinking = f.boolean("enable_thinking")
@@ -184,6 +187,28 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJo
         logprobs=params.logprobs is not None,
     )
     return ChatJob(messages, tools, params, thinking, output, n=n, thinking_budget=budget), options
+
+
+def penalty_fields(f: Fields) -> dict[str, Any]:
+    """`repetition_penalty` (vLLM's, (0, 2]) and `logit_bias` ({token id: bias in [-100,
+    100]}, OpenAI's), as SamplingParams fields (absent: the server's defaults)."""
+    out: dict[str, Any] = {}
+    rep = f.number("repetition_penalty", lo=0.0, hi=2.0)
+    if rep is not None:
+        if rep <= 0.0:
+            raise BadRequest("repetition_penalty must be in (0, 2]", param="repetition_penalty")
+        out["repetition_penalty"] = rep
+    bias = f.object("logit_bias")
+    if bias:
+        pairs = []
+        for key, value in bias.items():
+            if not key.isdigit() or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not -100 <= value <= 100:
+                raise BadRequest("logit_bias maps token ids (strings of digits) to numbers in "
+                                 f"[-100, 100]; got {key!r}: {value!r}", param="logit_bias")
+            pairs.append((int(key), float(value)))
+        out["logit_bias"] = tuple(sorted(pairs))
+    return out
 
 
 def parse_n(f: Fields) -> int:

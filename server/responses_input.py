@@ -17,6 +17,7 @@ from .errors import BadRequest
 from .fields import MAX_SEED, Fields, as_object
 from .openai_input import content_text
 from .reasoning import effort_budget
+from .route_fields import check_fields
 from .state import ServerState
 
 
@@ -133,6 +134,7 @@ def parse_tools(f: Fields) -> list[Tool] | None:
 
 def parse_responses_request(state: ServerState, body: dict[str, Any]) -> ResponsesRequest:
     f = Fields(body)
+    check_fields("/v1/responses", body)
     model = f.string("model")
     state.check_model(model)
     text = f.object("text") or {}

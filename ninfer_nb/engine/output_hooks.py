@@ -11,7 +11,7 @@ engine asks `needs_rows`). Knows nothing about text: the front door gives the fo
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,8 +53,8 @@ class HookedSampler(Sampler):
     needs_rows = True
 
     def __init__(self, request: Request, params: SamplingParams, valid_vocab: int,
-                 seed: int | None = None, matcher: Matcher | None = None) -> None:
-        super().__init__(params, valid_vocab, seed=seed, matcher=matcher)
+                 seed: int | None = None, matcher: Matcher | None = None, **kw: Any) -> None:
+        super().__init__(params, valid_vocab, seed=seed, matcher=matcher, **kw)
         self.request = request
         self.budget = (ThinkingBudget(params.thinking_budget, params.thinking_end_ids)
                        if params.thinking_budget is not None else None)
@@ -76,8 +76,9 @@ class HookedSampler(Sampler):
 
 
 def sampler_for(request: Request, params: SamplingParams, valid_vocab: int, seed: int | None = None,
-                matcher: Matcher | None = None) -> Sampler:
-    """The request's host sampler: hooked when it wants logprobs or a thinking budget."""
+                matcher: Matcher | None = None, **kw: Any) -> Sampler:
+    """The request's host sampler: hooked when it wants logprobs or a thinking budget (`kw`:
+    the Sampler's other arguments, passed on)."""
     if params.logprobs is None and params.thinking_budget is None:
-        return Sampler(params, valid_vocab, seed=seed, matcher=matcher)
-    return HookedSampler(request, params, valid_vocab, seed=seed, matcher=matcher)
+        return Sampler(params, valid_vocab, seed=seed, matcher=matcher, **kw)
+    return HookedSampler(request, params, valid_vocab, seed=seed, matcher=matcher, **kw)
