@@ -339,3 +339,7 @@ class EngineConfig:
     spec: str = "off"                        # speculative decoding: off | ngram (CPU / eager backends)
     draft_tokens: int = 3                    # draft tokens per verify round (spec != off)
     weights: str | None = None               # random:PRESET models: a quantized weight format (int4-g64, ...)
+    # requests decoding at once (the scheduler's lanes); None = auto: 1 on CUDA (the one-sequence
+    # graph path until batched decode graphs land), DEFAULT_CPU_CONCURRENCY on the CPU
+    max_concurrency: int | None = None
+    kv_pages: int | None = None              # KV page pool (64 tokens each); None: every lane's full context

@@ -55,13 +55,16 @@ class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
                  kv_cache: str = "auto", show_progress: bool = False, spec: str = "off",
-                 draft_tokens: int = 3, config: EngineConfig | None = None) -> None:
+                 draft_tokens: int = 3, max_concurrency: int | None = None,
+                 config: EngineConfig | None = None) -> None:
         """`config` replaces every other argument (bench and tests pass kernel / decode choices
-        through it)."""
+        through it). max_concurrency: requests decoding at once (None: the backend's default,
+        `default_concurrency`)."""
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
                                      cuda_graphs=cuda_graphs, kv_cache=kv_cache,
-                                     show_progress=show_progress, spec=spec, draft_tokens=draft_tokens)
+                                     show_progress=show_progress, spec=spec, draft_tokens=draft_tokens,
+                                     max_concurrency=max_concurrency)
         if cfg.kv_cache not in KV_CACHE_KINDS:
             raise InvalidRequestError(f"kv_cache must be auto, fp32, bf16 or int8, got {cfg.kv_cache!r}")
         if cfg.weights is not None and not (cfg.model or "").startswith(RANDOM_PREFIX):
@@ -69,6 +72,8 @@ class LLM:
                                       "(a checkpoint loads in its own format)")
         if cfg.max_context < 2:
             raise InvalidRequestError(f"max_context must be >= 2, got {cfg.max_context}")
+        if cfg.max_concurrency is not None and cfg.max_concurrency < 1:
+            raise InvalidRequestError(f"max_concurrency must be >= 1, got {cfg.max_concurrency}")
         self.engine_config = cfg
         self.backend = create_backend(cfg.device, choices=cfg.kernels)
         if cfg.model is not None and cfg.model.startswith(RANDOM_PREFIX):
@@ -93,6 +98,7 @@ class LLM:
         self.max_context = min(cfg.max_context, max(self.model_config.max_position_embeddings, 2))
         self.kv_cache = cfg.kv_cache if cfg.kv_cache != "auto" else self.backend.default_kv_cache
         self.device_name = self.backend.device_name
+        self.max_concurrency = cfg.max_concurrency or default_concurrency(self.backend.name)
         # Ids the sampler may produce: the tokenizer's, never the LM head's padding rows.
         tok_vocab = self.tokenizer.vocab_size if self.tokenizer else self.model_config.vocab_size
         tok_eos = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
@@ -103,7 +109,8 @@ class LLM:
             valid_vocab=min(self.model_config.vocab_size, tok_vocab),
             eos_ids=frozenset(i for i in stop_ids if i is not None), use_graphs=cfg.cuda_graphs,
             kv_dtype=_kv_dtype(self.kv_cache), seed=cfg.seed, decode=cfg.decode,
-            spec=cfg.spec, draft_tokens=cfg.draft_tokens)
+            spec=cfg.spec, draft_tokens=cfg.draft_tokens,
+            max_concurrency=self.max_concurrency, kv_pages=cfg.kv_pages)
         self._request_ids = itertools.count()
         self._outputs: dict[str, collections.deque[RequestOutput]] = {}   # per request, not yet read
 
@@ -216,7 +223,8 @@ class LLM:
             if not self.engine.has_unfinished_requests():
                 raise RuntimeError(f"{request_id}: the engine finished it without a final output")
             for out in self.engine.step():
-                self._outputs.setdefault(out.request_id, collections.deque()).append(out)
+                if out.request_id in self._outputs:          # else its stream has ended
+                    self._outputs[out.request_id].append(out)
         return queue.popleft()
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
@@ -312,6 +320,15 @@ class LLM:
             "model_id": self.model_id,
             "architecture": self.model_config.architecture,
         }
+
+
+DEFAULT_CPU_CONCURRENCY = 8
+
+
+def default_concurrency(backend: str) -> int:
+    """Requests decoding at once when the user did not say: one on CUDA (the single-sequence
+    decode graphs), DEFAULT_CPU_CONCURRENCY on the CPU (NumPy reads each weight once per round)."""
+    return 1 if backend == "cuda" else DEFAULT_CPU_CONCURRENCY
 
 
 _KV_DTYPES: dict[str, KVDtype] = {"fp32": "fp32", "bf16": "bf16", "int8": "int8"}

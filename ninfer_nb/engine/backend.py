@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from ..models.presets import random_weights
 from ..models.weights import ModelWeights
 from ..ops import cpu
 from ..ops.kernel_choices import KernelChoices
-from .backends.base import ARGMAX, Backend, Forward, Pick
+from .backends.base import ARGMAX, Backend, Forward, Pick, RowsForward
 from .sampler import gumbel_max_pick
 
 __all__ = ["Backend", "CpuBackend", "create_backend"]
@@ -85,6 +85,33 @@ class CpuBackend:
         self.begin_step()
         ids, pos = self.ids([token], position)
         return self.to_host(forward(ids, pos))[-1]
+
+    def verify_step(self, forward: Forward, tokens: list[int], position: int, vocab: int = 0) -> np.ndarray:
+        self.begin_step()
+        ids, pos = self.ids(tokens, position)
+        rows = np.asarray(self.to_host(forward(ids, pos)), dtype=np.float32)          # [n, V]
+        return np.argmax(rows[:, :vocab], axis=1).astype(np.int32) if vocab else rows
+
+    def time_verify_steps(self, n: int, vocab: int, replays: int = 16) -> float | None:
+        return None                   # no graph to replay
+
+    # --- decode rounds of several sequences: eager, picked on the host -------------------------
+    def array(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.int32)
+
+    def decode_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
+                    slots: Sequence[int], page_table: np.ndarray) -> np.ndarray:
+        self.begin_step()
+        logits = forward(np.asarray(tokens, dtype=np.int64), np.asarray(positions, dtype=np.int64),
+                         np.asarray(slots, dtype=np.int32), np.asarray(page_table, dtype=np.int32))
+        return np.asarray(self.to_host(logits), dtype=np.float32)
+
+    def pick_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
+                  slots: Sequence[int], page_table: np.ndarray, picks: Sequence[Pick]) -> list[int]:
+        if not self._pick_vocab:
+            raise RuntimeError("pick_rows: enable_token_pick was not called")
+        rows = self.decode_rows(forward, tokens, positions, slots, page_table)
+        return [gumbel_max_pick(row[: self._pick_vocab], *pick) for row, pick in zip(rows, picks)]
 
     @property
     def token_pick_vocab(self) -> int:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import collections
 import functools
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..models.weights import ModelWeights
 from ..ops.kernel_choices import KernelChoices
-from .backends.base import ARGMAX, Forward, Pick
+from .backends.base import ARGMAX, Forward, Pick, RowsForward
 
 # Share of the free device memory taken at start, and the part of it kept for per-step scratch.
 ARENA_FRACTION = 0.90
@@ -424,6 +424,32 @@ class CudaBackend:
         if isinstance(pos_t, Tensor):
             pos_t.host = pos                   # sizes the prefill attention GEMMs (CudaOps)
         return ids_t, pos_t
+
+    # --- decode rounds of several sequences: eager launches (batched graphs: batchk) --------
+    @_on_calling_thread
+    def array(self, x: np.ndarray) -> Any:
+        return self.ops.from_numpy(np.ascontiguousarray(x, dtype=np.int32), persistent=False)
+
+    @_on_calling_thread
+    def decode_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
+                    slots: Sequence[int], page_table: np.ndarray) -> np.ndarray:
+        from ..runtime.tensor import Tensor
+
+        self.begin_step()
+        pos = np.asarray(positions, dtype=np.int32)
+        ids_t = self.ops.from_numpy(np.asarray(tokens, dtype=np.int32), persistent=False)
+        pos_t = self.ops.from_numpy(pos, persistent=False)
+        if isinstance(pos_t, Tensor):
+            pos_t.host = pos
+        logits = forward(ids_t, pos_t, self.array(np.asarray(slots)), self.array(page_table))
+        return np.asarray(self.to_host(logits), dtype=np.float32)
+
+    def pick_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
+                  slots: Sequence[int], page_table: np.ndarray, picks: Sequence[Pick]) -> list[int]:
+        from .sampler import gumbel_max_pick
+
+        rows = self.decode_rows(forward, tokens, positions, slots, page_table)
+        return [gumbel_max_pick(row[: self._pick_vocab], *pick) for row, pick in zip(rows, picks)]
 
     @_on_calling_thread
     def to_host(self, x: Any) -> np.ndarray:

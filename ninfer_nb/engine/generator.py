@@ -1,8 +1,13 @@
-"""The single-sequence model runner: prefill in chunks with prefix reuse, then decode.
+"""The one-sequence model runner: prefill in chunks with prefix reuse, then decode.
 
 Holds the decoder, the backend, the caches (`SequenceState`: KV at the engine's maximum context,
 GDN state in `StateSlots`) and the token ids whose effects are in them. Every model call gets a
-`ForwardBatch` of the one sequence, which runs in GDN slot 0. Prefix reuse: a new prompt
+`ForwardBatch` of the one sequence, which runs in GDN slot 0. With several requests at once
+(engine/scheduler.py) each generator is a lane over one shared state: its GDN slots start at
+`slot_base` and its KV rows are pages of the shared pool (`pages`, engine/kv_pages.py; every
+model call reserves the pages it writes, OutOfPages when the pool has none); decode rounds of
+several lanes go through the scheduler (`feed_row`), prefill chunks and verifies through the
+lane. Prefix reuse: a new prompt
 continues from the longest cached prefix. Attention caches can be cut anywhere; GDN state
 cannot, so two more slots keep snapshots: at the start of the last turn and at the end of the
 last prompt (where the next chat turn usually diverges). Speculative decoding: `verify` feeds
@@ -22,11 +27,22 @@ from ..models.decoder import Decoder
 from ..models.state import KVDtype, SequenceState, new_state
 from .backends.base import Backend, Forward
 from .batch import ForwardBatch
+from .kv_pages import PageTable
 from .state_slots import StateSlots
 
 RUNNING_SLOT = 0                   # the GDN slot the sequence runs in
 TURN_SNAPSHOT, PROMPT_SNAPSHOT = 1, 2
 VERIFY_SNAPSHOT = 3                # the state before a speculative verify (verify_slot=True)
+
+
+def lane_slots(verify_slot: bool) -> int:
+    """GDN slots one generator uses: running, two snapshots (+ the verify's)."""
+    return 4 if verify_slot else 3
+
+
+class OutOfPages(RuntimeError):
+    """The KV page pool cannot hold the tokens a model call would write (the scheduler
+    reserves pages first; this is its safety net)."""
 
 
 @dataclass
@@ -55,26 +71,34 @@ class _Prefill:
 class Generator:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, max_context: int,
                  prefill_chunk: int, use_graphs: bool = True, kv_dtype: KVDtype = "fp32",
-                 verify_slot: bool = False) -> None:
+                 verify_slot: bool = False, *, state: SequenceState | None = None, slot_base: int = 0,
+                 pages: PageTable | None = None) -> None:
+        """`state` / `slot_base` / `pages`: a lane of a shared state (its GDN slots from
+        slot_base, its KV in `pages` of the pool); None: a state of its own, contiguous KV."""
         self.cfg, self.decoder, self.backend = cfg, decoder, backend
         # Decode by graph replay where the backend has graphs (CUDA); eager otherwise.
-        self.use_graphs = use_graphs and backend.decode_graphs
+        self.use_graphs = use_graphs and backend.decode_graphs and pages is None
         self.max_context = max_context
         self.prefill_chunk = max(1, prefill_chunk)
-        self.state: SequenceState = new_state(cfg, max_context, backend.zeros, kv_dtype,
-                                               gdn_slots=4 if verify_slot else 3)
+        self.state: SequenceState = state if state is not None else new_state(
+            cfg, max_context, backend.zeros, kv_dtype, gdn_slots=lane_slots(verify_slot))
+        self.pages = pages
         self.slots = StateSlots(self.state, backend)
+        self.running_slot = slot_base + RUNNING_SLOT           # the GDN slot the sequence runs in
+        self._verify_slot = slot_base + VERIFY_SNAPSHOT if verify_slot else None
         self.tokens: list[int] = []           # ids whose effects are in `state`
         self._fed_ahead = False               # decode_token(ahead=True) queued a step for tokens[-1]
         self._prefill: _Prefill | None = None
         self._has_gdn = self.slots.num_slots > 0
-        self._snapshots = [_Snapshot(TURN_SNAPSHOT), _Snapshot(PROMPT_SNAPSHOT)] if self._has_gdn else []
+        self._snapshots = ([_Snapshot(slot_base + TURN_SNAPSHOT), _Snapshot(slot_base + PROMPT_SNAPSHOT)]
+                           if self._has_gdn else [])
         self._verify_start: int | None = None  # len(tokens) before the unsettled verify
+        self._verify_vocab = 0                 # the unsettled verify's argmax vocabulary (0: rows)
 
     # --- prefix reuse ------------------------------------------------------------------
-    def _reuse(self, prompt: list[int]) -> tuple[int, np.ndarray | None]:
-        """Bring the state to the longest usable cached prefix of `prompt`. Returns its length
-        and, when the whole prompt is cached, the logits after it."""
+    def _plan_reuse(self, prompt: list[int]) -> tuple[int, _Snapshot | None]:
+        """The longest usable cached prefix of `prompt`: its length and the snapshot it comes
+        from (None: the running state as it is, or nothing when the length is 0)."""
         lcp = 0
         limit = min(len(self.tokens), len(prompt))
         while lcp < limit and self.tokens[lcp] == prompt[lcp]:
@@ -87,21 +111,42 @@ class Generator:
                   if 0 < s.length <= lcp and (s.length < len(prompt) or s.logits is not None)]
         if usable:
             best = max(usable, key=lambda s: s.length)
-            self.slots.restore(RUNNING_SLOT, best.slot)
-            return best.length, (best.logits if best.length == len(prompt) else None)
-        self.slots.reset(RUNNING_SLOT)
+            return best.length, best
         return 0, None
 
+    def reusable(self, prompt: list[int]) -> int:
+        """Prompt tokens start_prefill would serve from this generator's cache."""
+        return self._plan_reuse(prompt)[0]
+
+    def _reuse(self, prompt: list[int]) -> tuple[int, np.ndarray | None]:
+        """Bring the state to the longest usable cached prefix of `prompt`. Returns its length
+        and, when the whole prompt is cached, the logits after it."""
+        length, snap = self._plan_reuse(prompt)
+        if snap is not None:
+            self.slots.restore(self.running_slot, snap.slot)
+            return length, (snap.logits if length == len(prompt) else None)
+        if self._has_gdn and length == 0:
+            self.slots.reset(self.running_slot)
+        return length, None
+
     def _take_snapshot(self, snap: _Snapshot, logits: np.ndarray | None) -> None:
-        self.slots.snapshot(RUNNING_SLOT, snap.slot)
+        self.slots.snapshot(self.running_slot, snap.slot)
         snap.length, snap.logits = len(self.tokens), logits
 
     # --- steps -------------------------------------------------------------------------
     def _batch(self, ids: object, pos: object, all_logits: bool = False) -> ForwardBatch:
-        return ForwardBatch.single(ids, pos, RUNNING_SLOT, all_logits)
+        table = None if self.pages is None else self.backend.array(self.pages.row[None, :])
+        return ForwardBatch.single(ids, pos, self.running_slot, all_logits, page_table=table)
+
+    def reserve(self, tokens: int) -> None:
+        """Hold KV pages for the first `tokens` positions (a paged lane; no-op otherwise)."""
+        if self.pages is not None and not self.pages.grow(tokens):
+            raise OutOfPages(f"no free KV page for {tokens} tokens "
+                             f"({self.pages.allocator.num_free} of {self.pages.allocator.num_pages} free)")
 
     def _eager(self, tokens: list[int], start: int, all_logits: bool = False) -> object:
         """One eager model call on `tokens` at positions start..; the backend's logits."""
+        self.reserve(start + len(tokens))
         self.backend.begin_step()
         ids, pos = self.backend.ids(tokens, start)
         return self.decoder.forward(self.backend.ops, self._batch(ids, pos, all_logits), self.state)
@@ -125,6 +170,8 @@ class Generator:
                     snap.invalidate()
             if self._has_gdn and snapshot_at is not None and start < snapshot_at < len(prompt):
                 cuts.insert(0, snapshot_at)
+        if self.pages is not None:             # pages past what is still cached go back to the pool
+            self.pages.truncate(max([start] + [s.length for s in self._snapshots]))
         self._prefill = _Prefill(prompt, cuts, cached)
         return start
 
@@ -153,6 +200,27 @@ class Generator:
         if self._has_gdn:
             self._take_snapshot(self._snapshots[1], last)
         return last
+
+    def next_chunk_end(self) -> int:
+        """Tokens in the caches after the next prefill_step (its pages are reserved first)."""
+        p = self._prefill
+        if p is None:
+            raise RuntimeError("next_chunk_end: no prefill was started")
+        if p.cached is not None:
+            return len(self.tokens)
+        return min(len(self.tokens) + self.prefill_chunk, p.cuts[0])
+
+    def feed_row(self, token: int) -> int:
+        """Take `token` as this lane's row of a decode round (the scheduler runs the forward):
+        its position; pages reserved, the token counted as fed."""
+        if self._prefill is not None or self._fed_ahead or self._verify_start is not None:
+            raise RuntimeError("feed_row: a prefill, queued step or verify is in flight")
+        position = len(self.tokens)
+        if position >= self.max_context:
+            raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
+        self.reserve(position + 1)
+        self.tokens.append(token)
+        return position
 
     @property
     def prefilling(self) -> bool:
@@ -214,9 +282,9 @@ class Generator:
             self._fed_ahead = True
         return nxt
 
-    def _forward_fn(self) -> Forward:
+    def _forward_fn(self, all_logits: bool = False) -> Forward:
         ops = self.backend.ops
-        return lambda ids, pos: self.decoder.forward(ops, self._batch(ids, pos), self.state)
+        return lambda ids, pos: self.decoder.forward(ops, self._batch(ids, pos, all_logits), self.state)
 
     def decode(self, token: int) -> np.ndarray:
         """Feed one sampled token; returns the next logits [V]."""
@@ -227,6 +295,7 @@ class Generator:
         if len(self.tokens) >= self.max_context:
             raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
         position = len(self.tokens)
+        self.reserve(position + 1)
         if self.use_graphs:
             logits = self.backend.decode_step(self._forward_fn(), token, position)
         else:
@@ -235,29 +304,34 @@ class Generator:
         return logits
 
     # --- speculative verify ------------------------------------------------------------
-    def verify(self, tokens: list[int]) -> np.ndarray:
-        """Feed [last sampled token, d1..dK] in one eager forward at positions p..p+K; returns
-        the logits at every one of them [K+1, V]. `rollback` must follow before the next step."""
+    def verify(self, tokens: list[int], vocab: int = 0) -> np.ndarray:
+        """Feed [last sampled token, d1..dK] in one forward at positions p..p+K (the backend's
+        verify_step: a graph per K + 1 on CUDA); returns the logits at every one of them
+        [K+1, V], or with vocab > 0 each row's argmax over ids < vocab [K+1] (greedy requests:
+        K+1 ids come back, not the rows). `rollback` must follow before the next step."""
         if self._prefill is not None or self._fed_ahead:
             raise RuntimeError("verify: a prefill or a queued decode step is in flight")
         start = len(self.tokens)
         if start + len(tokens) > self.max_context:
             raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
+        self.reserve(start + len(tokens))
         if self._has_gdn:
-            if self.slots.num_slots <= VERIFY_SNAPSHOT:
+            if self._verify_slot is None:
                 raise RuntimeError("verify: the generator was made without verify_slot")
-            self.slots.snapshot(RUNNING_SLOT, VERIFY_SNAPSHOT)
-        rows = np.asarray(self.backend.to_host(self._eager(tokens, start, all_logits=True)), dtype=np.float32)
+            self.slots.snapshot(self.running_slot, self._verify_slot)
+        out = self.backend.verify_step(self._forward_fn(all_logits=True), tokens, start, vocab)
         self.tokens.extend(tokens)
-        self._verify_start = start
-        return rows
+        self._verify_start, self._verify_vocab = start, vocab
+        return out
 
     def rollback(self, keep: int) -> None:
         """Keep the first `keep` (>= 1) tokens of the last verify in the caches. Attention rows
         past them are stale but unread (attention reads rows up to each query's position, and
         the next step overwrites them). GDN state cannot be cut: it is restored from before the
-        verify and the kept tokens are run again (exact; per-position state in the kernels
-        would save this forward)."""
+        verify and the kept tokens are run again through the same verify_step (a graph per
+        count on CUDA; exact: reject-all leaves the state byte-identical to a plain step of the
+        last token only if that step's arithmetic is the one-token verify's, which the tests
+        check on the CPU)."""
         start, self._verify_start = self._verify_start, None
         if start is None:
             raise RuntimeError("rollback: no verify to settle")
@@ -268,8 +342,10 @@ class Generator:
             return
         del self.tokens[start + keep:]
         if self._has_gdn:
-            self.slots.restore(RUNNING_SLOT, VERIFY_SNAPSHOT)
-            self._eager(fed[:keep], start)
+            assert self._verify_slot is not None
+            self.slots.restore(self.running_slot, self._verify_slot)
+            self.backend.verify_step(self._forward_fn(all_logits=True), fed[:keep], start,
+                                     self._verify_vocab)
 
     def logits_all(self, prompt: list[int]) -> np.ndarray:
         """Logits at every position of `prompt` ([T, V]), computed from an empty cache."""
@@ -278,7 +354,7 @@ class Generator:
                 f"{len(prompt)} tokens exceed the context of {self.max_context}")
         self.forget()
         if self._has_gdn:
-            self.slots.reset(RUNNING_SLOT)
+            self.slots.reset(self.running_slot)
         out = []
         for c0 in range(0, len(prompt), self.prefill_chunk):
             chunk = prompt[c0 : c0 + self.prefill_chunk]
@@ -287,7 +363,10 @@ class Generator:
         return np.concatenate(out, axis=0)
 
     def forget(self) -> None:
-        """Drop the cached prefix (after an error left the state half-written)."""
+        """Drop the cached prefix (after an error left the state half-written); a lane gives
+        its KV pages back."""
+        if self.pages is not None:
+            self.pages.release()
         self.tokens = []
         self._fed_ahead = False
         self._prefill = None

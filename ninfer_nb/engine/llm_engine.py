@@ -38,7 +38,7 @@ before it.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, NoReturn
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from .backends.base import Backend, RowsForward
 from .batch import ForwardBatch
 from .generator import Generator, lane_slots
 from .kv_pages import PageAllocator, PageTable, pages_for
-from .output_hooks import sampler_for
+from .output_hooks import HookedSampler, sampler_for
 from .request import Request, RequestOutput, RequestStatus
 from .sampler import gumbel_max_pick
 from .scheduler import Run, Scheduler
@@ -189,18 +189,21 @@ class LLMEngine:
                 continue
             try:
                 tokens = fn(run)
-            except BaseException:
-                self._fail([run])
-                raise
+            except BaseException as exc:
+                self._raise_failed([run], exc)
             if tokens is not None:
                 outs.append(self._emit(run, tokens))
         return outs
 
-    def _fail(self, runs: list[_Run]) -> None:
+    def _raise_failed(self, runs: list[_Run], exc: BaseException) -> NoReturn:
+        """A model call of `runs` failed: they end FINISHED_ERROR (their caches dropped: they
+        may be half-written; the other requests keep running, told at the next step) and the
+        error is raised."""
         for run in runs:
             if run.lane is not None:
-                run.lane.forget()                # the caches may be half-written
+                run.lane.forget()
             self._errors.append(self._finish(run, RequestStatus.FINISHED_ERROR))
+        raise exc
 
     def _emit(self, run: _Run, tokens: list[int]) -> RequestOutput:
         """The output of `run`'s new tokens: it finishes on a stop token or its budget."""
@@ -234,25 +237,23 @@ class LLMEngine:
         rows = [run for run in plain if run.lane is not None]      # reservations may preempt
         if not rows:
             return outs
-        lanes = [run.lane for run in rows]
+        lanes = [run.lane for run in rows if run.lane is not None]
         try:
             tokens = [run.request.output_ids[-1] for run in rows]
-            positions = [lane.feed_row(token) for lane, token in zip(lanes, tokens) if lane is not None]
-            slots = [lane.running_slot for lane in lanes if lane is not None]
-            table = np.stack([lane.pages.row for lane in lanes if lane is not None and lane.pages is not None])
+            positions = [lane.feed_row(token) for lane, token in zip(lanes, tokens)]
+            slots = [lane.running_slot for lane in lanes]
+            table = np.stack([lane.pages.row for lane in lanes if lane.pages is not None])   # [B, P]
             forward = self._rows_forward(lanes[0])
-            picks = [run.pick for run in rows]
             self.batch_sizes[len(rows)] = self.batch_sizes.get(len(rows), 0) + 1
-            if self._round_picks and all(p is not None for p in picks):
-                picked = self.backend.pick_rows(forward, tokens, positions, slots, table,
-                                                [(t, sd, len(run.request.output_ids))
-                                                 for run, (t, sd) in zip(rows, picks)])  # type: ignore[misc]
+            picks = [(run.pick[0], run.pick[1], len(run.request.output_ids))
+                     for run in rows if run.pick is not None]
+            if self._round_picks and len(picks) == len(rows):
+                picked = self.backend.pick_rows(forward, tokens, positions, slots, table, picks)
             else:
                 logits = self.backend.decode_rows(forward, tokens, positions, slots, table)
                 picked = [self._pick(run, row) for run, row in zip(rows, logits)]
-        except BaseException:
-            self._fail(rows)
-            raise
+        except BaseException as exc:
+            self._raise_failed(rows, exc)
         for run, token in zip(rows, picked):
             run.sampler.observe(token)
             outs.append(self._emit(run, [token]))
@@ -270,8 +271,9 @@ class LLMEngine:
         return lambda ids, pos, slots, table: decoder.forward(ops, ForwardBatch.rows(ids, pos, slots, table), state)
 
     def _can_speculate(self, run: _Run) -> bool:
+        # logprobs / a thinking budget (a hooked sampler) need every row: no speculation
         return (self.proposer is not None and bool(run.request.output_ids) and run.sampler.matcher is None
-                and not getattr(run.sampler, "needs_rows", False))
+                and not isinstance(run.sampler, HookedSampler))
 
     def _verify_round(self, run: _Run) -> list[int] | None:
         """A paged lane's speculative round (pages for the drafts reserved first), or a plain
@@ -313,8 +315,7 @@ class LLMEngine:
 
     def _next_tokens(self, run: _Run) -> list[int] | None:
         """The next token(s), each observed by the request's sampler; None: a prefill chunk ran."""
-        if (run.request.output_ids and self.proposer is not None and run.sampler.matcher is None
-                and not getattr(run.sampler, "needs_rows", False)):
+        if self._can_speculate(run):
             tokens = self._speculate(run)
             if tokens:
                 return tokens

@@ -2,7 +2,7 @@
 
 Holds the prompt and output ids, the sampling parameters, the output constraint (a grammar),
 the status, how many tokens' effects are in the caches, the cancel flag, and where its state
-lives (a GDN state slot; KV pages once the cache is paged). `RequestOutput` is what one engine step reports for one request. Knows
+lives while it runs (its lane's GDN state slot; its KV pages on the paged path). `RequestOutput` is what one engine step reports for one request. Knows
 nothing about text: stop strings and detokenizing are the front door's (llm.py).
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"                    # added, not yet prefilled
-    RUNNING = "running"                    # prefilled; one token per engine step
+    RUNNING = "running"                    # has a lane: prefilling, or one token per engine step
+    PREEMPTED = "preempted"                # lost its caches to a shortage of KV pages; waits to recompute
     FINISHED_STOPPED = "stopped"           # a stop token, or the front door's stop string
     FINISHED_LENGTH = "length"             # max_tokens or the context is used up
     FINISHED_ABORTED = "aborted"           # cancelled by its caller
@@ -31,7 +32,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED)
 
     @property
     def finish_reason(self) -> FinishReason | None:
@@ -60,7 +61,7 @@ class Request:
     num_computed_tokens: int = 0           # tokens whose effects are in the caches
     num_cached_tokens: int = 0             # prompt tokens the prefix cache served
     slot_id: int | None = None             # its GDN state slot while it runs
-    page_ids: list[int] = field(default_factory=list)   # its KV pages (paged KV; empty today)
+    page_ids: list[int] = field(default_factory=list)   # its KV pages while it runs (paged KV)
     timings: Timings = field(default_factory=Timings)
     first_token_time: float | None = None
     # one per output token when params.logprobs is set (engine/output_hooks.py records them)

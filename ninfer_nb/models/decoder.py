@@ -2,7 +2,7 @@
 
 Shared by every architecture; what differs lives in the weights each architecture module
 builds. `forward` runs a `ForwardBatch` (engine/batch.py: tokens, positions, each sequence's
-cache slot) through the caches. Knows nothing about tokenizers, sampling or devices beyond the
+GDN slot and KV page table) through the caches. Knows nothing about tokenizers, sampling or devices beyond the
 `ops` object it is handed.
 """
 from __future__ import annotations
@@ -36,19 +36,22 @@ class Decoder:
         chunk needs one layer's temporaries, not all of them."""
         cfg, w = self.cfg, self.weights
         eps = cfg.rms_norm_eps
-        slot = batch.only_slot()                                        # its GDN state slot
-        positions = batch.positions
+        # a decode round names its GDN slots in a backend array; a prefill chunk, its one slot
+        slots = batch.slots
+        slot = batch.only_slot() if slots is None else -1
+        positions, page_table = batch.positions, batch.page_table
         x = ops.embedding(w.embed, batch.token_ids)                     # [T, H], updated in place
-        chunked = batch.num_tokens >= CHUNKED_GDN_MIN_TOKENS
+        chunked = batch.num_seqs == 1 and batch.num_tokens >= CHUNKED_GDN_MIN_TOKENS
         for lw, cache in zip(w.layers, state.layers):
             with ops.scope():
                 h = ops.normed(x, lw.input_norm, eps)
                 if isinstance(lw.mixer, AttentionWeights):
                     assert isinstance(cache, KVCache)
-                    attention_block(ops, cfg, lw.mixer, h, positions, cache, x)
+                    attention_block(ops, cfg, lw.mixer, h, positions, cache, x, page_table)
                 else:
                     assert isinstance(cache, GDNSlots)
-                    gdn_block(ops, cfg, lw.mixer, h, cache.slot(slot), chunked, x)
+                    gdn_block(ops, cfg, lw.mixer, h, cache if slots is not None else cache.slot(slot),
+                              chunked, x, slots)
                 h = ops.normed(x, lw.post_norm, eps)
                 if isinstance(lw.ffn, MLPWeights):
                     mlp_block(ops, lw.ffn, h, x)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from .state import GDNState, KVCache
+from .state import GDNSlots, GDNState, KVCache
 from .weights import AttentionWeights, GDNWeights, MLPWeights, MoEWeights
 
 Ops = Any
@@ -17,9 +17,10 @@ Array = Any
 
 
 def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
-                    positions: Array, cache: KVCache, residual: Array) -> Array:
+                    positions: Array, cache: KVCache, residual: Array, page_table: Array | None = None) -> Array:
     """x [T, H] (normed) -> residual += attention(x), in place. Writes this chunk's K/V into
-    the cache."""
+    the cache (through page_table [B, P] when the cache is a page pool: B sequences of T / B
+    tokens)."""
     t = x.shape[0]
     d = cfg.head_dim
     qd, kvd = cfg.num_heads * d, cfg.num_kv_heads * d
@@ -31,30 +32,37 @@ def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
     k = k.reshape(t, cfg.num_kv_heads, d)
     v = v.reshape(t, cfg.num_kv_heads, d)
     # q / k head norms, RoPE, and K / V into the cache (one kernel on the GPU)
+    # (page_table goes to the ops only when given: the single-sequence calls stay as they were)
+    paged = {} if page_table is None else {"page_table": page_table}
     q = ops.qk_norm_rope_store(q, k, v, w.q_norm, w.k_norm, positions, w.rope_table, cfg.rms_norm_eps,
-                               cache.k, cache.v, cache.k_scale, cache.v_scale)
+                               cache.k, cache.v, cache.k_scale, cache.v_scale, **paged)
     if gate is not None:                                   # the output gate applied as attention writes
-        out = ops.attention_gated(q, cache.k, cache.v, positions, d ** -0.5, gate, cache.k_scale, cache.v_scale)
-    elif cache.k_scale is not None:                                         # int8 KV cache
-        out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5, cache.k_scale, cache.v_scale)
+        out = ops.attention_gated(q, cache.k, cache.v, positions, d ** -0.5, gate, cache.k_scale, cache.v_scale,
+                                  **paged)
+    elif cache.k_scale is not None or page_table is not None:          # int8 KV cache, or paged
+        out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5, cache.k_scale, cache.v_scale, **paged)
     else:
         out = ops.attention(q, cache.k, cache.v, positions, d ** -0.5)
     return ops.linear_add(out.reshape(t, qd), w.o, residual)
 
 
-def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNState,
-              chunked: bool, residual: Array) -> Array:
+def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNState | GDNSlots,
+              chunked: bool, residual: Array, slots: Array | None = None) -> Array:
     """Gated DeltaNet mixer. x [T, H] (normed) -> residual += gdn(x), in place; updates the conv
-    and recurrent state."""
+    and recurrent state: one sequence's (`state` a slot's views), or with slots [B] (a decode
+    round) the whole pool's (`state` the layer's GDNSlots), sequence b on slot slots[b]."""
     t = x.shape[0]
     hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
     hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
     mixed, z, a, b = ops.linear_split(x, w.in_proj, None,   # the fused [T, q | k | v | z | a | b]
                                       (cfg.conv_dim, hv * dv, hv, hv))
     if not chunked:                          # decode: conv, rule and norm in one op (one kernel)
+        pooled = {} if slots is None else {"slots": slots}
         o = ops.gdn_decode(mixed, z, a, b, state.conv, w.conv, w.a_log, w.dt_bias, state.recurrent,
-                           w.norm, cfg.rms_norm_eps, hk)                        # [T, Hv * Dv]
+                           w.norm, cfg.rms_norm_eps, hk, **pooled)              # [T, Hv * Dv]
         return ops.linear_add(o, w.out, residual)
+    if slots is not None:
+        raise ValueError("gdn_block: the chunked form runs one sequence (a prefill chunk), not slots")
     q, k, v = ops.causal_conv1d_split(mixed, state.conv, w.conv,   # conv over [T, q | k | v]
                                       (hk * dk, hk * dk, hv * dv))
     q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)

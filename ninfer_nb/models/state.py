@@ -1,8 +1,11 @@
 """Caches the forward reads and writes: KV for attention layers, GDN conv + recurrent state.
 
 Buffers are allocated once by a backend `zeros(shape)` function (NumPy on the CPU, the device
-arena on the GPU): KV at the engine's maximum context (one contiguous cache: a token's K / V row
-is its position), GDN state in slots (`GDNSlots`: one conv + recurrent state per slot; a
+arena on the GPU). KV: either one contiguous cache at the engine's maximum context (a token's
+K / V row is its position; one sequence, `page_table=None` in the ops), or a pool of `num_pages`
+pages of PAGE_SIZE rows shared by many sequences (a token at position p of sequence b lives at
+row page_table[b, p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE; engine/kv_pages.py hands the
+pages out). GDN state in slots (`GDNSlots`: one conv + recurrent state per slot; a
 `ForwardBatch` says which slot each sequence uses). Knows nothing about weights or requests.
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import InvalidRequestError
+from ..ops.base import PAGE_SIZE  # tokens per KV page (paged caches)
 
 Zeros = Callable[..., Any]             # zeros(shape, dtype=np.float32)
 KVDtype = Literal["fp32", "bf16", "int8"]
@@ -22,9 +26,9 @@ KV_GROUP = 64                          # int8 cache: one fp32 scale per 64 value
 
 @dataclass
 class KVCache:
-    k: Any                     # [max_context, kv_heads, head_dim] fp32 / bf16 / int8 codes
-    v: Any                     # [max_context, kv_heads, head_dim]
-    k_scale: Any = None        # [max_context, kv_heads, head_dim / 64] fp32 (int8 caches only)
+    k: Any                     # [rows, kv_heads, head_dim] fp32 / bf16 / int8 codes
+    v: Any                     # [rows, kv_heads, head_dim]; rows = max_context, or num_pages * PAGE_SIZE
+    k_scale: Any = None        # [rows, kv_heads, head_dim / 64] fp32 (int8 caches only)
     v_scale: Any = None
 
 
@@ -55,6 +59,7 @@ class GDNSlots:
 class SequenceState:
     layers: list[KVCache | GDNSlots] = field(default_factory=list)
     max_context: int = 0
+    num_pages: int | None = None          # paged KV: pages in the pool; None: one contiguous cache
 
     def nbytes(self) -> int:
         total = 0
@@ -79,8 +84,8 @@ class SequenceState:
         return [layer for layer in self.layers if isinstance(layer, GDNSlots)]
 
 
-def _kv_cache(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtype) -> KVCache:
-    shape = (max_context, cfg.num_kv_heads, cfg.head_dim)
+def _kv_cache(cfg: ModelConfig, rows: int, zeros: Zeros, kv_dtype: KVDtype) -> KVCache:
+    shape = (rows, cfg.num_kv_heads, cfg.head_dim)
     if kv_dtype == "fp32":
         return KVCache(k=zeros(shape), v=zeros(shape))
     if kv_dtype == "bf16":
@@ -90,19 +95,23 @@ def _kv_cache(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtyp
     if kv_dtype == "int8":
         if cfg.head_dim % KV_GROUP:
             raise InvalidRequestError(f"int8 KV cache needs head_dim % {KV_GROUP} == 0 (got {cfg.head_dim})")
-        scales = (max_context, cfg.num_kv_heads, cfg.head_dim // KV_GROUP)
+        scales = (rows, cfg.num_kv_heads, cfg.head_dim // KV_GROUP)
         return KVCache(k=zeros(shape, np.int8), v=zeros(shape, np.int8),
                        k_scale=zeros(scales), v_scale=zeros(scales))
     raise InvalidRequestError(f"unknown KV cache type {kv_dtype!r} (fp32, bf16 or int8)")
 
 
 def new_state(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtype = "fp32",
-              gdn_slots: int = 1) -> SequenceState:
-    """Every layer's cache: KV rows for `max_context` tokens, `gdn_slots` GDN state slots."""
+              gdn_slots: int = 1, num_pages: int | None = None) -> SequenceState:
+    """Every layer's cache: KV rows for `max_context` tokens (or a pool of `num_pages` pages of
+    PAGE_SIZE rows when given), `gdn_slots` GDN state slots."""
+    if num_pages is not None and num_pages < 1:
+        raise InvalidRequestError(f"a paged KV cache needs at least one page, got {num_pages}")
+    rows = max_context if num_pages is None else num_pages * PAGE_SIZE
     layers: list[KVCache | GDNSlots] = []
     for i in range(cfg.num_layers):
         if cfg.is_full_attention(i):
-            layers.append(_kv_cache(cfg, max_context, zeros, kv_dtype))
+            layers.append(_kv_cache(cfg, rows, zeros, kv_dtype))
         else:
             kw = cfg.linear_conv_kernel_dim - 1
             layers.append(GDNSlots(
@@ -110,4 +119,4 @@ def new_state(cfg: ModelConfig, max_context: int, zeros: Zeros, kv_dtype: KVDtyp
                 recurrent=zeros((gdn_slots, cfg.linear_num_value_heads,
                                  cfg.linear_value_head_dim, cfg.linear_key_head_dim)),
             ))
-    return SequenceState(layers=layers, max_context=max_context)
+    return SequenceState(layers=layers, max_context=max_context, num_pages=num_pages)

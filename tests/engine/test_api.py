@@ -66,9 +66,11 @@ def test_device_pick_choice_keeps_greedy_tokens(llm: LLM, tiny_qwen35_dir: Path)
     pick kernel is tested in test_gpu_model.py), which must give the sampler's tokens;
     sampled requests (no decode graph to sample in on the CPU) and penalised ones keep the
     logits path."""
-    fast = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32)  # the default
+    # one lane: the one-sequence path, whose decode_token the CUDA graph serves
+    fast = LLM(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32, max_concurrency=1)
     plain = LLM(config=EngineConfig(str(tiny_qwen35_dir), device="cpu", max_context=128, prefill_chunk=32,
-                                    show_progress=False, decode=DecodeChoices(device_pick=False)))
+                                    show_progress=False, decode=DecodeChoices(device_pick=False),
+                                    max_concurrency=1))
     plain_calls = []
     plain.engine.generator.decode_token = lambda *a, **kw: plain_calls.append(a)  # type: ignore[method-assign]
     calls = []

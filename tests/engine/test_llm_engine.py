@@ -1,4 +1,5 @@
-"""The engine in requests and steps on a tiny hybrid checkpoint (CPU): the step loop's tokens
+"""The engine in requests and steps on a tiny hybrid checkpoint (CPU, one lane: the one-sequence
+path; several lanes: tests/engine/test_scheduler.py): the step loop's tokens
 are the sampler's picks from the model's logits, requests wait / run / finish / abort, prefix
 reuse across requests changes nothing, and GDN state slots snapshot and restore exactly."""
 from __future__ import annotations
@@ -22,7 +23,7 @@ PROMPT = [11, 220, 3405, 90, 17, 4088, 512, 73, 1999]
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen35_dir: Path) -> LLM:
-    return LLM(str(tiny_qwen35_dir), device="cpu", max_context=48, prefill_chunk=16)
+    return LLM(str(tiny_qwen35_dir), device="cpu", max_context=48, prefill_chunk=16, max_concurrency=1)
 
 
 def run(engine: LLMEngine, request: Request) -> list[RequestOutput]:

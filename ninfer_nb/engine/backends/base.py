@@ -12,7 +12,7 @@ about requests, sampling parameters or text.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from ...models.weights import ModelWeights
 
 # forward(ids [T], positions [T]) -> logits ([T, V] or [1, V]) as the backend's array
 Forward = Callable[[Any, Any], Any]
+# forward_rows(ids [B], positions [B], slots [B] int32, page_table [B, P] int32) -> logits [B, V]:
+# one decode round of B sequences (ForwardBatch.rows), the backend's arrays in and out
+RowsForward = Callable[[Any, Any, Any, Any], Any]
 # a token pick: (temperature, seed, offset); temperature 0 is the argmax, else a Gumbel-max
 # sample from softmax(logits / temperature) keyed by (seed, offset)
 Pick = tuple[float, int, int]
@@ -74,6 +77,37 @@ class Backend(Protocol):
     # --- decode steps -----------------------------------------------------------------------
     def decode_step(self, forward: Forward, token: int, position: int) -> np.ndarray:
         """Feed one token at `position`; the logits row [V] after it."""
+        ...
+
+    def verify_step(self, forward: Forward, tokens: list[int], position: int, vocab: int = 0) -> np.ndarray:
+        """Feed `tokens` [n] at positions position.. in one forward that returns logits at every
+        one (a speculative verify round); vocab > 0: each row's argmax over ids < vocab ([n]
+        int32, lowest id on ties), else the logits rows [n, V] fp32. CUDA: a graph per n."""
+        ...
+
+    def time_verify_steps(self, n: int, vocab: int, replays: int = 16) -> float | None:
+        """Device time (us) of the n-token verify graph replayed back to back (it rewrites the
+        caches at its last call's positions); None without a captured graph."""
+        ...
+
+    # --- decode rounds of several sequences (the scheduler's paged path) ----------------------
+    def array(self, x: np.ndarray) -> Any:
+        """A small int32 host array (a prefill chunk's page table [1, P]) as the backend's array."""
+        ...
+
+    def decode_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
+                    slots: Sequence[int], page_table: np.ndarray) -> np.ndarray:
+        """One decode round: sequence b feeds tokens[b] at positions[b], its GDN state in slot
+        slots[b] and its KV through page_table[b] (host [B, P] int32, P fixed: the pages of
+        the engine's maximum context). The logits rows [B, V] fp32 on the host. CUDA: the
+        graph captured for batch size B, its inputs copied into the graph's buffers."""
+        ...
+
+    def pick_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
+                  slots: Sequence[int], page_table: np.ndarray, picks: Sequence[Pick]) -> list[int]:
+        """decode_rows with each row's next token picked where the logits are (picks[b] =
+        (temperature, seed, offset), as launch_token_step's) over ids < token_pick_vocab: B
+        ids come back, not the rows."""
         ...
 
     @property

@@ -1,0 +1,213 @@
+"""Scheduler: which requests run, in which lane, with which KV pages; who waits, who is preempted.
+
+A lane is a `Generator` (engine/generator.py): one sequence's caches, i.e. its GDN slots and, on
+the paged path, its KV pages of the shared pool. There are `max_concurrency` lanes. A request
+runs in a lane from admission to its finish; a finished request's lane goes idle and keeps its
+cache, which the next admitted prompt reuses when it shares a prefix (admission picks the idle
+lane that serves the longest prefix, else the least recently used one).
+
+Admission (`admit`, FIFO): a waiting request gets an idle lane when the pages its prompt still
+needs fit in the free pages plus what idle lanes hold (their cached prefixes are evicted, least
+recently used first). Before each model call the engine asks `reserve` for the pages that call
+writes; when the pool runs short, idle caches are evicted first, then the most recently
+admitted running request is preempted: its lane's cache is dropped and it goes back to the
+front of the queue (PREEMPTED), to be recomputed from its prompt and the tokens it already has
+(`Run.fill`). A request that could never fit (its prompt plus budget needs more pages than the
+pool has) is refused when it is added. Knows nothing about sampling, logits or text; the engine
+(engine/llm_engine.py) makes the model calls.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..errors import InvalidRequestError
+from .kv_pages import PageAllocator, pages_for
+from .request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from .generator import Generator
+    from .sampler import Sampler
+
+
+@dataclass(eq=False)
+class Run:
+    """The engine's side of a request: its sampler, its device pick, its stop ids and budget,
+    and where it runs."""
+
+    request: Request
+    sampler: Sampler
+    pick: tuple[float, int] | None         # (temperature, seed) picked on the device, or None
+    stop_ids: frozenset[int]
+    budget: int                            # tokens it may generate
+    prefilling: bool = False               # its prefill started and has chunks left
+    lane: Generator | None = None          # while it runs
+    order: int = 0                         # admission order (the latest is preempted first)
+    resumed: bool = field(default=False)   # preempted after its first token: refilling, no sample
+
+    @property
+    def fill(self) -> list[int]:
+        """The tokens a prefill must bring into the caches: the prompt, and after a preemption
+        the generated tokens but the last (the next decode step feeds that one)."""
+        out = self.request.output_ids
+        return self.request.prompt_ids + out[:-1] if out else self.request.prompt_ids
+
+    @property
+    def decoding(self) -> bool:
+        """In the decode rounds: its caches hold fill and it has a token to feed."""
+        return self.lane is not None and bool(self.request.output_ids) and not self.prefilling and not self.resumed
+
+
+class Scheduler:
+    def __init__(self, lanes: list[Generator], allocator: PageAllocator | None) -> None:
+        self.lanes = lanes
+        self.allocator = allocator          # None: one lane with its own contiguous KV cache
+        self.idle: list[Generator] = list(lanes)           # least recently used first
+        self.waiting: collections.deque[Run] = collections.deque()
+        self.running: list[Run] = []                       # in admission order
+        self.preemptions = 0
+        self._admitted = 0
+
+    @property
+    def max_concurrency(self) -> int:
+        return len(self.lanes)
+
+    # --- queue ---------------------------------------------------------------------------
+    def check_fits(self, prompt_tokens: int, budget: int) -> None:
+        """Refuse a request the page pool could never hold (prompt + budget - 1 tokens cached)."""
+        if self.allocator is None:
+            return
+        need = pages_for(prompt_tokens + budget - 1)
+        if need > self.allocator.num_pages:
+            raise InvalidRequestError(
+                f"the request needs {need} KV pages ({prompt_tokens} prompt + {budget} generated "
+                f"tokens) but the pool has {self.allocator.num_pages}; lower max_tokens or raise "
+                f"the KV page budget")
+
+    def add(self, run: Run) -> None:
+        run.request.status = RequestStatus.WAITING
+        self.waiting.append(run)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def find(self, request_id: str) -> Run | None:
+        for run in (*self.running, *self.waiting):
+            if run.request.request_id == request_id:
+                return run
+        return None
+
+    # --- admission -----------------------------------------------------------------------
+    def admit(self) -> list[Run]:
+        """Give idle lanes to waiting requests in arrival order while their pages fit; the
+        runs admitted now."""
+        admitted = []
+        while self.waiting and self.idle:
+            run = self.waiting[0]
+            fill = run.fill
+            lane = max(self.idle, key=lambda g: g.reusable(fill))   # first (least recent) on ties
+            if not self._prompt_fits(lane, len(fill)):
+                break
+            self.waiting.popleft()
+            self.idle.remove(lane)
+            run.lane = lane
+            self._admitted += 1
+            run.order = self._admitted
+            run.request.status = RequestStatus.RUNNING
+            run.request.slot_id = lane.running_slot
+            self.running.append(run)
+            admitted.append(run)
+        return admitted
+
+    def _prompt_fits(self, lane: Generator, tokens: int) -> bool:
+        if self.allocator is None or lane.pages is None:
+            return True
+        need = lane.pages.missing(tokens + 1)
+        spare = self.allocator.num_free + sum(len(g.pages.pages) for g in self.idle
+                                              if g is not lane and g.pages is not None)
+        return need <= spare
+
+    # --- pages -----------------------------------------------------------------------------
+    def reserve(self, run: Run, tokens: int) -> list[Run]:
+        """Hold pages for `run`'s first `tokens` positions: evict idle caches, then preempt the
+        latest admitted running requests (possibly `run` itself: then it is not reserved).
+        Returns the runs preempted."""
+        lane = run.lane
+        assert lane is not None
+        if self.allocator is None or lane.pages is None:
+            return []
+        preempted: list[Run] = []
+        while lane.pages.missing(tokens) > self.allocator.num_free:
+            holder = next((g for g in self.idle if g.pages is not None and g.pages.pages), None)
+            if holder is not None:
+                holder.forget()                            # an idle cached prefix goes first
+                continue
+            holders = [r for r in self.running
+                       if r is run or (r.lane is not None and r.lane.pages is not None and r.lane.pages.pages)]
+            victim = max(holders, key=lambda r: r.order)
+            self.preempt(victim)
+            preempted.append(victim)
+            if victim is run:
+                return preempted
+        lane.reserve(tokens)
+        run.request.page_ids = list(lane.pages.pages)
+        return preempted
+
+    def preempt(self, run: Run) -> None:
+        """Drop `run`'s caches and queue it first, to be recomputed from its tokens."""
+        lane = run.lane
+        assert lane is not None
+        lane.forget()
+        self._release_lane(run)
+        run.prefilling = False
+        run.resumed = bool(run.request.output_ids)
+        run.request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(run)
+        self.preemptions += 1
+
+    # --- the end ---------------------------------------------------------------------------
+    def finish(self, run: Run) -> None:
+        """`run` leaves the scheduler; its lane goes idle with its cache (a prefix to reuse)."""
+        if run in self.running:
+            self._release_lane(run)
+        elif run in self.waiting:
+            self.waiting.remove(run)
+
+    def _release_lane(self, run: Run) -> None:
+        lane = run.lane
+        assert lane is not None
+        self.running.remove(run)
+        self.idle.append(lane)                             # the most recently used
+        run.lane = None
+        run.request.slot_id = None
+        run.request.page_ids = []
+
+    def forget_idle(self) -> None:
+        """Drop every idle lane's cached prefix."""
+        for lane in self.idle:
+            lane.forget()
+
+    def idle_lane(self, tokens: int) -> Generator:
+        """An idle lane with pages for `tokens` tokens from an empty cache (LLM.logits): the
+        other idle lanes' caches are evicted as needed. RuntimeError when none is idle."""
+        if not self.idle:
+            raise RuntimeError("every lane runs a request")
+        lane = self.idle[-1]
+        lane.forget()
+        if self.allocator is not None and lane.pages is not None:
+            for other in self.idle:
+                if pages_for(tokens) <= self.allocator.num_free:
+                    break
+                other.forget()
+            if pages_for(tokens) > self.allocator.num_free:
+                raise InvalidRequestError(f"{tokens} tokens need more KV pages than are free")
+        return lane
+
+    # --- introspection -----------------------------------------------------------------------
+    def pages_in_use(self) -> int:
+        return 0 if self.allocator is None else self.allocator.num_used
+
+    def usage(self) -> float:
+        """Fraction of the KV page pool in use (0 without a pool)."""
+        return 0.0 if self.allocator is None else self.allocator.usage
