@@ -159,3 +159,31 @@ def test_thinking_budget_closes_think(real_server: LiveServer, real_llm: Any) ->
         model="m", max_tokens=14, messages=[{"role": "user", "content": "hi"}],
         thinking={"type": "enabled", "budget_tokens": 100})
     assert [b.type for b in free.content] == ["thinking"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses",
+                                  "/v1/messages", "/tokenize"])
+def test_unknown_fields_are_refused_by_name(real_server: LiveServer, path: str) -> None:
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}], "prompt": "x",
+            "input": "x", "max_tokens": 1}
+    body = {k: v for k, v in body.items()
+            if k in {"/v1/chat/completions": {"model", "messages", "max_tokens"},
+                     "/v1/completions": {"model", "prompt", "max_tokens"},
+                     "/v1/responses": {"model", "input"},
+                     "/v1/messages": {"model", "messages", "max_tokens"},
+                     "/tokenize": {"prompt"}}[path]}
+    assert post(real_server, path, {**body, "user": "u"} if path != "/tokenize" and path != "/v1/messages"
+                else body).status_code == 200
+    r = post(real_server, path, {**body, "frobnicate": 1})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert "frobnicate" in err["message"]
+    if path != "/v1/messages":
+        assert err["param"] == "frobnicate" and err["code"] == "unsupported_field"
+
+
+def test_logit_bias_is_applied(real_server: LiveServer, real_llm: Any) -> None:
+    out = openai_client(real_server).completions.create(
+        model=MODEL_ID, prompt="hello", max_tokens=3, temperature=0, logit_bias={"42": 100},
+        logprobs=0, extra_body={"ignore_eos": True})
+    assert out.choices[0].logprobs.tokens == [real_llm.tokenizer.decode([42])] * 3
