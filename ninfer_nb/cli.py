@@ -36,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cuda-graph", action="store_true", help="decode with eager kernel launches (debugging)")
     p.add_argument("--kv-cache", choices=list(KV_CACHE_KINDS), default="auto",
                    help="KV cache storage (default auto: bf16 on CUDA, fp32 on the CPU; int8: one scale per 64 values)")
-    p.add_argument("--spec", choices=["off", "ngram"], default="off",
-                   help="speculative decoding: ngram = prompt lookup (CPU; CUDA decodes plainly)")
+    p.add_argument("--spec", choices=["off", "ngram", "mtp"], default="off",
+                   help="speculative decoding: ngram = prompt lookup; mtp = the checkpoint's MTP head "
+                        "(Qwen3.5 / 3.6 mtp.* weights; CPU backend so far)")
     p.add_argument("--draft-tokens", type=int, default=3, help="draft tokens per verify round (default 3)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)

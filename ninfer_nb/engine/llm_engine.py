@@ -55,11 +55,12 @@ from .request import Request, RequestOutput, RequestStatus
 from .sampler import gumbel_max_pick
 from .scheduler import Run, Scheduler
 from .spec import Proposer
+from .spec.mtp import mtp_drafting
 from .spec.ngram import NgramProposer
 from .spec.stats import SpecStats
 from .spec.verify import accept_greedy, verify_drafts
 
-SPEC_KINDS = ("off", "ngram")
+SPEC_KINDS = ("off", "ngram", "mtp")
 
 
 _Run = Run                  # the engine's side of a request (engine/scheduler.py)
@@ -88,6 +89,8 @@ class LLMEngine:
             raise InvalidRequestError(f"draft_tokens must be >= 1, got {draft_tokens}")
         # the proposer, when speculation runs (None: plain decode)
         self.proposer: Proposer | None = NgramProposer() if spec == "ngram" else None
+        if spec == "mtp":            # the checkpoint's MTP head; the decoder gains its hidden tap
+            decoder, self.proposer = mtp_drafting(cfg, decoder, backend, max_context, valid_vocab)
         self.draft_tokens = draft_tokens
         self.spec_stats = SpecStats()
         if max_concurrency < 1:

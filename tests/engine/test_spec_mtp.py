@@ -117,3 +117,60 @@ def test_mtp_weights_load_dense_and_moe(mtp_dense_dir: Path, mtp_moe_dir: Path,
     assert moe.mtp is not None and isinstance(moe.mtp.layer.ffn, MoEWeights)
     # the multimodal fixture carries a stray, malformed mtp.fc: no MTP head, the model loads
     assert LLM(str(tiny_qwen35_moe_dir), device="cpu", max_context=32).engine.generator.decoder.weights.mtp is None
+
+
+def _greedy_run(llm: LLM, prompt: list[int], n: int) -> list[int]:
+    from ninfer_nb.engine.request import Request
+    from ninfer_nb.params import SamplingParams
+
+    request = Request("r", prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    llm.engine.add_request(request)
+    while not request.finished:
+        llm.engine.step()
+    return request.output_ids
+
+
+PROMPT = [int(t) for t in np.random.default_rng(9).integers(100, 240000, 30)]
+
+
+@pytest.mark.parametrize("model", ["mtp_dense_dir", "mtp_moe_dir"])
+def test_mtp_greedy_spec_equals_plain_for_every_k(model: str, request: pytest.FixtureRequest) -> None:
+    """Greedy MTP speculation gives the plain greedy tokens for K = 1, 2, 4, over two prompts
+    (the second shares the first's prefix: the head's cache keeps the common rows); the head's
+    drafts are really verified (random MTP weights: few accepted, some rounds keep none)."""
+    from ninfer_nb.engine.spec.mtp import MTPProposer
+
+    path = str(request.getfixturevalue(model))
+    plain_llm = LLM(path, device="cpu", max_context=96, prefill_chunk=16, max_concurrency=1)
+    prompts = [PROMPT, PROMPT[:20] + [5, 6, 7]]
+    plain = [_greedy_run(plain_llm, p, 20) for p in prompts]
+    for k in (1, 2, 4):
+        llm = LLM(path, device="cpu", max_context=96, prefill_chunk=16, spec="mtp", draft_tokens=k,
+                  max_concurrency=1)
+        assert isinstance(llm.engine.proposer, MTPProposer)
+        assert [_greedy_run(llm, p, 20) for p in prompts] == plain, f"K={k}"
+        stats = llm.engine.spec_stats
+        assert stats.rounds > 0 and 0 < stats.drafted <= stats.rounds * k
+
+
+def test_mtp_proposer_drafts_what_the_head_predicts(mtp_dense_dir: Path) -> None:
+    """The first draft of a round is the head's argmax for (last token, h at the position before
+    it) over a cache filled with the sequence's pairs: the formula reference on the same pairs,
+    with h from the target's own hiddens."""
+    llm = LLM(str(mtp_dense_dir), device="cpu", max_context=64, spec="mtp", draft_tokens=2, max_concurrency=1)
+    gen, proposer = llm.engine.generator, llm.engine.proposer
+    logits, _ = gen.prefill(PROMPT)
+    seq = PROMPT + [int(np.argmax(logits[: llm.valid_vocab]))]
+    drafts = proposer.propose(seq, 2)
+    hidden = gen.decoder.hidden(cpu, gen._batch(np.asarray(PROMPT), np.arange(len(PROMPT))),
+                                _fresh_state(llm))                                     # h_0 .. h_{n-1}
+    cfg = json.loads((mtp_dense_dir / "config.json").read_text())
+    ref = _reference_logits(_tensors(mtp_dense_dir), cfg, np.asarray(seq[1:]), np.asarray(hidden))
+    assert drafts[0] == int(np.argmax(ref[-1, : llm.valid_vocab]))
+    assert len(drafts) == 2
+
+
+def _fresh_state(llm: LLM):
+    from ninfer_nb.models.state import new_state
+
+    return new_state(llm.engine.generator.cfg, 64, np.zeros, "fp32", gdn_slots=1)

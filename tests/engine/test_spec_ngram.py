@@ -184,7 +184,7 @@ def test_reject_all_leaves_the_state_byte_identical(tiny_qwen35_dir: Path) -> No
     runs = []
     for drafting in (False, True):
         llm = LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16,
-                  spec="ngram", draft_tokens=4)
+                  spec="ngram", draft_tokens=4, max_concurrency=1)      # the one-sequence path
         gen = llm.engine.generator
         logits, _ = gen.prefill(PROMPT)
         last = int(np.argmax(logits))
