@@ -249,6 +249,10 @@ def kernel_choices(args: argparse.Namespace) -> KernelChoices:
 
 
 def main(argv: Sequence[str]) -> int:
+    if argv and argv[0] == "serve":         # a running server over HTTP (bench_serve.py)
+        from .bench_serve import main as serve_main
+
+        return serve_main(argv[1:])
     p = argparse.ArgumentParser(prog="ninfer bench", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--random", default=None, metavar="PRESET",
