@@ -76,7 +76,7 @@ def _assert_no_float64(ptx: str, name: str) -> None:
 WEIGHT_STREAM_LOAD = "ld.global.nc.L1::no_allocate"    # ptx.ldg_stream_v4_u32: weights only
 # self_sync kernels that also read, before the wait, data written two or more launches back
 # (their docstrings say why that is complete): any global load, still no store or shared access
-EARLY_READERS = {"moe_down_wide_kernel", "gdn_decode_kernel"}
+EARLY_READERS = {"moe_down_wide_kernel", "gdn_decode_kernel", "gdn_decode_slots_kernel"}
 
 
 # global memory only: a block's shared memory is its own, no earlier kernel can touch it

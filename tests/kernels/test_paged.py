@@ -201,3 +201,48 @@ def test_paged_qk_norm_rope_store(dev, rng, cache, hq, hkv, d, last, n, norm):
             close(g[rows], w[rows], 1e-5)
         else:                               # int8 codes may differ by one where a value sits on a rounding edge
             assert np.abs(g[rows].astype(np.int32) - w[rows].astype(np.int32)).max() <= 1
+
+
+@pytest.mark.parametrize("n_seq,n,hk,hv,dk,dv", shapes(
+    sim=[(2, 1, 1, 2, 32, 16)],
+    gpu=[(8, 1, 16, 48, 128, 128), (16, 1, 16, 32, 128, 128), (2, 4, 16, 48, 128, 128), (3, 1, 2, 6, 64, 96)]))
+def test_gdn_decode_slots(dev, rng, n_seq, n, hk, hv, dk, dv):
+    """gdn_decode over the slot pools (slots [B] in device memory, in no order, some slots
+    idle) vs ops.cpu: every sequence's outputs, its slot's recurrent and conv state, idle slots
+    untouched. GPU: gdn_decode_slots_kernel (a grid row per sequence), and each sequence equals
+    the one-sequence kernel on its slot bit for bit; the simulator: the gather / three ops /
+    scatter fallback. Prints the B-sequence kernel's time (-s)."""
+    ops = dev.fresh()
+    t, c, vd = n_seq * n, 2 * hk * dk + hv * dv, hv * dv
+    n_slots = n_seq + 3
+    slots = rng.permutation(n_slots)[:n_seq].astype(np.int32)
+    mixed, z = rnd(rng, t, c), rnd(rng, t, vd)
+    a, b = rnd(rng, t, hv), rnd(rng, t, hv)
+    conv_w = rnd(rng, c, 4, scale=0.5)
+    al, dtb, nw = rnd(rng, hv, scale=0.5), rnd(rng, hv), rnd(rng, dv)
+    conv_pool, state_pool = rnd(rng, n_slots, 3, c), rnd(rng, n_slots, hv, dv, dk, scale=0.1)
+    conv_ref, state_ref = conv_pool.copy(), state_pool.copy()
+    want = cpu.gdn_decode(mixed, z, a, b, conv_ref, conv_w, al, dtb, state_ref, nw, 1e-6, hk, slots=slots)
+    CP, SP = dev.up(conv_pool), dev.up(state_pool)
+    ins = [dev.up(x) for x in (mixed, z, a, b)]
+    consts = [dev.up(x) for x in (conv_w, al, dtb)]
+    NW, SL = dev.up(nw), dev.up(slots)
+    names = recording(ops)
+    got = ops.gdn_decode(*ins, CP, *consts, SP, NW, 1e-6, hk, slots=SL)
+    close(dev.host(got), want, 1e-4)
+    close(dev.host(SP), state_ref, 1e-4)
+    close(dev.host(CP), conv_ref, 1e-5)
+    idle = [s for s in range(n_slots) if s not in slots]
+    assert np.array_equal(dev.host(SP)[idle], state_pool[idle]) and np.array_equal(dev.host(CP)[idle], conv_pool[idle])
+    if not dev.on_gpu:
+        assert names[:2] == ["slot_gather_kernel", "slot_gather_kernel"] and names[-2:] == ["slot_scatter_kernel"] * 2
+        return
+    assert names == ["gdn_decode_slots_kernel"]
+    for i, s in enumerate(slots):                  # the one-sequence kernel on that slot's starting state
+        r = slice(i * n, (i + 1) * n)
+        cs, st = dev.up(conv_pool[s]), dev.up(state_pool[s])
+        one = ops.gdn_decode(*[dev.up(x[r]) for x in (mixed, z, a, b)], cs, *consts, st, NW, 1e-6, hk)
+        assert np.array_equal(dev.host(one), dev.host(got)[r])
+        assert np.array_equal(dev.host(st), dev.host(SP)[s])
+    us = dev.best_time(lambda: ops.gdn_decode(*ins, CP, *consts, SP, NW, 1e-6, hk, slots=SL), graph=True)[0] * 1e6
+    print(f"\ngdn_decode slots B={n_seq} n={n} Hv={hv}: {us:.1f} us")

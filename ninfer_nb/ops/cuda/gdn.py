@@ -14,7 +14,7 @@ from ninfer_nb.kernels.gdn import gdn_chunked_mma as K_gdm
 from ninfer_nb.kernels.gdn import gdn_decode as K_gdd
 from ninfer_nb.kernels.gdn import gdn_prepare_mma as K_gdp
 
-from .launch import F32, SIM, _flat_parts, _need, _part_bounds, _ptr, _rows
+from .launch import F32, I32, SIM, _flat_parts, _need, _part_bounds, _ptr, _rows
 from .norm import NormOps
 
 # The TF32 GDN prepare kernel (gdn_prepare_mma.py) by default from this key head dim up: below
@@ -93,9 +93,13 @@ class GdnOps(NormOps):
     def gdn_decode(self, mixed: Any, z: Any, a: Any, b: Any, conv_state: Any, conv_w: Any, a_log: Any,
                    dt_bias: Any, state: Any, norm_w: Any, eps: float, n_k_heads: int, slots: Any = None) -> Any:
         """ops.cpu.gdn_decode: conv, gated delta rule and gated norm of decode-sized T. One kernel
-        on cc >= 9.0 for the heads it takes (kernels/gdn/gdn_decode.py), else the three ops."""
+        on cc >= 9.0 for the heads it takes (kernels/gdn/gdn_decode.py), else the three ops.
+        With slots [B] int32 (device): the slot pools, gdn_decode_slots_kernel (a grid row per
+        sequence) or, where it does not run, the sequences' slots gathered into scratch, the
+        one-sequence ops on each, and scattered back (slots stay device data either way)."""
         if slots is not None:
-            raise NotImplementedError("gdn_decode: slots (kernel in progress)")
+            return self._gdn_decode_slots(mixed, z, a, b, conv_state, conv_w, a_log, dt_bias, state, norm_w, eps,
+                                          n_k_heads, slots)
         t = mixed.shape[0]
         hv, dv, dk = state.shape
         if (GDN_DECODE_FUSED and t and not SIM and self.arch is not None and self.arch >= (9, 0)
@@ -113,6 +117,44 @@ class GdnOps(NormOps):
         o = self.gated_delta_rule_raw_gates(q.reshape(t, n_k_heads, dk), k.reshape(t, n_k_heads, dk),
                                             v.reshape(t, hv, dv), a, b, a_log, dt_bias, state)
         return self.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), norm_w, eps).reshape(t, hv * dv)
+
+    def _gdn_decode_slots(self, mixed: Any, z: Any, a: Any, b: Any, conv_pool: Any, conv_w: Any, a_log: Any,
+                          dt_bias: Any, state_pool: Any, norm_w: Any, eps: float, n_k_heads: int, slots: Any) -> Any:
+        t = mixed.shape[0]
+        n_seq = slots.shape[0]
+        _need(slots.dtype == I32 and len(slots.shape) == 1, "gdn_decode: slots must be [B] int32")
+        _need(len(state_pool.shape) == 4 and len(conv_pool.shape) == 3 and conv_pool.shape[0] == state_pool.shape[0],
+              f"gdn_decode: slot pools {conv_pool.shape} / {state_pool.shape}")
+        _need(n_seq > 0 and t % n_seq == 0, f"gdn_decode: {t} tokens do not split into {n_seq} sequences")
+        _, hv, dv, dk = state_pool.shape
+        out = self.empty((t, hv * dv))                                    # [T, Hv * Dv]
+        if not t:
+            return out
+        if (GDN_DECODE_FUSED and not SIM and self.arch is not None and self.arch >= (9, 0)
+                and K_gdd.supported(hv, n_k_heads, dk, dv, conv_w.shape[1])
+                and conv_w.dtype == F32 and _ptr(conv_w) % 16 == 0):
+            args = (_rows(mixed, mixed.shape[-1]), _rows(z, hv * dv), _rows(a, hv), _rows(b, hv), conv_pool,
+                    conv_w, a_log, dt_bias, state_pool, slots, norm_w, out, np.int32(n_k_heads), np.float32(eps))
+            gx, c = hv * K_gdd.slices(dv), K_gdd.cluster_size(hv, n_k_heads, dv)
+            if self._cluster_fits(K_gdd.gdn_decode_slots_kernel, args, gx, K_gdd.THREADS, c):
+                self._go(K_gdd.gdn_decode_slots_kernel, (gx, n_seq), K_gdd.THREADS, *args, cluster=c)
+                return out
+        n = t // n_seq
+        with self.scope():
+            conv = self.empty((n_seq,) + tuple(conv_pool.shape[1:]))      # [B, K-1, C]
+            st = self.empty((n_seq, hv, dv, dk))                          # [B, Hv, Dv, Dk]
+            conv2, st2 = conv.reshape(n_seq, -1), st.reshape(n_seq, -1)
+            pools = (conv_pool.reshape(conv_pool.shape[0], -1), state_pool.reshape(state_pool.shape[0], -1))
+            for pool, tmp in zip(pools, (conv2, st2)):
+                self._go(K_gdd.slot_gather_kernel, K_ew.grid_for(tmp.size, 256), 256, pool, slots, tmp)
+            for i in range(n_seq):
+                r = slice(i * n, (i + 1) * n)
+                o = self.gdn_decode(mixed[r], z[r], a[r], b[r], conv[i], conv_w, a_log, dt_bias, st[i], norm_w, eps,
+                                    n_k_heads)
+                self._go(K_gdd.copy_f32_kernel, K_ew.grid_for(o.size, 256), 256, o.reshape(-1), out[r].reshape(-1))
+            for pool, tmp in zip(pools, (conv2, st2)):
+                self._go(K_gdd.slot_scatter_kernel, K_ew.grid_for(tmp.size, 256), 256, tmp, slots, pool)
+        return out
 
     def gated_delta_rule_chunked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any,
                                  chunk: int = 64) -> Any:
