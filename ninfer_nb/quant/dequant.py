@@ -4,10 +4,13 @@ round-to-nearest quantize (for tests and conversion). Host arrays only.
 Layouts are documented in `quant/formats.py`. Symmetric formats take scale = amax / (2^(b-1) - 1)
 per group and codes rint(w / scale) + 2^(b-1); formats with zero points take
 scale = (max - min) / (2^b - 1) and zero = rint(-min / scale), so both ends of a group's range
-are representable. Knows nothing about models or devices.
+are representable; "groupwise-min" takes scale = (max - min) / (2^b - 1) and min = the group's
+minimum; "fp8-block" takes scale = amax / 448 per 128 x 128 block and rounds w / scale to the
+nearest e4m3fn value. Knows nothing about models or devices.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ..models.weights import QuantizedWeight
@@ -37,6 +40,10 @@ def _groups(w: np.ndarray, group: int) -> np.ndarray:
 
 def quantize(w: np.ndarray, fmt: QuantFormat) -> QuantizedWeight:
     """w [N, K] or [E, N, K] (float) -> a QuantizedWeight of `fmt`, round to nearest."""
+    if fmt.layout == "fp8-block":
+        return _quantize_fp8(np.asarray(w, dtype=np.float32), fmt)
+    if fmt.layout == "groupwise-min":
+        return _quantize_min(np.asarray(w, dtype=np.float32), fmt)
     if fmt.layout != "groupwise":
         raise ValueError(f"no quantizer for {fmt.name}")
     g = _groups(np.asarray(w, dtype=np.float32), fmt.group_size)          # [..., K/g, g]
@@ -61,6 +68,42 @@ def quantize(w: np.ndarray, fmt: QuantFormat) -> QuantizedWeight:
     return QuantizedWeight(fmt, tuple(w.shape), arrays)
 
 
+def _quantize_min(w: np.ndarray, fmt: QuantFormat) -> QuantizedWeight:
+    """groupwise-min: scale = (max - min) / max_code, min = the group's minimum (fp16 both)."""
+    g = _groups(w, fmt.group_size)
+    lo = g.min(axis=-1).astype(np.float16)
+    scale = ((g.max(axis=-1) - lo.astype(np.float32)) / fmt.max_code).astype(np.float16)
+    s = scale.astype(np.float32)
+    inv = np.divide(1.0, s, out=np.zeros_like(s), where=s > 0)
+    codes = np.clip(np.rint((g - lo.astype(np.float32)[..., None]) * inv[..., None]), 0, fmt.max_code)
+    codes = codes.astype(np.uint8).reshape(w.shape)
+    return QuantizedWeight(fmt, tuple(w.shape), {
+        "codes": pack_int4(codes) if fmt.bits == 4 else np.ascontiguousarray(codes),
+        "scales": np.ascontiguousarray(scale), "mins": np.ascontiguousarray(lo)})
+
+
+FP8_MAX = 448.0          # the largest finite float8 e4m3fn value
+
+
+def _block_expand(scales: np.ndarray, shape: tuple[int, ...], block: int) -> np.ndarray:
+    """Block scales [..., ceil(N/b), ceil(K/b)] -> one per element [..., N, K]."""
+    n, k = shape[-2:]
+    return np.repeat(np.repeat(scales, block, axis=-2)[..., :n, :], block, axis=-1)[..., :k]
+
+
+def _quantize_fp8(w: np.ndarray, fmt: QuantFormat) -> QuantizedWeight:
+    """fp8-block: one float32 scale per 128 x 128 block (amax / 448), e4m3fn codes."""
+    b = fmt.group_size
+    n, k = w.shape[-2:]
+    nb, kb = -(-n // b), -(-k // b)
+    padded = np.zeros(w.shape[:-2] + (nb * b, kb * b), np.float32)
+    padded[..., :n, :k] = np.abs(w)
+    amax = padded.reshape(*w.shape[:-2], nb, b, kb, b).max(axis=(-3, -1))
+    scales = np.where(amax > 0, amax / FP8_MAX, 1.0).astype(np.float32)
+    codes = (w / _block_expand(scales, w.shape, b)).astype(ml_dtypes.float8_e4m3fn)
+    return QuantizedWeight(fmt, tuple(w.shape), {"codes": codes.view(np.uint8), "scales": scales})
+
+
 def codes_of(q: QuantizedWeight) -> np.ndarray:
     """The unsigned codes [..., N, K] of a groupwise weight (4-bit codes unpacked)."""
     c = np.asarray(q.arrays["codes"])
@@ -68,11 +111,19 @@ def codes_of(q: QuantizedWeight) -> np.ndarray:
 
 
 def dequantize(q: QuantizedWeight) -> np.ndarray:
-    """The float32 values [..., N, K] of a quantized weight: scale * (code - zero) per group."""
+    """The float32 values [..., N, K] of a quantized weight: scale * (code - zero) per group
+    (groupwise-min: scale * code + min; fp8-block: e4m3(code) * block scale)."""
     fmt = q.format
-    if fmt.layout != "groupwise":
+    if fmt.layout == "fp8-block":
+        codes = np.asarray(q.arrays["codes"]).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        return codes * _block_expand(np.asarray(q.arrays["scales"], np.float32), q.shape, fmt.group_size)
+    if fmt.layout not in ("groupwise", "groupwise-min"):
         raise ValueError(f"no NumPy dequantization for {fmt.name}")
     g = _groups(codes_of(q).astype(np.float32), fmt.group_size)              # [..., K/g, g]
+    if fmt.layout == "groupwise-min":
+        scale = np.asarray(q.arrays["scales"]).astype(np.float32)
+        low = np.asarray(q.arrays["mins"]).astype(np.float32)
+        return (g * scale[..., None] + low[..., None]).reshape(q.shape)
     zero = (np.asarray(q.arrays["zeros"]).astype(np.float32) if fmt.zero_points
             else np.float32(fmt.midpoint))
     scale = np.asarray(q.arrays["scales"]).astype(np.float32)
@@ -82,6 +133,8 @@ def dequantize(q: QuantizedWeight) -> np.ndarray:
 def dequantize_rows(q: QuantizedWeight, rows: np.ndarray) -> np.ndarray:
     """dequantize(q)[rows] of a matrix [N, K] without dequantizing the others (embedding
     lookups): [len(rows), K] float32."""
+    if q.format.layout == "fp8-block":
+        return dequantize(q)[rows]
     picked = {k: np.asarray(a)[rows] for k, a in q.arrays.items()}
     return dequantize(QuantizedWeight(q.format, (len(rows),) + tuple(q.shape[1:]), picked))
 

@@ -17,7 +17,9 @@ def test_formats_describe_their_bytes_and_arrays() -> None:
     assert quant_format("int4-g32-zp").bytes_per_weight == 0.5 + 3 / 32
     assert quant_format("int8-g64").arrays == ("codes", "scales")
     assert quant_format("int4-g128-zp").arrays == ("codes", "scales", "zeros")
-    assert len(FORMATS) == 12
+    assert len(FORMATS) == 14 and {"fp8", "int4-g32-min"} <= set(FORMATS)
+    assert quant_format("int4-g32-min").arrays == ("codes", "scales", "mins")
+    assert quant_format("fp8").bytes_per_weight == 1 + 4 / 128 ** 2
     with pytest.raises(ValueError, match="int4-g64"):
         quant_format("int3-g64")
 
@@ -49,7 +51,7 @@ def test_dequantize_follows_the_documented_layout() -> None:
     assert np.array_equal(dequantize(q8)[0], (0.25 * (c8[0] - 128.0)).astype(np.float32))
 
 
-@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("name", sorted(n for n, f in FORMATS.items() if f.layout == "groupwise"))
 @pytest.mark.parametrize("shape", [(48, 256), (3, 16, 384)])
 def test_quantize_dequantize_error_is_within_half_a_step(name: str, shape: tuple[int, ...]) -> None:
     fmt = quant_format(name)
