@@ -1,0 +1,120 @@
+"""Decode rounds of B sequences on the GPU by CUDA-graph replay (CudaBackend.decode_rows /
+pick_rows): one graph per (batch size B, table width P, picked or not), captured once and
+replayed for any set of requests.
+
+A graph bakes in addresses, so everything a round varies lives in fixed device buffers that
+the host fills before the replay: one int32 block per graph holding ids [B] | positions [B] |
+GDN slots [B] | page table [B, P] (one host-to-device copy), and, for picked rounds, the
+sampler's per-row parameters (engine/device_pick.py DevicePicker; one shared set of rows, as
+many as the largest B so far). The first round of a key runs eagerly (it compiles the B-row
+kernels), the second captures (capture records, then one replay runs it), every later one
+replays. Knows nothing about requests: rows are whatever the scheduler put there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .backends.base import Pick, RowsForward
+
+
+@dataclass
+class _Round:
+    inputs: Any                # [3 B + B P] int32: ids | positions | slots | page table
+    ids: Any                   # [B] views into inputs
+    pos: Any
+    slots: Any
+    table: Any                 # [B, P]
+    warmed: bool = False
+    graph: Any = None
+    out: Any = None            # the captured round's output: logits [B, V] or picks [B] int32
+
+
+class RowsGraphs:
+    """The batched decode graphs of one CudaBackend (its ops, stream, scratch and PDL choice)."""
+
+    def __init__(self, ops: Any, stream: Any, scratch: Any, pdl: bool) -> None:
+        self.ops, self.stream, self.scratch, self.pdl = ops, stream, scratch, pdl
+        self._rounds: dict[tuple[int, int, bool], _Round] = {}
+        self._picker: Any = None
+
+    def _round(self, key: tuple[int, int, bool]) -> _Round:
+        r = self._rounds.get(key)
+        if r is None:
+            b, p, _ = key
+            flat = self.ops.zeros((3 * b + b * p,), np.int32, persistent=True)
+            r = self._rounds[key] = _Round(flat, flat[:b], flat[b:2 * b], flat[2 * b:3 * b],
+                                           flat[3 * b:].reshape(b, p))
+        return r
+
+    def _device_picker(self, rows: int, vocab: int) -> Any:
+        """The sampler's row buffers for at least `rows` rows; a larger B replaces them (and
+        drops the picked graphs, which hold the old addresses)."""
+        from .device_pick import DevicePicker
+
+        if self._picker is None or self._picker.rows < rows or self._picker.vocab != vocab:
+            self._picker = DevicePicker(self.ops, max(rows, 8), vocab)
+            for key in [k for k in self._rounds if k[2]]:
+                old = self._rounds.pop(key)
+                if old.graph is not None:
+                    old.graph.close()
+        return self._picker
+
+    def run(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int],
+            page_table: np.ndarray, picks: Sequence[Pick] | None = None, vocab: int = 0) -> np.ndarray:
+        """One round: logits [B, V] fp32 (picks None) or the B picked ids [B] int32 (picks[b]
+        for row b over ids < vocab), on the host."""
+        table = np.asarray(page_table, dtype=np.int32)
+        b = len(tokens)
+        if not (b == len(positions) == len(slots) == table.shape[0]) or table.ndim != 2:
+            raise ValueError(f"decode round: {b} tokens, {len(positions)} positions, {len(slots)} slots, "
+                             f"page table {table.shape}")
+        picked = picks is not None
+        picker = self._device_picker(b, vocab) if picked else None   # before _round: it may drop graphs
+        r = self._round((b, table.shape[1], picked))
+        host = np.concatenate([np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
+                               np.asarray(slots, np.int32), table.reshape(-1)])
+        r.inputs.copy_from_numpy(host, self.stream)
+        if picker is not None:
+            picker.write(list(picks or ()))
+
+        def round_() -> Any:
+            logits = forward(r.ids, r.pos, r.slots, r.table)                 # [B, V]
+            if picker is None:
+                return logits
+            return self.ops.sample_pick(logits, vocab, picker.bufs, r.ids, r.pos)   # [B] int32
+
+        out = self._replay(r, round_)
+        return np.asarray(self.ops.to_numpy(out))
+
+    def _replay(self, r: _Round, fn: Callable[[], Any]) -> Any:
+        from ..runtime.graph import CudaGraph
+
+        self.scratch.reset()
+        if not r.warmed:
+            r.warmed = True
+            return fn()
+        if r.graph is None:
+            graph = CudaGraph(self.stream)
+            with self.ops.programmatic_launches(self.pdl):
+                r.out = graph.capture(fn)
+            r.graph = graph
+        r.graph.replay()
+        return r.out
+
+    def time_rounds(self, b: int, picked: bool, replays: int = 16) -> float | None:
+        """Device time (us) of the captured B-row round replayed back to back on its last
+        inputs (each replay rewrites the caches at those positions); None if not captured."""
+        from ..runtime.events import Event
+
+        r = next((v for k, v in self._rounds.items() if k[0] == b and k[2] == picked and v.graph), None)
+        if r is None:
+            return None
+        r.graph.replay()
+        e0 = Event().record(self.stream)
+        for _ in range(replays):
+            r.graph.replay()
+        e1 = Event().record(self.stream)
+        return float(e0.elapsed_ms(e1) * 1e3 / replays)
