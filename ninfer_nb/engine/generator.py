@@ -28,6 +28,7 @@ from ..models.state import KVDtype, SequenceState, new_state
 from .backends.base import Backend, Forward
 from .batch import ForwardBatch
 from .kv_pages import PageTable
+from .pick import Pick, PickFilters
 from .state_slots import StateSlots
 
 RUNNING_SLOT = 0                   # the GDN slot the sequence runs in
@@ -239,13 +240,15 @@ class Generator:
         return self.use_graphs and self.backend.token_pick_vocab == valid_vocab
 
     def decode_token(self, token: int, valid_vocab: int, *, ahead: bool = False, temperature: float = 0.0,
-                     seed: int = 0, offset: int = 0) -> int:
+                     seed: int = 0, offset: int = 0, filters: PickFilters | None = None) -> int:
         """Feed one token; returns the next one, picked over ids < valid_vocab: the argmax
         (temperature 0; lowest id on ties, as np.argmax) or a sample from softmax(logits / T)
         by the Gumbel-max trick with noise from Philox(seed, (offset, id)) (kernels/sampling.py
         pick_feed_kernel). From the decode graph's own pick kernel when the backend captured
         one for this vocabulary (`token_pick_vocab`): 4 bytes come back, not the logits row.
         Else (CPU, no graphs) the argmax of `decode`'s logits; temperature > 0 needs the graph.
+        filters: top-k / top-p / min-p, penalties, logit bias (engine/pick.py; the graph's
+        sampler, kernels/sample_pick.py, applies them; they need the graph too).
 
         ahead=True (the caller will feed the returned token next unless it stops): the step
         that consumes the returned token is queued on the device before this one's token is
@@ -258,7 +261,7 @@ class Generator:
         if self._prefill is not None:
             raise RuntimeError("decode_token: a prefill is still running")
         if not self.picks_on_device(valid_vocab):
-            if temperature > 0.0:
+            if temperature > 0.0 or filters is not None:
                 raise RuntimeError("decode_token: sampling on the device needs the decode graph's pick")
             return int(np.argmax(self.decode(token)[:valid_vocab]))
         forward = self._forward_fn()
@@ -271,7 +274,7 @@ class Generator:
             if len(self.tokens) >= self.max_context:
                 raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
             b.discard_tokens()
-            b.launch_token_step(forward, token, len(self.tokens), (temperature, seed, offset))
+            b.launch_token_step(forward, token, len(self.tokens), Pick(temperature, seed, offset, filters))
             self.tokens.append(token)
         queued = ahead and b.graph_ready and len(self.tokens) < self.max_context
         if queued:

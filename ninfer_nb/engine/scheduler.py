@@ -28,7 +28,7 @@ from .request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from .generator import Generator
-    from .sampler import Sampler
+    from .sampler import DevicePick, Sampler
 
 
 @dataclass(eq=False)
@@ -38,7 +38,7 @@ class Run:
 
     request: Request
     sampler: Sampler
-    pick: tuple[float, int] | None         # (temperature, seed) picked on the device, or None
+    pick: DevicePick | None                # how the decode graph's sampler picks, or None (the host)
     stop_ids: frozenset[int]
     budget: int                            # tokens it may generate
     prefilling: bool = False               # its prefill started and has chunks left

@@ -19,7 +19,8 @@ an exact sample from softmax(z) restricted to it, with the same noise as `pick_f
 
 Kernels (in this order, every one over all rows; a row skips the ones it does not need):
 1. `pick_prep_kernel`, grid (G, B), G = ceil(vocab / (threads * PICK_PER)): z into zrow
-   [B, vocab], the row maximum (zmax, an order-preserving key), the step's state zeroed.
+   [B, vocab] and the row maximum (zmax, an order-preserving key); a row without filters
+   (greedy, or temperature alone) takes its (Gumbel-)argmax here and writes no zrow.
 2. `pick_hist_kernel` (rows with top-k or top-p): a histogram of the eligible tokens' count
    and mass over NB bins of d = zmax - z (the float bits of d: a bin is 1/32 of an octave).
 3. `pick_gather_kernel`: from the histogram, the bins that surely hold the kept set (those up
@@ -28,8 +29,8 @@ Kernels (in this order, every one over all rows; a row skips the ones it does no
 4. `pick_select_kernel`, grid B: sorts the candidates (bitonic, shared memory), finds the kept
    prefix and its Gumbel-max token. More than CAP candidates (a flat row under top-p): the
    threshold composite by a radix select over the row (one block, slower, exact) instead.
-5. `pick_full_kernel`, grid (G, B): the rows not finished by 4 (greedy, temperature or
-   min-p alone, the radix-selected ones): the (Gumbel-)argmax over the kept tokens.
+5. `pick_full_kernel`, grid (G, B): the rows with min-p alone and the radix-selected ones:
+   the Gumbel-max over the kept tokens.
 6. `pick_finish_kernel`, grid 1: out[b] = the token, fed back for the next replay (ids[b],
    pos[b] + 1, offset + 1), counted (counts[row, token] += 1), the row maximum reset.
 `sample_pick_ref` (NumPy) computes the same kept set and token by a plain sort.
@@ -234,10 +235,12 @@ def _plan(hist, b, k, top_p, sh, part, flag):
     return n_c <= uint64(CAP), jstar, int32(n_c), m_e, topk_on
 
 
-@kernel((f32_2, int32, f32_2, i64_2, i32_2, f32_2, i32_2, f32_2, u64_1, u64_2, i32_1, u64_1))
-def pick_prep_kernel(logits, n_voc, fpar, ipar, bias_ids, bias_val, counts, zrow, zmax, hist, cand_n, best):
+@kernel((f32_2, int32, f32_2, i64_2, i32_2, f32_2, i32_2, f32_2, u64_1, u64_2, u64_1))
+def pick_prep_kernel(logits, n_voc, fpar, ipar, bias_ids, bias_val, counts, zrow, zmax, hist, best):
     """grid (G, B), block PICK_THREADS (any power of two <= it). logits [B, >= n_voc];
-    zrow [B, n_voc] out; zmax [B] must be 0 on entry (pick_finish_kernel leaves it so)."""
+    zrow [B, n_voc] out; zmax / best [B] must be 0 on entry (pick_finish_kernel leaves them
+    so). A row without filters (greedy, or temperature alone) takes its token here: best[b]
+    = the max composite of z (+ Gumbel noise), and writes no zrow."""
     tile = cuda.shared.array(TILE, float32)
     smax = cuda.shared.array(1, uint64)
     b = cuda.blockIdx.y
@@ -247,9 +250,6 @@ def pick_prep_kernel(logits, n_voc, fpar, ipar, bias_ids, bias_val, counts, zrow
     base = cuda.blockIdx.x * span
     for i in range(cuda.blockIdx.x * nt + tid, NB2, cuda.gridDim.x * nt):
         hist[b, i] = U0
-    if cuda.blockIdx.x == 0 and tid == 0:
-        cand_n[b] = 0
-        best[b] = U0
     if tid == 0:
         smax[0] = U0
     for j in range(PICK_PER):
@@ -266,6 +266,10 @@ def pick_prep_kernel(logits, n_voc, fpar, ipar, bias_ids, bias_val, counts, zrow
     rep = fpar[b, F_REP]
     freq = fpar[b, F_FREQ]
     pres = fpar[b, F_PRES]
+    sampled = temp > float32(0.0)
+    direct = not (_filtered(temp, ipar[b, I_TOP_K], fpar[b, F_TOP_P], n_voc) or (sampled and fpar[b, F_MIN_P] > 0.0))
+    sd = ipar[b, I_SEED]
+    off = ipar[b, I_OFFSET]
     bmax = U0
     for j in range(PICK_PER):
         v = base + j * nt + tid
@@ -278,13 +282,19 @@ def pick_prep_kernel(logits, n_voc, fpar, ipar, bias_ids, bias_val, counts, zrow
                 n = c & COUNT_MASK
                 if n > 0:
                     x = x - (freq * float32(n) + pres)
-            z = x / temp if temp > float32(0.0) else x
-            zrow[b, v] = z
-            bmax = max(bmax, uint64(_key(z)))
+            z = x / temp if sampled else x
+            if direct:
+                bmax = max(bmax, _comp(z + gumbel(sd, off, v) if sampled else z, v))
+            else:
+                zrow[b, v] = z
+                bmax = max(bmax, uint64(_key(z)))
     cuda.atomic.max(smax, 0, bmax)
     cuda.syncthreads()
     if tid == 0:
-        cuda.atomic.max(zmax, b, smax[0])
+        if direct:
+            cuda.atomic.max(best, b, smax[0])
+        else:
+            cuda.atomic.max(zmax, b, smax[0])
 
 
 @kernel((f32_2, int32, f32_2, i64_2, u64_1, u64_2, u64_2, i32_1))
@@ -504,6 +514,8 @@ def pick_full_kernel(zrow, n_voc, fpar, ipar, zmax, sel, best):
         if sel[b, 0] == SEL_DONE:
             return
         thr = sel[b, 1]
+    elif not (temp > float32(0.0) and fpar[b, F_MIN_P] > float32(0.0)):
+        return                                       # pick_prep_kernel took the token
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     if tid == 0:
@@ -529,9 +541,10 @@ def pick_full_kernel(zrow, n_voc, fpar, ipar, zmax, sel, best):
         cuda.atomic.max(best, b, sbest[0])
 
 
-@kernel((u64_1, i64_2, i32_2, u64_1, i32_1, i32_1, i32_1))
-def pick_finish_kernel(best, ipar, counts, zmax, out, ids, pos):
-    """grid 1, block >= B: out[b] = ids[b] = the token, pos[b] += 1, offset += 1, counted."""
+@kernel((u64_1, i64_2, i32_2, u64_1, i32_1, i32_1, i32_1, i32_1))
+def pick_finish_kernel(best, ipar, counts, zmax, cand_n, out, ids, pos):
+    """grid 1, block >= B: out[b] = ids[b] = the token, pos[b] += 1, offset += 1, counted;
+    the row's best / zmax / cand_n zeroed for the next step."""
     b = cuda.threadIdx.x
     if b >= out.shape[0]:
         return
@@ -544,6 +557,8 @@ def pick_finish_kernel(best, ipar, counts, zmax, out, ids, pos):
     if crow >= 0:
         counts[crow, tok] += 1
     zmax[b] = U0
+    best[b] = U0
+    cand_n[b] = 0
 
 
 # --- NumPy reference -----------------------------------------------------------------------

@@ -18,16 +18,17 @@ import numpy as np
 
 from ...config import ModelConfig
 from ...models.weights import ModelWeights
+from ..pick import ARGMAX, Pick, PickFilters
 
 # forward(ids [T], positions [T]) -> logits ([T, V] or [1, V]) as the backend's array
 Forward = Callable[[Any, Any], Any]
 # forward_rows(ids [B], positions [B], slots [B] int32, page_table [B, P] int32) -> logits [B, V]:
 # one decode round of B sequences (ForwardBatch.rows), the backend's arrays in and out
 RowsForward = Callable[[Any, Any, Any, Any], Any]
-# a token pick: (temperature, seed, offset); temperature 0 is the argmax, else a Gumbel-max
-# sample from softmax(logits / temperature) keyed by (seed, offset)
-Pick = tuple[float, int, int]
-ARGMAX: Pick = (0.0, 0, 0)
+
+
+# a token pick (temperature, seed, offset, filters): engine/pick.py
+__all__ = ["ARGMAX", "Backend", "Forward", "Pick", "PickFilters", "RowsForward"]
 
 
 class Backend(Protocol):

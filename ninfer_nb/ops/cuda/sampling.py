@@ -73,7 +73,7 @@ class SamplingOps(CudaOpsBase):
         out = self.empty((b,), np.int32)
         fpar, ipar, hist, zmax, best = bufs.fpar[:b], bufs.ipar[:b], bufs.hist[:b], bufs.zmax[:b], bufs.best[:b]
         self._go(K_sp.pick_prep_kernel, grid, t, logits, n, fpar, ipar, bufs.bias_ids[:b], bufs.bias_val[:b],
-                 bufs.counts, zrow, zmax, hist, bufs.cand_n[:b], best)
+                 bufs.counts, zrow, zmax, hist, best)
         self._go(K_sp.pick_hist_kernel, grid, t, zrow, n, fpar, ipar, zmax, hist, bufs.plan[:b], bufs.arrived[:b])
         self._go(K_sp.pick_gather_kernel, grid, t, zrow, n, fpar, ipar, zmax, bufs.plan[:b], bufs.cand[:b],
                  bufs.cand_n[:b])
@@ -81,7 +81,7 @@ class SamplingOps(CudaOpsBase):
                  bufs.cand_n[:b], bufs.sel[:b], best)
         self._go(K_sp.pick_full_kernel, grid, t, zrow, n, fpar, ipar, zmax, bufs.sel[:b], best)
         self._go(K_sp.pick_finish_kernel, 1, max(32, 1 << (b - 1).bit_length()), best, ipar, bufs.counts, zmax,
-                 out, ids, pos)
+                 bufs.cand_n[:b], out, ids, pos)
         return out
 
     # threads of the sampler's kernels (the simulator runs every thread in Python: tests shrink them)
