@@ -43,6 +43,7 @@ def setup_routes(app: web.Application) -> None:
     r.add_post("/v1/completions", completions.completions)
     r.add_post("/tokenize", completions.tokenize)
     r.add_post("/detokenize", completions.detokenize)
+    r.add_get("/tokenizer_info", completions.tokenizer_info)
     r.add_post("/v1/responses", responses.create_response)
     r.add_post("/v1/responses/input_tokens", responses.input_tokens)
     r.add_get("/v1/responses/{response_id}", responses.get_response)
@@ -62,6 +63,8 @@ def create_app(
         engine=engine,
         worker=worker or EngineWorker(
             max_pending=config.max_pending,
+            # as many generations take turns as the engine decodes at once
+            max_active=getattr(engine, "max_concurrency", 1),
             # a device fault the engine cannot recover from stops the worker (/health, exit 3)
             fault_check=lambda exc: fatal_fault(exc, getattr(engine, "backend", None))),
         model_id=model_id,

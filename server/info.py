@@ -20,8 +20,15 @@ log = logging.getLogger("ninfer.server")
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 while serving; 503 while draining, so a load balancer stops sending work here."""
-    if request.app[STATE].draining:
+    """200 while serving; 503 while draining, so a load balancer stops sending work here, and
+    after an unrecoverable device fault (the engine serves nothing more; the process exits
+    non-zero so a supervisor restarts it), with the fault's message."""
+    state = request.app[STATE]
+    fault = state.worker.fault
+    if fault is not None:
+        return web.json_response({"status": "faulted", "error": {"code": fault.code, "message": fault.message}},
+                                 status=503, headers={"Retry-After": "1"})
+    if state.draining:
         return web.json_response({"status": "draining"}, status=503, headers={"Retry-After": "1"})
     return web.json_response({"status": "ok"})
 

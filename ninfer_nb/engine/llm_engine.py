@@ -48,6 +48,7 @@ from ..models.decoder import Decoder
 from ..models.state import KVDtype, new_state
 from .backends.base import Backend, RowsForward
 from .batch import ForwardBatch
+from .faults import request_error
 from .generator import Generator, lane_slots
 from .kv_pages import PageAllocator, PageTable, pages_for
 from .output_hooks import HookedSampler, sampler_for
@@ -130,10 +131,12 @@ class LLMEngine:
         # a constrained request ends on EOS, which its grammar allows exactly where it may end
         stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos and matcher is None else set(self.eos_ids))
         # logprobs / a thinking budget: a hooked host sampler (engine/output_hooks.py)
-        sampler = sampler_for(request, p, self.valid_vocab, seed=self.seed, matcher=matcher)
+        sampler = sampler_for(request, p, self.valid_vocab, seed=self.seed, matcher=matcher,
+                              prompt_ids=request.prompt_ids)
         # the pick kernel reads no token mask yet: a constrained request samples on the host
-        pick = sampler.device_pick() if self.decode.device_pick and matcher is None else None
-        if pick is not None and pick[0] > 0.0 and not self.picks_on_device:
+        # the decode graph's sampler (filters and penalties too: Sampler.device_sample)
+        pick = sampler.device_sample() if self.decode.device_pick and matcher is None else None
+        if pick is not None and (pick.temperature > 0.0 or pick.filters is not None) and not self.picks_on_device:
             pick = None                          # no decode graph to sample in (CPU): the host samples
         budget = min(p.max_tokens, self.max_context - n)
         self.scheduler.check_fits(n, budget)
@@ -201,11 +204,14 @@ class LLMEngine:
     def _raise_failed(self, runs: list[_Run], exc: BaseException) -> NoReturn:
         """A model call of `runs` failed: they end FINISHED_ERROR (their caches dropped: they
         may be half-written; the other requests keep running, told at the next step) and the
-        error is raised."""
+        error is raised, typed when it is a device fault of the request (engine/faults.py)."""
         for run in runs:
             if run.lane is not None:
                 run.lane.forget()
             self._errors.append(self._finish(run, RequestStatus.FINISHED_ERROR))
+        typed = request_error(exc)
+        if typed is not None:
+            raise typed from exc
         raise exc
 
     def _emit(self, run: _Run, tokens: list[int]) -> RequestOutput:
@@ -248,8 +254,7 @@ class LLMEngine:
             table = np.stack([lane.pages.row for lane in lanes if lane.pages is not None])   # [B, P]
             forward = self._rows_forward(lanes[0])
             self.batch_sizes[len(rows)] = self.batch_sizes.get(len(rows), 0) + 1
-            picks = [(run.pick[0], run.pick[1], len(run.request.output_ids))
-                     for run in rows if run.pick is not None]
+            picks = [run.pick.at(len(run.request.output_ids)) for run in rows if run.pick is not None]
             if self._round_picks and len(picks) == len(rows):
                 picked = self.backend.pick_rows(forward, tokens, positions, slots, table, picks)
             else:
@@ -265,8 +270,7 @@ class LLMEngine:
     def _pick(self, run: _Run, row: np.ndarray) -> int:
         """The next token from a logits row: the device pick's rule on the host, or the sampler."""
         if run.pick is not None:
-            temperature, seed = run.pick
-            return gumbel_max_pick(row[: self.valid_vocab], temperature, seed, len(run.request.output_ids))
+            return gumbel_max_pick(row[: self.valid_vocab], *run.pick.at(len(run.request.output_ids)))
         return run.sampler.sample(row)
 
     def _rows_forward(self, lane: Generator) -> RowsForward:
@@ -340,7 +344,7 @@ class LLMEngine:
         drafts = self.proposer.propose(req.prompt_ids + req.output_ids, k) if k > 0 else []
         if not drafts:
             return []
-        if run.pick is not None and run.pick[0] == 0.0:       # greedy: the argmax ids come back
+        if run.pick is not None and run.pick.temperature == 0.0 and run.pick.filters is None:   # the argmax ids come back
             picks = gen.verify([req.output_ids[-1]] + drafts, self.valid_vocab)
             tokens = accept_greedy(drafts, [int(t) for t in picks])
             for token in tokens:
@@ -358,11 +362,11 @@ class LLMEngine:
         n = len(req.output_ids)
         last = req.output_ids[-1]
         if run.pick is not None:   # the step after the next token queued too, unless that token is the last
-            temperature, seed = run.pick
+            temperature, seed, filters = run.pick
             # no step queued ahead while speculating: the next round's verify feeds the caches
             ahead = self.decode.decode_ahead and n + 1 < run.budget and self.proposer is None
             return gen.decode_token(last, self.valid_vocab, ahead=ahead,
-                                    temperature=temperature, seed=seed, offset=n)
+                                    temperature=temperature, seed=seed, offset=n, filters=filters)
         return run.sampler.sample(gen.decode(last))
 
     def _finish(self, run: _Run, status: RequestStatus, tokens: list[int] | None = None) -> RequestOutput:

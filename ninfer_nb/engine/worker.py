@@ -2,9 +2,14 @@
 
 asyncio code submits a job (a function of a cancel `threading.Event` returning an iterator)
 and reads the job's items back through an asyncio queue fed by `loop.call_soon_threadsafe`.
-Small calls (`call`) run on the same thread between two steps of the running job, so they never
-wait for a whole generation. An exception raised by a job fails that job only. This module knows
-nothing about models, HTTP or protocols.
+Several jobs run at once (`max_active`, the engine's max_concurrency), taking turns item by
+item. Small calls (`call`) run on the same thread between two items, so they never wait for a
+whole generation. An exception raised by a job fails that job only (a device out of
+memory becomes engine/faults.py's typed error), unless `fault_check` says it left the engine
+unusable (an unrecoverable device fault): then that job and every queued one fail with the
+fault, new work is refused with it, the thread stops, and `fault` tells the owner (the server
+reports it on /health and exits non-zero). This module knows nothing about models, HTTP or
+protocols.
 """
 from __future__ import annotations
 
@@ -13,15 +18,19 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast
 
 from ..errors import EngineOverloadedError, NinferError
+from .faults import EngineFaultError, request_error
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 JobFn = Callable[[threading.Event], "Iterator[T]"]
+# exc (a job's failure) -> the error that ends the engine, or None when it can go on
+FaultCheck = Callable[[BaseException], "NinferError | None"]
 CANCEL_GRACE_STEPS = 4
 
 
@@ -149,21 +158,40 @@ class _Call(Generic[R]):
             return
 
 
-class EngineWorker:
-    """Runs jobs one at a time, in submission order, on a single daemon thread.
+@dataclass(eq=False)
+class _Active:
+    """A started job: its iterator and the items it produced since its cancel was set."""
 
-    `max_pending` bounds the jobs waiting behind the running one (None = unbounded); a submit
-    beyond it raises EngineOverloadedError. `close()` refuses new work and drains the queue.
+    job: JobStream[Any]
+    it: Iterator[Any]
+    after_cancel: int = 0
+
+
+class EngineWorker:
+    """Runs jobs on a single daemon thread, in submission order, up to `max_active` at once.
+
+    Active jobs take turns, one item each per turn (a generation's item is one engine step's
+    token, and the engine steps all of its requests together, so `max_active` jobs generate
+    at once; outputs of the others wait in the engine's front door for their own job's turn).
+    `max_pending` bounds the jobs waiting for a turn (None = unbounded); a submit beyond it
+    raises EngineOverloadedError. `close()` refuses new work and drains the queue.
+    `fault_check(exc)` runs on the engine thread after a job fails (see the module docstring).
     """
 
-    def __init__(self, *, max_pending: int | None = 16, name: str = "ninfer-engine") -> None:
+    def __init__(self, *, max_pending: int | None = 16, name: str = "ninfer-engine",
+                 fault_check: FaultCheck | None = None, max_active: int = 1) -> None:
         if max_pending is not None and max_pending < 0:
             raise ValueError(f"max_pending must be >= 0, got {max_pending}")
+        if max_active < 1:
+            raise ValueError(f"max_active must be >= 1, got {max_active}")
         self.max_pending = max_pending
+        self.max_active = max_active
+        self.fault_check = fault_check
+        self.fault: NinferError | None = None    # set once, by an unrecoverable job failure
         self._cond = threading.Condition()
         self._jobs: collections.deque[JobStream[Any]] = collections.deque()
         self._calls: collections.deque[_Call[Any]] = collections.deque()
-        self._running: JobStream[Any] | None = None
+        self._active: list[_Active] = []          # started jobs, in start order (worker thread)
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -177,7 +205,7 @@ class EngineWorker:
     @property
     def num_running(self) -> int:
         with self._cond:
-            return 0 if self._running is None else 1
+            return len(self._active)
 
     @property
     def closing(self) -> bool:
@@ -192,9 +220,11 @@ class EngineWorker:
         """Queue `fn(cancel_event)`; its items arrive on the returned stream. Loop thread only."""
         stream: JobStream[T] = JobStream(asyncio.get_running_loop(), fn)
         with self._cond:
+            if self.fault is not None:
+                raise self._faulted()
             if self._closing:
                 raise WorkerClosedError("the server is shutting down")
-            if self.max_pending is not None and self._is_busy() and (
+            if self.max_pending is not None and self._is_full() and (
                 len(self._jobs) >= self.max_pending
             ):
                 raise EngineOverloadedError(
@@ -205,9 +235,11 @@ class EngineWorker:
         return stream
 
     async def call(self, fn: Callable[[], R]) -> R:
-        """Run a short `fn()` on the engine thread, between two steps of the running job."""
+        """Run a short `fn()` on the engine thread, between two items of the running jobs."""
         c: _Call[R] = _Call(asyncio.get_running_loop(), fn)
         with self._cond:
+            if self.fault is not None:
+                raise self._faulted()
             if not self._thread.is_alive():
                 raise WorkerClosedError("the engine thread has stopped")
             self._calls.append(c)
@@ -226,32 +258,106 @@ class EngineWorker:
         self._thread.join(timeout)
         if self._thread.is_alive():
             with self._cond:
-                for job in [*self._jobs, *([self._running] if self._running else [])]:
+                for job in [*self._jobs, *(a.job for a in self._active)]:
                     job.cancel()
             self._thread.join(5.0)
         return not self._thread.is_alive()
 
+    def _faulted(self) -> EngineFaultError:
+        """A fresh copy of the fault for one more caller (an exception object is raised once)."""
+        assert self.fault is not None
+        return EngineFaultError(self.fault.message)
+
     # --- worker thread -------------------------------------------------------------------
-    def _is_busy(self) -> bool:
-        return self._running is not None or bool(self._jobs)
+    def _is_full(self) -> bool:
+        """Every turn is taken (a new job would wait)."""
+        return len(self._active) >= self.max_active or bool(self._jobs)
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._jobs and not self._calls and not self._closing:
+                while not self._jobs and not self._calls and not self._active and not self._closing:
                     self._cond.wait()
-                if not self._jobs and not self._calls:
+                if not self._jobs and not self._calls and not self._active:
                     return  # closing and drained
-                job = self._jobs.popleft() if not self._calls and self._jobs else None
-                self._running = job
-            if job is None:
+                starting: list[JobStream[Any]] = []
+                while self._jobs and len(self._active) + len(starting) < self.max_active:
+                    starting.append(self._jobs.popleft())
+            self._run_calls()
+            for job in starting:
+                self._start(job)
+            for active in list(self._active):
+                self._advance(active)
                 self._run_calls()
-                continue
+                if self.fault is not None:
+                    break
+            if self.fault is not None:
+                self._fail_active()
+                self._fail_queued()
+                return
+
+    def _start(self, job: JobStream[Any]) -> None:
+        if job.cancel_event.is_set():
+            job._deliver(_END)
+            return
+        job._deliver(_STARTED)
+        try:
+            it = iter(job.fn(job.cancel_event))
+        except BaseException as exc:  # the job fails, the worker lives on
+            job._deliver(_Failure(self._failure(exc)))
+            return
+        with self._cond:
+            self._active.append(_Active(job, it))
+
+    def _advance(self, a: _Active) -> None:
+        """One item of an active job (its end, its failure, or past its cancel grace: it ends)."""
+        try:
+            item = next(a.it)
+        except StopIteration:
+            self._end(a, None)
+            return
+        except BaseException as exc:  # the job fails; the worker lives on unless the device is gone
+            self._end(a, self._failure(exc))
+            return
+        if not a.job._deliver(item):
+            self._end(a, None)
+            return
+        if a.job.cancel_event.is_set():
+            # A few more items let the job end through its own cancel path (clean state, a
+            # final event); a job that ignores the event is closed.
+            a.after_cancel += 1
+            if a.after_cancel > CANCEL_GRACE_STEPS:
+                self._end(a, None)
+
+    def _end(self, a: _Active, failure: BaseException | None) -> None:
+        with self._cond:
+            self._active.remove(a)
+        if failure is not None:
+            a.job._deliver(_Failure(failure))
+        if isinstance(a.it, Generator):
             try:
-                self._drive(job)
-            finally:
-                with self._cond:
-                    self._running = None
+                a.it.close()
+            except Exception as exc:  # a broken cleanup fails only this job
+                a.job._deliver(_Failure(exc))
+                return
+        if failure is None:
+            a.job._deliver(_END)
+
+    def _fail_active(self) -> None:
+        """After a fault: the other started jobs fail with it."""
+        for a in list(self._active):
+            self._end(a, self._faulted())
+
+    def _fail_queued(self) -> None:
+        """After a fault: every queued job and call fails with it; nothing runs any more."""
+        with self._cond:
+            jobs, calls = list(self._jobs), list(self._calls)
+            self._jobs.clear()
+            self._calls.clear()
+        for job in jobs:
+            job._deliver(_Failure(self._faulted()))
+        for c in calls:
+            c._settle(None, self._faulted())
 
     def _run_calls(self) -> None:
         while True:
@@ -261,32 +367,14 @@ class EngineWorker:
                 c = self._calls.popleft()
             c.run()
 
-    def _drive(self, job: JobStream[Any]) -> None:
-        if job.cancel_event.is_set():
-            job._deliver(_END)
-            return
-        job._deliver(_STARTED)
-        it: Iterator[Any] | None = None
-        try:
-            it = iter(job.fn(job.cancel_event))
-            after_cancel = 0
-            for item in it:
-                if not job._deliver(item):
-                    break
-                self._run_calls()
-                if job.cancel_event.is_set():
-                    # A few more steps let the job end through its own cancel path (clean
-                    # state, a final event); a job that ignores the event is closed.
-                    after_cancel += 1
-                    if after_cancel > CANCEL_GRACE_STEPS:
-                        break
-        except BaseException as exc:  # the job fails, the worker lives on
-            job._deliver(_Failure(exc))
-            return
-        finally:
-            if isinstance(it, Generator):
-                try:
-                    it.close()
-                except Exception as exc:  # a broken cleanup fails only this job
-                    job._deliver(_Failure(exc))
-        job._deliver(_END)
+    def _failure(self, exc: BaseException) -> BaseException:
+        """What a job that raised `exc` fails with: the fault when `exc` ended the engine (it is
+        recorded first, under the lock, so no new work gets in), else the request's typed error
+        (a device out of memory) or `exc` itself."""
+        fault = self.fault_check(exc) if self.fault_check is not None else None
+        if fault is not None:
+            with self._cond:
+                self.fault = fault
+                self._closing = True
+            return fault
+        return request_error(exc) or exc

@@ -30,12 +30,17 @@ class CudaGraph:
         self.close()
         mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         check(drv.cuStreamBeginCapture(self.stream.cu, mode))
-        graph = None
         try:
             result = fn()
-        finally:
+        except BaseException:
+            # fn failed (e.g. the scratch arena is full): end the capture so the stream takes
+            # work again, and drop the partial graph (nothing of it ran)
             err, graph = drv.cuStreamEndCapture(self.stream.cu)
-            failed = err != drv.CUresult.CUDA_SUCCESS
+            if err == drv.CUresult.CUDA_SUCCESS and graph is not None:
+                drv.cuGraphDestroy(graph)
+            raise
+        err, graph = drv.cuStreamEndCapture(self.stream.cu)
+        failed = err != drv.CUresult.CUDA_SUCCESS
         if failed:
             raise RuntimeError(f"stream capture failed: {err}")
         self._graph = graph
