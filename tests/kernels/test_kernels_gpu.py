@@ -69,6 +69,8 @@ def test_linear_splitk_gemv(env, rng, n, k, t, monkeypatch):
         print(f"\nGEMV {n}x{k} T=1, us by (K slices, blocks per SM, warps): "
               + ", ".join(f"{key}: {v * 1e6:.1f}" for key, v in times.items()))
         return
+    close(env.host(ops.linear(X, W, B)), ref, TOL32 * 10)           # the tensor-core GEMV (gemv_mma.py)
+    monkeypatch.setattr(cuda_linear, "GEMV_MMA", False)              # the SIMT GEMVs below
     outs = {}
     for ways in (0, 2, 4):                                          # whole rows, 2 or 4 K slices
         monkeypatch.setattr(cuda_linear, "SPLITK_MIN_K", 2048 if ways == 4 else 1 << 30)

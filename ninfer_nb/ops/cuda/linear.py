@@ -8,6 +8,7 @@ import numpy as np
 
 from ninfer_nb.kernels.linear import gemm_mma as K_mma
 from ninfer_nb.kernels.linear import gemm_wgmma as K_wg
+from ninfer_nb.kernels.linear import gemv_mma as K_gm
 from ninfer_nb.kernels.linear import linear as K_lin
 from ninfer_nb.models.weights import DenseWeight, QuantizedWeight
 
@@ -23,6 +24,9 @@ SPLITK_MIN_K = 12288
 # The 2-slice variant (8 rows per block) for K from SPLITK2_MIN_K up to SPLITK_MIN_K.
 SPLITK2_MIN_K = 4096
 NO_BIAS = np.int32(0)     # the GEMMs' has_bias flag without a bias
+# 2..16 tokens (a decode round of B sequences, a verify): the tensor-core GEMV (gemv_mma.py,
+# cc >= 8.0), which reads the weights once for all tokens; the SIMT GEMVs re-read them per 4.
+GEMV_MMA = True
 
 
 def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str, int, int, int]:
@@ -90,8 +94,8 @@ class LinearOps(QuantLinearOps):
                      _rows(h, inter), smem=K_wg.SMEM_BYTES)
             return h
         if not (0 < t <= K_lin.GEMV_MAX_T and not SIM
-                and bf16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(x2) % 16 == 0):
-            return self.swiglu(self.linear(x, w))
+                and bf16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(x2) % 16 == 0) or self._gemv_mma(t, k):
+            return self.swiglu(self.linear(x, w))       # (2..16 tokens: the tensor-core GEMV, then SwiGLU)
         out = self.empty(tuple(x.shape[:-1]) + (two_i // 2,))             # [T, I]
         self._go(K_lin.gemv_bf16_swiglu_kernel, (two_i // 2 + K_lin.GEMV_WARPS - 1) // K_lin.GEMV_WARPS,
                  32 * K_lin.GEMV_WARPS, x2, gate_up, _rows(out, two_i // 2))
@@ -175,6 +179,8 @@ class LinearOps(QuantLinearOps):
             ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
             if vec and t == 1:
                 self._one_token("plain", x2, x2.reshape(-1), 1.0, weight, out2, b, bias is not None)
+            elif vec and self._gemv_mma(t, k):
+                self._go(K_gm.gemv_mma_kernel, K_gm.grid(n), K_gm.THREADS, x2, weight, b, out2, has_bias)
             elif vec and n <= SPLITK_MAX_N and ways:
                 spec = K_lin.gemv_bf16_splitk_kernel if ways == 4 else K_lin.gemv_bf16_splitk2_kernel
                 rows_per_block = K_lin.splitk_rows_per_block(ways)
@@ -193,6 +199,12 @@ class LinearOps(QuantLinearOps):
         else:
             grid = ((n + K_lin.BN - 1) // K_lin.BN, (t + K_lin.BM - 1) // K_lin.BM)
             self._go(K_lin.gemm_kernel, grid, 256, x2, weight, b, out2, has_bias)
+
+    def _gemv_mma(self, t: int, k: int) -> bool:
+        """Whether T tokens x K columns take the tensor-core GEMV (the caller checked bf16 and
+        16-byte alignment)."""
+        return (GEMV_MMA and not SIM and K_gm.supported(t, k) and self.arch is not None
+                and tuple(self.arch) >= (8, 0))
 
     def _one_token(self, mode: str, x: Any, nw: Any, eps: float, weight: Any, out: Any, bias: Any,
                    has_bias: bool) -> None:
