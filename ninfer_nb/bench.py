@@ -92,15 +92,17 @@ def decode_bytes(llm: Any, context: int) -> int:
     return total + kv + 2 * gdn
 
 
-def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3, temperature: float = 0.0) -> dict[str, Any]:
+def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3, temperature: float = 0.0,
+             **sampling: Any) -> dict[str, Any]:
     """Warm-up, then `repeat` cold prefills of prompts that differ in their first token (no
-    prefix reuse), the last one followed by `gen` greedy tokens. TTFT and prefill tok/s are
-    the medians over the prefills (single runs of the same code vary widely); decode
-    tok/s comes from the last run."""
+    prefix reuse), the last one followed by `gen` tokens (greedy, or sampled at `temperature`
+    with `sampling`'s SamplingParams fields: top-k, top-p, min-p, penalties). TTFT and prefill
+    tok/s are the medians over the prefills (single runs of the same code vary widely);
+    decode tok/s comes from the last run."""
     rng = np.random.default_rng(prompt_len)
     vocab = llm.valid_vocab
     ids = [int(t) for t in rng.integers(100, vocab - 1, prompt_len)]
-    params = SamplingParams(max_tokens=gen, temperature=temperature, ignore_eos=True, seed=0)
+    params = SamplingParams(max_tokens=gen, temperature=temperature, ignore_eos=True, seed=0, **sampling)
     # Warm-up on another prompt of the same length: every kernel the timed run takes (the
     # tensor-core GEMM, the grouped MoE, the chunked GDN start at longer chunks) is compiled
     # or read from the cache outside the timing; a different first token defeats prefix reuse.
@@ -226,6 +228,23 @@ def _print_profile(title: str, profile: list[dict[str, Any]], copy_gbps: float) 
               f"{r['GBps'] / copy_gbps:>8.0%}{r['share']:>7.1%}")
 
 
+# sampling flags measured against greedy in the same run: (flag, type, default, help)
+SAMPLING_FLAGS = [("--top-k", int, 0, "top-k (Qwen recommends 20)"), ("--top-p", float, 1.0, "top-p (0.95)"),
+                  ("--min-p", float, 0.0, "min-p"), ("--presence-penalty", float, 0.0, "presence penalty (1.0)"),
+                  ("--frequency-penalty", float, 0.0, "frequency penalty"),
+                  ("--repetition-penalty", float, 1.0, "repetition penalty")]
+
+
+def sampling_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The SamplingParams fields the sampling flags set away from their defaults."""
+    out = {}
+    for flag, _, default, _ in SAMPLING_FLAGS:
+        name = flag[2:].replace("-", "_")
+        if getattr(args, name) != default:
+            out[name] = getattr(args, name)
+    return out
+
+
 def _experimental_names(arg: str) -> frozenset[str]:
     """--experimental's names, each checked against ops/cuda.py EXPERIMENTAL (before the model
     loads; imports the CUDA ops module only when names are given)."""
@@ -276,8 +295,11 @@ def main(argv: Sequence[str]) -> int:
                         "host sampler), instead of the decode graph's pick kernel (4 bytes back per token; "
                         "the default)")
     p.add_argument("--temperature", type=float, default=0.0,
-                   help="decode by sampling at this temperature (default 0: greedy); temperature alone "
-                        "is sampled in the decode graph (Gumbel-max), --host-argmax samples on the host")
+                   help="also decode by sampling at this temperature, measured after greedy in the same run "
+                        "(default 0: greedy only); sampled in the decode graph (kernels/sample_pick.py), "
+                        "--host-argmax samples on the host")
+    for flag, kind, default, what in SAMPLING_FLAGS:
+        p.add_argument(flag, type=kind, default=default, help=f"with --temperature: {what}")
     p.add_argument("--no-decode-ahead", action="store_true",
                    help="greedy decode waits for each token on the host before queueing the next step "
                         "(the default queues it first: the graph's argmax feeds the next step)")
@@ -352,10 +374,13 @@ def main(argv: Sequence[str]) -> int:
                      f"first token {start_to_first_token:.1f} s after the command started "
                      f"({first.timings.ttft_s * 1e3:.0f} ms TTFT, kernels compiled or read from cache)\n")
     bw = copy_bandwidth(llm.backend.name)
+    sampling = sampling_fields(args)
+    if sampling and args.temperature <= 0:
+        raise SystemExit("bench: --top-k / --top-p / --min-p / penalties need --temperature > 0")
     rows = []
     for n in lens:
         sys.stderr.write(f"bench: prompt {n}, generate {args.gen} ...\n")
-        ours = run_ours(llm, n, args.gen, max(1, args.repeat), args.temperature)
+        ours = run_ours(llm, n, args.gen, max(1, args.repeat))
         nbytes = decode_bytes(llm, n + args.gen // 2)
         limit = bw / nbytes                # HBM/DRAM bandwidth is shared by reads and writes
         row: dict[str, Any] = {"engine": "ninfer_nb", **ours, "bytes_per_token": nbytes,
@@ -365,6 +390,10 @@ def main(argv: Sequence[str]) -> int:
             row["device_step_us"] = step_us
             row["host_gap_us"] = 1e6 / ours["decode_tok_s"] - step_us
         rows.append(row)
+        if args.temperature > 0 or sampling:     # the same prompt sampled, right after greedy
+            sampled = run_ours(llm, n, args.gen, 1, args.temperature, **sampling)
+            rows.append({"engine": "sampled", **sampled, "sampling": {"temperature": args.temperature, **sampling},
+                         "decode_vs_greedy": sampled["decode_tok_s"] / ours["decode_tok_s"]})
         if args.peer == "hf":
             if args.random:
                 peer = preset_peer[n]
@@ -412,7 +441,7 @@ def main(argv: Sequence[str]) -> int:
     print(f"\n{llm.model_id}{f' ({args.weights} weights)' if args.weights else ''} on {llm.device_name}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
           f"command to first token {start_to_first_token:.1f} s; {llm.kv_cache} KV cache; decode graph "
           f"{'with' if report['decode_graph_pdl'] else 'without'} programmatic dependent launch"
-          f"{f', sampling at temperature {args.temperature}' if args.temperature > 0 else ''}"
+          f"{f', sampled: temperature {args.temperature} ' + ' '.join(f'{k} {v}' for k, v in sampling.items()) if args.temperature > 0 else ''}"
           f"{', tokens picked on the device' if report['device_argmax'] else ''}"
           f"{', each step queued before the last token is read' if report['decode_ahead'] else ''}")
     print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
@@ -426,4 +455,8 @@ def main(argv: Sequence[str]) -> int:
     if any("device_step_us" in r for r in rows):
         print("step us: the decode graph replayed back to back (the device alone); host us: what a token "
               "took beyond it, end to end")
+    for r in rows:
+        if "decode_vs_greedy" in r:
+            print(f"sampled decode ({' '.join(f'{k}={v}' for k, v in r['sampling'].items())}) at prompt "
+                  f"{r['prompt_tokens']}: {r['decode_tok_s']:.1f} tok/s = {r['decode_vs_greedy']:.1%} of greedy")
     return 0
