@@ -319,6 +319,7 @@ class LLM:
             "device_memory_total": total,
             "model_id": self.model_id,
             "architecture": self.model_config.architecture,
+            **self.engine.spec_stats.as_metrics(),
         }
 
 

@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output limit when a request gives none")
     p.add_argument("--max-pending", type=int, default=16,
                    help="requests allowed to wait behind the running one (then 429)")
+    p.add_argument("--spec", choices=["off", "ngram", "mtp"], default="off",
+                   help="speculative decoding: ngram = prompt lookup; mtp = the checkpoint's MTP head (CPU so far)")
+    p.add_argument("--draft-tokens", type=int, default=3, help="draft tokens per verify round (--spec)")
     p.add_argument("--max-request-mib", type=float, default=32.0, help="request body limit")
     p.add_argument("--cors", action="store_true", help="allow any origin (OPTIONS → 204)")
     p.add_argument("--no-thinking", action="store_true", help="thinking off by default")
@@ -81,6 +84,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         device=a.device, max_context=a.max_context, prefill_chunk=a.prefill_chunk,
         kv_cache=a.kv_cache,
         default_max_tokens=a.default_max_tokens, max_pending=a.max_pending,
+        spec=a.spec, draft_tokens=a.draft_tokens,
         max_request_bytes=int(a.max_request_mib * 1024 * 1024), cors=a.cors,
         enable_thinking=not a.no_thinking, request_log=a.request_log,
         warmup=not a.no_warmup, sampling=sampling, shutdown_timeout_s=a.shutdown_timeout,

@@ -57,14 +57,18 @@ async def get_model(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     usage, capacity = 0.0, state.engine.max_context
+    spec: tuple[int, int, int, tuple[int, ...]] = (0, 0, 0, ())
     try:  # between two decode steps; a stuck engine must not hang the scrape
         stats = await asyncio.wait_for(state.worker.call(state.engine.stats), 2.0)
         total = float(stats.get("kv_cache_bytes") or 0)
         usage = float(stats.get("kv_cache_used_bytes") or 0) / total if total else 0.0
         capacity = int(stats.get("max_context") or capacity)
+        spec = (int(stats.get("spec_drafts", 0)), int(stats.get("spec_draft_tokens", 0)),
+                int(stats.get("spec_accepted_tokens", 0)),
+                tuple(int(x) for x in stats.get("spec_accepted_per_pos", ())))
     except Exception as exc:  # a scrape without engine stats is still useful
         log.warning("engine stats unavailable for /metrics: %s", exc)
     gauges = Gauges(running=state.worker.num_running, waiting=state.worker.num_waiting,
-                    kv_cache_usage=usage, kv_capacity_tokens=capacity)
+                    kv_cache_usage=usage, kv_capacity_tokens=capacity, spec=spec)
     return web.Response(body=state.metrics.render(gauges),
                         headers={"Content-Type": CONTENT_TYPE})

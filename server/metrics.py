@@ -38,6 +38,8 @@ class Gauges:
     waiting: int
     kv_cache_usage: float
     kv_capacity_tokens: int
+    spec: tuple[int, int, int, tuple[int, ...]] = (0, 0, 0, ())   # engine totals: rounds, drafted,
+    #   accepted, accepted per draft position (SpecStats.as_metrics)
 
 
 class Metrics:
@@ -82,6 +84,10 @@ class Metrics:
         self.drafts = counter("spec_decode_num_drafts_total", "Speculative drafts")
         self.draft_tokens = counter("spec_decode_num_draft_tokens_total", "Drafted tokens")
         self.accepted = counter("spec_decode_num_accepted_tokens_total", "Accepted draft tokens")
+        self.accepted_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                    "Accepted draft tokens at each draft position", ("position",))
+        self._spec_seen: list[int] = [0, 0, 0]       # engine totals already counted
+        self._pos_seen: list[int] = []
         for c in (self.prompt_tokens, self.cached_tokens, self.prefix_queries, self.prefix_hits,
                   self.generation_tokens, self.n_decode, self.drafts, self.draft_tokens,
                   self.accepted):
@@ -131,4 +137,16 @@ class Metrics:
         self.waiting.labels(m).set(gauges.waiting)
         self.kv_usage.labels(m).set(gauges.kv_cache_usage)
         self.kv_capacity.labels(m).set(gauges.kv_capacity_tokens)
+        rounds, drafted, accepted, per_pos = gauges.spec
+        for i, (c, total) in enumerate(((self.drafts, rounds), (self.draft_tokens, drafted),
+                                        (self.accepted, accepted))):
+            if total > self._spec_seen[i]:        # the engine's running totals -> counter increments
+                c.labels(m).inc(total - self._spec_seen[i])
+                self._spec_seen[i] = total
+        for pos, total in enumerate(per_pos):
+            if pos == len(self._pos_seen):
+                self._pos_seen.append(0)
+            if total > self._pos_seen[pos]:
+                self.accepted_pos.labels(m, str(pos)).inc(total - self._pos_seen[pos])
+                self._pos_seen[pos] = total
         return generate_latest(self.registry)

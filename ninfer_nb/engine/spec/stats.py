@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -22,6 +23,12 @@ class SpecStats:
             self.accepted_at.append(0)
         for i in range(accepted):
             self.accepted_at[i] += 1
+
+    def as_metrics(self) -> dict[str, Any]:
+        """Running totals for /metrics (vLLM's spec_decode_* counters): verify rounds, draft
+        tokens, accepted drafts, and the rounds that kept the draft at each position."""
+        return {"spec_drafts": self.rounds, "spec_draft_tokens": self.drafted,
+                "spec_accepted_tokens": self.accepted, "spec_accepted_per_pos": list(self.accepted_at)}
 
     @property
     def acceptance(self) -> float:
