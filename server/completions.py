@@ -378,3 +378,18 @@ async def detokenize(request: web.Request) -> web.Response:
         raise BadRequest(f"tokens holds an id outside [0, {vocab})", param="tokens")
     text = await state.prompts.run(state.engine.tokenizer.decode, list(raw))
     return web.json_response({"prompt": text})
+
+
+async def tokenizer_info(request: web.Request) -> web.Response:
+    """GET /tokenizer_info (vLLM's): the special tokens and the chat template, which remote
+    tokenizer clients (lm-evaluation-harness) read with /tokenize and /detokenize."""
+    state = request.app[STATE]
+    tok: Any = state.engine.tokenizer
+    return web.json_response({
+        "tokenizer_class": type(tok).__name__,
+        "eos_token": getattr(tok, "eos_token", None),
+        "bos_token": getattr(tok, "bos_token", None),
+        "pad_token": None,
+        "chat_template": getattr(tok, "chat_template", None),
+        "model_max_length": state.engine.max_context,
+    })
