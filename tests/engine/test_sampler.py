@@ -95,3 +95,83 @@ def test_host_sampler_draws_the_filtered_softmax(changes: dict) -> None:
         obs, exp = obs[:-1], exp[:-1]
     chi2 = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
     assert chi2 < 3 * len(exp) + 30, (chi2, len(exp))
+
+
+# --- the device sampler's semantics (kernels/sample_pick.py mirrors them) ---------------------
+
+def test_filtered_and_penalized_requests_route_to_the_device_sampler() -> None:
+    """device_sample serves what device_pick does not: filters and penalties travel as
+    PickFilters (greedy with penalties too), the key as device_pick's; constrained requests
+    stay on the host."""
+    from ninfer_nb.engine.sampler import DevicePick
+
+    p = SamplingParams(temperature=0.7, top_k=20, top_p=0.95, presence_penalty=1.0, seed=4)
+    s = Sampler(p, V)
+    d = s.device_sample()
+    assert isinstance(d, DevicePick) and d.filters is not None and d.temperature == pytest.approx(0.7)
+    assert (d.filters.top_k, d.filters.top_p, d.filters.presence_penalty) == (20, 0.95, 1.0)
+    assert d.seed == Sampler(p.replace(top_k=0, top_p=1.0, presence_penalty=0.0), V).device_pick()[1]  # type: ignore[index]
+    assert d.at(7) == (0.7, d.seed, 7, d.filters) and d.filters.counts is s.counts    # live history
+    g = Sampler(SamplingParams(temperature=0.0, repetition_penalty=1.2), V, prompt_ids=[3, 5]).device_sample()
+    assert g is not None and g.temperature == 0.0 and g.filters is not None
+    assert list(g.filters.prompt_ids) == [3, 5]
+    assert Sampler(SamplingParams(temperature=0.0), V).device_sample() == (0.0, 0, None)
+
+
+def test_bias_and_penalties_order() -> None:
+    """Bias first, then repetition (prompt and output; / r above 0, * r below), then
+    frequency * count + presence on generated tokens only; greedy takes the argmax after them."""
+    from ninfer_nb.engine.sampler import penalize
+
+    x = np.array([2.0, -2.0, 1.0, 0.5, 3.0], np.float32)
+    out = penalize(x, ((3, 4.0),), 2.0, 0.5, 0.25, np.array([0, 1]), {2: 2, 3: 1})
+    want = np.array([1.0, -4.0, 0.5 - (0.5 * 2 + 0.25), 4.5 / 2 - (0.5 + 0.25), 3.0], np.float32)
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    s = Sampler(SamplingParams(temperature=0.0, presence_penalty=2.0), 5)
+    s.observe(4)
+    assert s.sample(x) == 0 and s.sample(np.array([1, 1, 0, 0, 0], np.float32)) == 0   # ties -> lower id
+
+
+@pytest.mark.parametrize("changes", [dict(top_k=20), dict(top_p=0.9), dict(min_p=0.05), dict(top_k=30, top_p=0.8),
+                                     dict(top_k=15, top_p=0.7, min_p=0.02), dict()])
+def test_distribution_support_is_the_device_samplers_kept_set(changes: dict) -> None:
+    """The host sampler's support equals the device sampler's kept set (kernels/sample_pick.py
+    kept_ref: a plain sort, fixed-point masses), ties at the top-k boundary to the lower ids,
+    at a large vocabulary (the partial sorts) and a small one."""
+    from ninfer_nb.kernels.sample_pick import kept_ref
+
+    for v in (60000, 300):
+        rng = np.random.default_rng(v + len(changes))
+        logits = rng.standard_normal(v).astype(np.float32)
+        logits[rng.choice(v, 40, replace=False)] += np.linspace(8.0, 5.0, 40).astype(np.float32)
+        logits[[11, 12, 13]] = logits.max() - 2.0                       # a tie, likely at a boundary
+        p = SamplingParams(temperature=0.9).replace(**changes)
+        ids, probs = Sampler(p, v).distribution(logits)
+        z = (logits / np.float32(0.9)).astype(np.float32)
+        want = kept_ref(z, p.top_k, p.top_p, p.min_p)
+        assert np.array_equal(np.sort(ids), np.sort(want)), (v, changes)
+        assert probs.sum() == pytest.approx(1.0)
+
+
+def test_gumbel_max_pick_with_filters_draws_the_host_distribution() -> None:
+    """The CPU backend's pick with filters and penalties (gumbel_max_pick, the token ring's rule)
+    draws from the host sampler's distribution: 3,000 offsets, chi-square."""
+    from ninfer_nb.engine.sampler import gumbel_max_pick
+
+    v, n = 50, 3000
+    row = np.random.default_rng(2).standard_normal(v).astype(np.float32)
+    p = SamplingParams(temperature=0.8, top_k=12, top_p=0.9, presence_penalty=0.7, repetition_penalty=1.3,
+                       logit_bias=((4, 2.0),))
+    s = Sampler(p, v, prompt_ids=[1, 2, 3])
+    for t in (5, 5, 9):
+        s.observe(t)
+    d = s.device_sample()
+    assert d is not None
+    ids, probs = s.distribution(row)
+    got = np.bincount([gumbel_max_pick(row, *d.at(i)) for i in range(n)], minlength=v)
+    want = np.zeros(v)
+    want[ids] = probs * n
+    assert got[want == 0].sum() == 0
+    big = want >= 5
+    chi2 = float(((got[big] - want[big]) ** 2 / want[big]).sum())
+    assert chi2 < 3 * big.sum() + 30, chi2
