@@ -100,7 +100,10 @@ class RingBackend(CpuBackend):
 
     def decode_step(self, forward: Forward, token: int, position: int) -> np.ndarray:
         self._write(token, position, ARGMAX)
-        self.stream.append(lambda: self._graph_step(forward))
+        def step() -> None:
+            self._graph_step(forward)
+
+        self.stream.append(step)
         self._sync()
         self._advance_capture()
         return np.asarray(self.inputs["row"])
