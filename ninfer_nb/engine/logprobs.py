@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .sampler import top_k_ids
+
 MAX_TOP_LOGPROBS = 20
 
 
@@ -29,21 +31,24 @@ def log_softmax(rows: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def _top(lp: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
-    """The k largest entries of lp [V] as (id, logprob), most likely first (lowest id on ties)."""
-    if k <= 0:
-        return ()
-    k = min(k, lp.shape[0])
-    part = np.argpartition(-lp, k - 1)[:k]
-    order = part[np.lexsort((part, -lp[part]))]
-    return tuple((int(i), float(lp[i])) for i in order)
+def _top_ids(z: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest entries of z [V], most likely first (lowest id on ties among
+    those kept). The sampler's exact top-k (a bound from a subsample, then a partition of the
+    few values above it)."""
+    part = top_k_ids(z, k) if k < z.shape[0] else np.arange(z.shape[0])
+    return part[np.lexsort((part, -z[part]))]
 
 
 def token_logprobs(row: np.ndarray, token: int, k: int, valid_vocab: int) -> TokenLogprobs:
-    """`token`'s logprob under the logits row [V] and the top `k` (0..20) alternatives."""
-    lp = log_softmax(row[:valid_vocab])
-    value = float(lp[token]) if 0 <= token < lp.shape[0] else float("-inf")
-    return TokenLogprobs(int(token), value, _top(lp, k))
+    """`token`'s logprob under the logits row [V] and the top `k` (0..20) alternatives.
+    One pass for the log-sum-exp (float32 exp, float64 sum); only the k + 1 wanted entries
+    become logprobs."""
+    z = row[:valid_vocab].astype(np.float32, copy=False)
+    m = float(z.max())
+    lse = m + float(np.log(np.exp(z - np.float32(m)).sum(dtype=np.float64)))
+    value = float(z[token]) - lse if 0 <= token < z.shape[0] else float("-inf")
+    top = tuple((int(i), float(z[i]) - lse) for i in _top_ids(z, k)) if k > 0 else ()
+    return TokenLogprobs(int(token), value, top)
 
 
 def prompt_logprobs(logits: np.ndarray, ids: list[int], k: int,
