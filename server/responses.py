@@ -14,6 +14,7 @@ from .engine import Message
 from .errors import BadRequest, HttpError, to_api_error
 from .fields import read_json
 from .generation import ChatJob, Delta, Finished, KeepAlive, Started, ToolCallOut
+from .logprobs_json import TokenTexts, chat_entry
 from .response_store import StoredResponse
 from .responses_input import ResponsesRequest, leading_system, parse_responses_request
 from .responses_output import ResponseBuilder
@@ -61,6 +62,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     gen = await state.generate(request, _job(req, conversation))
     sse = SSEWriter(request) if req.stream else None
     calls: list[ToolCallOut] = []
+    texts = TokenTexts(state.engine.tokenizer)
 
     async def emit(events: list[dict[str, Any]]) -> None:
         if sse is not None:
@@ -78,7 +80,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 elif isinstance(ev, Delta) and ev.tool_call is not None:
                     calls.append(ev.tool_call)
                 elif isinstance(ev, Delta):
-                    await emit(builder.delta(ev.kind, ev.text))
+                    lps = [chat_entry(lp, texts) for lp in ev.logprobs] if ev.logprobs else None
+                    await emit(builder.delta(ev.kind, ev.text, lps))
                 elif isinstance(ev, Finished):
                     await emit(builder.finish(ev, calls))
         except ConnectionError:

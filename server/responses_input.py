@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ninfer_nb.engine.logprobs import MAX_TOP_LOGPROBS
 from ninfer_nb.params import SamplingParams
 
 from . import messages as m
@@ -132,6 +133,15 @@ def parse_tools(f: Fields) -> list[Tool] | None:
                      param="tool_choice")
 
 
+def _logprobs(f: Fields) -> int | None:
+    """Output-text logprobs: `include: ["message.output_text.logprobs"]` and / or
+    `top_logprobs` (0..20, the alternatives per token); None when neither asks."""
+    top = f.integer("top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
+    if "message.output_text.logprobs" in (f.array("include") or []) or top is not None:
+        return top or 0
+    return None
+
+
 def parse_responses_request(state: ServerState, body: dict[str, Any]) -> ResponsesRequest:
     f = Fields(body)
     check_fields("/v1/responses", body)
@@ -157,6 +167,7 @@ def parse_responses_request(state: ServerState, body: dict[str, Any]) -> Respons
         top_p=f.number("top_p", lo=0.0, hi=1.0),
         top_k=f.integer("top_k", minimum=0),
         seed=f.integer("seed", minimum=0, maximum=MAX_SEED),
+        logprobs=_logprobs(f),
     )
     include = f.array("include") or []
     instructions = f.string("instructions")

@@ -116,7 +116,10 @@ class ResponseBuilder:
         self._open = None
         return events
 
-    def delta(self, kind: str, text: str) -> list[dict[str, Any]]:
+    def delta(self, kind: str, text: str,
+              logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Text of one channel; `logprobs`: Chat-shaped entries of its tokens (output text only,
+        with `top_logprobs` / `include: message.output_text.logprobs`)."""
         want = "reasoning" if kind == "reasoning" else "message"
         events = [] if self._open and self._open["type"] == want else self._open_item(want)
         assert self._open is not None
@@ -127,8 +130,9 @@ class ResponseBuilder:
                                       content_index=0, delta=text))
         else:
             self.content += text
+            self._open["content"][0]["logprobs"].extend(logprobs or [])
             events.append(self._event("response.output_text.delta", **self._where(),
-                                      content_index=0, delta=text, logprobs=[]))
+                                      content_index=0, delta=text, logprobs=logprobs or []))
         return events
 
     def _function_call(self, call: ToolCallOut) -> list[dict[str, Any]]:

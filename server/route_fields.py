@@ -28,7 +28,7 @@ READ: dict[str, frozenset[str]] = {
         "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
         "previous_response_id", "store", "include", "reasoning", "max_output_tokens",
         "temperature", "top_p", "top_k", "seed", "text", "metadata", "stream", "background",
-        "enable_thinking"}),
+        "enable_thinking", "top_logprobs"}),
     "/v1/messages": frozenset({
         "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p",
         "top_k", "tools", "tool_choice", "thinking", "stream", "output_config"}),

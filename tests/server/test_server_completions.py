@@ -187,3 +187,27 @@ def test_logit_bias_is_applied(real_server: LiveServer, real_llm: Any) -> None:
         model=MODEL_ID, prompt="hello", max_tokens=3, temperature=0, logit_bias={"42": 100},
         logprobs=0, extra_body={"ignore_eos": True})
     assert out.choices[0].logprobs.tokens == [real_llm.tokenizer.decode([42])] * 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_output_text_logprobs(real_server: LiveServer, stream: bool) -> None:
+    client = openai_client(real_server)
+    kw: dict[str, Any] = dict(model=MODEL_ID, input="hi", max_output_tokens=4, top_logprobs=2,
+                              include=["message.output_text.logprobs"], reasoning={"effort": "none"},
+                              temperature=0)
+    entries: list[Any] = []
+    if stream:
+        for ev in client.responses.create(stream=True, **kw):
+            if ev.type == "response.output_text.delta":
+                entries.extend(ev.logprobs)
+            if ev.type in ("response.completed", "response.incomplete"):
+                final = ev.response
+    else:
+        final = client.responses.create(**kw)
+    part = final.output[-1].content[0]
+    assert part.type == "output_text" and part.logprobs is not None
+    if stream:
+        assert [e.logprob for e in entries] == [e.logprob for e in part.logprobs]
+    assert 1 <= len(part.logprobs) <= final.usage.output_tokens
+    for e in part.logprobs:
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob - 1e-9
