@@ -352,6 +352,9 @@ class LLMEngine:
         else:
             tokens = verify_drafts(drafts, gen.verify([req.output_ids[-1]] + drafts), run.sampler)
         gen.rollback(len(tokens))             # the last token and the accepted drafts
+        settle = getattr(self.proposer, "settle", None)
+        if settle is not None:                # the MTP reads the kept positions' hiddens back
+            settle(len(gen.tokens) - len(tokens), len(tokens))
         self.spec_stats.record(len(drafts), len(tokens) - 1)
         return tokens
 

@@ -25,6 +25,7 @@ from .weights import (
     MLPWeights,
     ModelWeights,
     MoEWeights,
+    MTPWeights,
     dense_dtype,
 )
 
@@ -33,6 +34,7 @@ _QWEN36_COMMON: dict[str, Any] = dict(
     linear_num_key_heads=16, linear_conv_kernel_dim=4, full_attention_interval=4,
     rms_norm_eps=1e-6, max_position_embeddings=262144, tie_word_embeddings=False,
     rope_parameters={"rope_theta": 1e7, "partial_rotary_factor": 0.25}, eos_token_id=248046,
+    mtp_num_hidden_layers=1,           # the checkpoints ship one MTP layer (ModelWeights.mtp)
 )
 PRESETS: dict[str, dict[str, Any]] = {
     "qwen3.6-27b": dict(_QWEN36_COMMON, model_type="qwen3_5_text", hidden_size=5120,
@@ -75,13 +77,33 @@ def random_weights(cfg: ModelConfig, make_array: Make) -> ModelWeights:
         return a
 
     table = rope_table(cfg)          # computed, not random: a host array the backend places
+
+    def attention() -> AttentionWeights:
+        rows = (2 if cfg.attn_output_gate else 1) * cfg.num_heads * d + 2 * cfg.num_kv_heads * d
+        return AttentionWeights(
+            qkv=make((rows, h), "matrix"), o=make((h, cfg.num_heads * d), "matrix"), rope_table=table,
+            gated=cfg.attn_output_gate, q_norm=make((d,), "norm"), k_norm=make((d,), "norm"))
+
+    def ffn_weights() -> MLPWeights | MoEWeights:
+        if cfg.is_moe:
+            e, m, s = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+            if s == m:                  # the shared expert folded in as expert E (MoEWeights)
+                return MoEWeights(
+                    router=make((e + 1, h), "matrix"), gate_up=make((e + 1, 2 * m, h), "experts"),
+                    down=make((e + 1, h, m), "experts"), top_k=cfg.num_experts_per_tok,
+                    renormalize=True, shared_slot=True)
+            return MoEWeights(
+                router=make((e, h), "matrix"), gate_up=make((e, 2 * m, h), "experts"),
+                down=make((e, h, m), "experts"), top_k=cfg.num_experts_per_tok, renormalize=True,
+                shared=MLPWeights(make((2 * s, h), "matrix"), make((h, s), "matrix")),
+                shared_gate=make((1, h), "matrix"))
+        return MLPWeights(make((2 * cfg.intermediate_size, h), "matrix"),
+                          make((h, cfg.intermediate_size), "matrix"))
+
     layers = []
     for i in range(cfg.num_layers):
         if cfg.is_full_attention(i):
-            rows = (2 if cfg.attn_output_gate else 1) * cfg.num_heads * d + 2 * cfg.num_kv_heads * d
-            mixer: AttentionWeights | GDNWeights = AttentionWeights(
-                qkv=make((rows, h), "matrix"), o=make((h, cfg.num_heads * d), "matrix"), rope_table=table,
-                gated=cfg.attn_output_gate, q_norm=make((d,), "norm"), k_norm=make((d,), "norm"))
+            mixer: AttentionWeights | GDNWeights = attention()
         else:
             vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim
             hv, kw = cfg.linear_num_value_heads, cfg.linear_conv_kernel_dim
@@ -90,23 +112,15 @@ def random_weights(cfg: ModelConfig, make_array: Make) -> ModelWeights:
                 conv=make((cfg.conv_dim, kw), "conv"), a_log=make((hv,), "vector"),
                 dt_bias=make((hv,), "vector"), norm=make((cfg.linear_value_head_dim,), "norm"),
                 out=make((h, vd), "matrix"))
-        if cfg.is_moe:
-            e, m, s = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-            if s == m:                  # the shared expert folded in as expert E (MoEWeights)
-                ffn: MLPWeights | MoEWeights = MoEWeights(
-                    router=make((e + 1, h), "matrix"), gate_up=make((e + 1, 2 * m, h), "experts"),
-                    down=make((e + 1, h, m), "experts"), top_k=cfg.num_experts_per_tok,
-                    renormalize=True, shared_slot=True)
-            else:
-                ffn = MoEWeights(
-                    router=make((e, h), "matrix"), gate_up=make((e, 2 * m, h), "experts"),
-                    down=make((e, h, m), "experts"), top_k=cfg.num_experts_per_tok, renormalize=True,
-                    shared=MLPWeights(make((2 * s, h), "matrix"), make((h, s), "matrix")),
-                    shared_gate=make((1, h), "matrix"))
-        else:
-            ffn = MLPWeights(make((2 * cfg.intermediate_size, h), "matrix"),
-                             make((h, cfg.intermediate_size), "matrix"))
+        ffn = ffn_weights()
         layers.append(LayerWeights(make((h,), "norm"), make((h,), "norm"), mixer, ffn))
     embed = make((cfg.vocab_size, h), "matrix")
-    return ModelWeights(embed=embed, layers=layers, norm=make((h,), "norm"),
-                        lm_head=embed if cfg.tie_word_embeddings else make((cfg.vocab_size, h), "matrix"))
+    norm = make((h,), "norm")
+    lm_head = embed if cfg.tie_word_embeddings else make((cfg.vocab_size, h), "matrix")
+    mtp = None
+    if cfg.mtp_num_hidden_layers > 0:   # the MTP head (made last: the target's weights keep their draws)
+        mtp = MTPWeights(fc_embedding=make((h, h), "matrix"), fc_hidden=make((h, h), "matrix"),
+                         norm_embedding=make((h,), "norm"), norm_hidden=make((h,), "norm"),
+                         layer=LayerWeights(make((h,), "norm"), make((h,), "norm"), attention(), ffn_weights()),
+                         norm=make((h,), "norm"))
+    return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head, mtp=mtp)

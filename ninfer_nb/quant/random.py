@@ -32,7 +32,7 @@ def quantized_calls(cfg: Any) -> frozenset[int]:
 
     w = random_weights(cfg, make)
     kept = {id(w.embed)}
-    for layer in w.layers:
+    for layer in w.layers + ([w.mtp.layer] if w.mtp is not None else []):
         if isinstance(layer.ffn, MoEWeights):
             kept |= {id(layer.ffn.router), id(layer.ffn.shared_gate)}
     return frozenset(c.index for c in calls

@@ -13,8 +13,11 @@ Draft rows past the accepted sequence are overwritten by the next catch-up, so t
 stays in step with the accepted tokens; a new prompt keeps the rows of its common prefix with
 the last one. Drafts are greedy (argmax over the valid vocabulary); the verify's acceptance
 rule keeps the output the target's. One head cache and hidden store: requests decoding at
-once (lanes) get poorer drafts from each other's rows, never other output. CPU backend (the tap reads hiddens back per forward;
-on CUDA the decode graphs would need the tap captured). Knows nothing about requests.
+once (lanes) get poorer drafts from each other's rows, never other output. On CUDA the head
+runs eagerly between the verify graphs; a verify graph's hidden rows are read back after its
+replay (`settle`, called by the engine after each round); a plain step's (decode graph) hidden
+is not, so the next catch-up reads a stale row there (a worse draft, never other output).
+Knows nothing about requests.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 
 class HiddenTap(Decoder):
     """The target decoder, unchanged in its results, that also hands every forward's
-    final-normed hiddens [T, H] and positions [T] to `sink`."""
+    final-normed hiddens [T, H] and positions [T] to `sink` (MTPProposer.tapped)."""
 
     def __init__(self, decoder: Decoder, sink: "MTPProposer") -> None:
         super().__init__(decoder.cfg, decoder.weights)
@@ -44,7 +47,7 @@ class HiddenTap(Decoder):
     def residual_stream(self, ops: Any, batch: "ForwardBatch", state: SequenceState) -> Any:
         x = super().residual_stream(ops, batch, state)
         hidden = ops.rms_norm(x, self.weights.norm, self.cfg.rms_norm_eps)       # [T, H]
-        self.sink.record(np.asarray(batch.positions), np.asarray(hidden, dtype=np.float32))
+        self.sink.tapped(batch.positions, hidden, batch.all_logits)
         return x
 
 
@@ -52,17 +55,50 @@ class MTPProposer:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: "Backend", max_context: int,
                  valid_vocab: int) -> None:
         self.head = MTPHead(cfg, decoder.weights)
-        self.ops = backend.ops
+        self.backend, self.ops = backend, backend.ops
         self.valid_vocab = valid_vocab
         shape = (max_context, cfg.num_kv_heads, cfg.head_dim)
         self.cache = KVCache(k=backend.zeros(shape), v=backend.zeros(shape))      # the MTP's own KV
         self.hiddens = np.zeros((max_context, cfg.hidden_size), np.float32)       # h_t by position t
         self.tokens: list[int] = []        # the sequence the MTP cache rows were filled for
         self.filled = 0                    # MTP cache rows 0..filled-1 hold pairs of `tokens`
+        # CUDA graphs: the hidden rows each captured forward writes, by (rows, all_logits): the
+        # replays of a verify round (or its rollback) rewrite them; `settle` reads them back
+        self._graph_rows: dict[tuple[int, bool], Any] = {}
+        self._last_eager: tuple[int, int] | None = None   # positions [a, b) of the last eager tap
 
-    def record(self, positions: np.ndarray, hidden: np.ndarray) -> None:
-        """The target's final-normed hiddens [T, H] at positions [T] (HiddenTap)."""
-        self.hiddens[positions] = hidden
+    def tapped(self, positions: Any, hidden: Any, all_logits: bool) -> None:
+        """A target forward's final-normed hiddens [T, H] at positions [T] (HiddenTap). Eager:
+        kept by position now. Under CUDA graph capture: the captured buffer is remembered
+        (nothing can be read back during a capture)."""
+        n = int(hidden.shape[0])
+        if self._capturing():
+            self._graph_rows[(n, bool(all_logits))] = hidden
+            return
+        pos = getattr(positions, "host", None)
+        pos = np.asarray(self.backend.to_host(positions) if pos is None else pos, dtype=np.int64)
+        self.hiddens[pos] = np.asarray(self.backend.to_host(hidden), dtype=np.float32)
+        self._last_eager = (int(pos[0]), int(pos[-1]) + 1)
+
+    def _capturing(self) -> bool:
+        if not self.backend.decode_graphs:
+            return False
+        from ...runtime._drv import check, driver
+
+        status = check(driver().cuStreamIsCapturing(self.backend.stream.cu))   # type: ignore[attr-defined]
+        return int(status) != 0
+
+    def settle(self, start: int, keep: int) -> None:
+        """After a verify round that left `keep` tokens at positions start.. in the caches: the
+        last target forward ran exactly those (the verify when all were kept, else the
+        rollback's re-run). If it was a graph replay, read its hidden rows back now (before the
+        next step reuses the scratch memory)."""
+        if self._last_eager == (start, start + keep):
+            self._last_eager = None                     # an eager forward: tapped already
+            return
+        rows = self._graph_rows.get((keep, True))
+        if rows is not None:
+            self.hiddens[start : start + keep] = np.asarray(self.backend.to_host(rows), dtype=np.float32)
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         """Up to k greedy MTP drafts to follow `tokens` (prompt + output, every token but the
@@ -77,28 +113,33 @@ class MTPProposer:
         # pair i needs tokens[0..i+1] unchanged
         start, end = min(self.filled, max(lcp - 1, 0)), n - 1
         self.tokens = list(tokens)
-        ops, head = self.ops, self.head
-        ids = np.asarray(tokens[start + 1 : n], dtype=np.int64)                   # x_{i+1}
-        hidden = head.hidden(ops, ids, self.hiddens[start:end], np.arange(start, end), self.cache)
+        b, ops, head = self.backend, self.ops, self.head
+        b.begin_step()
+        ids, pos = b.ids(tokens[start + 1 : n], start)                            # x_{i+1}, positions i
+        hidden = head.hidden(ops, ids, self._array(self.hiddens[start:end]), pos, self.cache)
         self.filled = end
         last = hidden[hidden.shape[0] - 1 :]                                      # [1, H]
         drafts: list[int] = []
         for j in range(k):
-            drafts.append(int(np.argmax(np.asarray(head.logits(ops, last))[0, : self.valid_vocab])))
+            row = np.asarray(b.to_host(head.logits(ops, last)), dtype=np.float32).reshape(-1)
+            drafts.append(int(np.argmax(row[: self.valid_vocab])))
             if j + 1 < k:                  # (d_j, its draft hidden) at the next position
-                last = head.hidden(ops, np.asarray(drafts[-1:], dtype=np.int64), last,
-                                   np.array([end + j]), self.cache)
+                ids, pos = b.ids(drafts[-1:], end + j)
+                last = head.hidden(ops, ids, last, pos, self.cache)
         return drafts
+
+    def _array(self, x: np.ndarray) -> Any:
+        """A host array as the backend's (a scratch copy on CUDA)."""
+        if self.backend.decode_graphs:
+            return self.ops.from_numpy(np.ascontiguousarray(x), persistent=False)
+        return x
 
 
 def mtp_drafting(cfg: ModelConfig, decoder: Decoder, backend: "Backend", max_context: int,
                  valid_vocab: int) -> tuple[Decoder, MTPProposer]:
     """(the decoder the generator must run: the target with its hidden tap, the proposer), or
-    InvalidRequestError when the checkpoint has no MTP head or the backend cannot run it."""
+    InvalidRequestError when the checkpoint has no MTP head."""
     if decoder.weights.mtp is None:
         raise InvalidRequestError("spec mtp: this checkpoint has no MTP head (no mtp.* tensors)")
-    if backend.decode_graphs:
-        raise InvalidRequestError(f"spec mtp: runs on the CPU backend so far (not {backend.name}); "
-                                  f"use spec ngram there")
     proposer = MTPProposer(cfg, decoder, backend, max_context, valid_vocab)
     return HiddenTap(decoder, proposer), proposer
