@@ -170,9 +170,9 @@ def test_gpu_fused_modes_match_numpy(env, name: str) -> None:
 
 
 def test_random_quantized_weights_name_the_projections_and_run_on_the_cpu() -> None:
-    """`bench --random PRESET --weights FMT`: the preset's projections and LM head take the
-    format, the embedding and the MoE routers stay dense, expert stacks stay dense; a tiny
-    random model in int4 generates on the CPU backend (ops.cpu dequantizes)."""
+    """`bench --random PRESET --weights FMT`: the preset's projections, LM head and expert
+    stacks take the format, the embedding and the MoE routers stay dense; a tiny random model
+    in int4 generates on the CPU backend (ops.cpu dequantizes)."""
     from ninfer_nb.config import EngineConfig
     from ninfer_nb.llm import LLM
     from ninfer_nb.models.presets import preset_config
@@ -180,8 +180,24 @@ def test_random_quantized_weights_name_the_projections_and_run_on_the_cpu() -> N
     from ninfer_nb.params import SamplingParams
     from ninfer_nb.quant.random import quantized_calls
 
-    assert len(quantized_calls(preset_config("qwen3.6-27b"))) == 64 * 4 + 1       # 4 per layer + LM head
-    assert len(quantized_calls(preset_config("qwen3.6-35b-a3b"))) == 40 * 2 + 1   # the mixers' + LM head
+    from types import SimpleNamespace
+
+    from ninfer_nb.models.presets import random_weights
+
+    for preset in ("qwen3.6-27b", "qwen3.6-35b-a3b"):
+        calls: list[SimpleNamespace] = []
+
+        def make(shape: tuple[int, ...], kind: str) -> SimpleNamespace:
+            calls.append(SimpleNamespace(shape=tuple(shape), kind=kind, index=len(calls)))
+            return calls[-1]
+
+        w = random_weights(preset_config(preset), make)
+        picked = quantized_calls(preset_config(preset))
+        kinds = {calls[i].kind for i in picked}
+        assert kinds == ({"matrix", "experts"} if preset.endswith("a3b") else {"matrix"})
+        assert w.embed.index not in picked and w.lm_head.index in picked
+        routers = [layer.ffn.router.index for layer in w.layers if hasattr(layer.ffn, "router")]
+        assert routers and not set(routers) & picked if preset.endswith("a3b") else not routers
     llm = LLM(config=EngineConfig(model="random:tiny-qwen3.5", device="cpu", weights="int4-g32",
                                   show_progress=False, max_context=32))
     w = llm.engine.generator.decoder.weights

@@ -4,7 +4,8 @@ All of the engine's llvmlite-based extensions live here, because they will not p
 MLIR backend. The loads take an array plus a flat element index (C-contiguous arrays), so
 kernels keep array arguments. In the CUDA simulator only `mma_bf16`, `mma_tf32`, `tf32`,
 `pack_bf16x2`, `as_f32`, `ex2`, `shfl_xor`, `ldg_f32`, `ldg_v4_f32`, `lds_v4_f32`, `st_v4_f32`, `smem_u32`,
-`gptr`, `cp_async16` (+ commit / wait), `ldsm_x4`, `ldg_stream_v4_u32` and `grid_dependency_sync`
+`gptr`, `cp_async16` (+ commit / wait), `ldsm_x4`, `ldg_stream_v4_u32`, `ldg_stream_u32`, `fma_bf16x2`, `f16x2_to_f32` and
+`grid_dependency_sync`
 exist (emulated, ptx_sim.py): kernels that use them and plain indexing
 run there.
 """
@@ -67,6 +68,53 @@ def ldg_f32(typingctx, arr, idx):
                                          side_effect=False), [addr])
 
     return types.float32(arr, idx), codegen
+
+
+@intrinsic
+def ldg_stream_u32(typingctx, arr, idx):
+    """4-byte streaming load of read-only data (weights' scales) at arr.flat[idx]: no L1
+    allocation, like ldg_stream_v4_u32 (the only loads a self_sync kernel issues before its
+    grid_dependency_sync)."""
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        return builder.call(ir.InlineAsm(ir.FunctionType(_I32, [_I64]), "ld.global.nc.L1::no_allocate.u32 $0, [$1];",
+                                         "=r,l", side_effect=False), [addr])
+
+    return types.uint32(arr, idx), codegen
+
+
+@intrinsic
+def fma_bf16x2(typingctx, a, b, c):
+    """a * b + c on two bf16 lanes (fma.rn.bf16x2; each operand a uint32 of two bf16, element 0
+    in the low half); subnormals kept. Exact when the result fits bf16 (code - offset)."""
+    if not all(isinstance(v, types.Integer) for v in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vals = [_u32(context, builder, v, t) for v, t in zip(args, sig.args)]
+        return _asm(builder, "fma.rn.bf16x2 $0, $1, $2, $3;", "=r,r,r,r", _I32, vals, side_effect=False)
+
+    return types.uint32(a, b, c), codegen
+
+
+@intrinsic
+def f16x2_to_f32(typingctx, u):
+    """The two float16 halves of a 32-bit word as float32 (low half first), exact (cvt.f32.f16:
+    subnormals too)."""
+    if not isinstance(u, types.Integer):
+        return None
+    ret = types.UniTuple(types.float32, 2)
+
+    def codegen(context, builder, sig, args):
+        v = _u32(context, builder, args[0], sig.args[0])
+        r = _asm(builder, "{.reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h;}",
+                 "=f,=f,r", ir.LiteralStructType([_F32, _F32]), [v], side_effect=False)
+        return context.make_tuple(builder, ret, [builder.extract_value(r, j) for j in range(2)])
+
+    return ret(u), codegen
 
 
 @intrinsic
@@ -583,6 +631,9 @@ if config.ENABLE_CUDASIM:      # warp-level tensor-core ops emulated in the simu
     shfl_xor = _sim.shfl_xor                    # noqa: F811
     shfl_idx = _sim.shfl_idx                    # noqa: F811
     ldg_stream_v4_u32 = _sim.load_v4_u32        # noqa: F811
+    ldg_stream_u32 = _sim.load_u32              # noqa: F811
+    fma_bf16x2 = _sim.fma_bf16x2                # noqa: F811
+    f16x2_to_f32 = _sim.f16x2_to_f32            # noqa: F811
     smem_u32 = _sim.smem_u32                    # noqa: F811
     gptr = _sim.gptr                            # noqa: F811
     cp_async16 = _sim.cp_async16                # noqa: F811

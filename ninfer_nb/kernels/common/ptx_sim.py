@@ -2,7 +2,8 @@
 on `mma_bf16` run (slowly) in the simulator and their fragment layouts are checked on the CPU.
 
 Under NUMBA_ENABLE_CUDASIM=1, ptx.py binds `mma_bf16`, `mma_tf32`, `tf32`, `pack_bf16x2`,
-`as_f32`, `ex2`, `shfl_xor`, `shfl_idx`, the 16-byte loads, `ldsm_x4`, the cp.async copies,
+`as_f32`, `ex2`, `shfl_xor`, `shfl_idx`, the 16-byte and 4-byte loads, `fma_bf16x2`,
+`f16x2_to_f32`, `ldsm_x4`, the cp.async copies,
 and `grid_dependency_sync` to these. Shared and global
 addresses (`smem_u32`, `gptr`) are the host addresses of the simulator's NumPy buffers, so a
 kernel's byte arithmetic on them is unchanged and `cp_async16` / `ldsm_x4` read and write
@@ -163,6 +164,30 @@ def load_v4_u32(arr, idx):
     i = int(idx)
     words = np.frombuffer(flat[i:i + 16 // flat.dtype.itemsize].tobytes(), np.uint32)
     return tuple(np.uint32(w) for w in words)
+
+
+def load_u32(arr, idx):
+    """ldg_stream_u32: the 4 bytes at arr.flat[idx] as a uint32 word."""
+    flat = arr.reshape(-1)
+    i = int(idx)
+    return np.frombuffer(flat[i:i + max(1, 4 // flat.dtype.itemsize)].tobytes()[:4], np.uint32)[0]
+
+
+def _bf16_pair(u) -> np.ndarray:
+    w = int(u) & 0xFFFFFFFF
+    return np.array([(w & 0xFFFF) << 16, w & 0xFFFF0000], np.uint32).view(np.float32).astype(np.float64)
+
+
+def fma_bf16x2(a, b, c):
+    """fma.rn.bf16x2: a * b + c per bf16 lane, rounded once (to nearest even)."""
+    r = _bf16_pair(a) * _bf16_pair(b) + _bf16_pair(c)
+    return np.uint32((_bf16_bits(np.float32(r[1])) << 16) | _bf16_bits(np.float32(r[0])))
+
+
+def f16x2_to_f32(u):
+    """The two float16 halves of a word as float32 (low half first)."""
+    h = np.array([int(u) & 0xFFFF, (int(u) >> 16) & 0xFFFF], np.uint16).view(np.float16)
+    return np.float32(h[0]), np.float32(h[1])
 
 
 def store_v4(arr, idx, v0, v1, v2, v3) -> None:

@@ -1,9 +1,12 @@
-"""Linear layers on quantized weights (models/weights.py QuantizedWeight of a groupwise format,
-quant/formats.py) on the GPU: the decode GEMVs of kernels/linear/gemv_quant.py read the codes as
-stored; prefill chunks (T > 16) dequantize the weight into a bf16 scratch matrix and run the
-dense bf16 path (tensor-core GEMMs). A GEMM that dequantizes tiles in shared memory is later
-work. `LinearOps` (linear.py) routes quantized records here; expert stacks [E, N, K] have no
-kernels yet and are refused.
+"""Linear layers on quantized weights (models/weights.py QuantizedWeight, quant/formats.py) on
+the GPU. Records in the tiled device layout (quant/tiled.py: int4 / int8 groupwise, fp8
+128 x 128 blocks; what engine/upload_policy.py uploads wherever it applies) take the
+tensor-core decode GEMVs of kernels/linear/gemv_tiled.py for 1..16 tokens; canonical groupwise
+records (shapes the tiled layout does not take) the SIMT GEMVs of kernels/linear/gemv_quant.py.
+Prefill chunks (T > 16) dequantize the weight into a bf16 scratch matrix and run the dense bf16
+path (tensor-core GEMMs). A GEMM that dequantizes tiles in shared memory is later work.
+`LinearOps` (linear.py) routes quantized records here; `tiled_build` picks the GEMV build per
+shape. Expert stacks [E, N, K] go to ops/cuda/moe.py.
 """
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ import numpy as np
 
 from ninfer_nb.errors import UnsupportedModelError
 from ninfer_nb.kernels.linear import gemv_quant as K_q
+from ninfer_nb.kernels.linear import gemv_tiled as K_t
 from ninfer_nb.models.weights import DenseWeight, LinearWeight, QuantizedWeight, as_linear
+from ninfer_nb.quant.tiled import TILE_ROWS, is_tiled, tile_cols
 
 from .launch import F32, _need, _ptr, _rows
 from .norm import Normed, NormOps
@@ -21,9 +26,9 @@ from .records import dense
 
 
 def quant_record(w: QuantizedWeight, op: str) -> QuantizedWeight:
-    """w itself when the kernels here read it (a groupwise matrix); UnsupportedModelError else
-    (other layouts, expert stacks)."""
-    if w.format.layout != "groupwise" or w.ndim != 2:
+    """w itself when the kernels here read it (a tiled or canonical groupwise matrix);
+    UnsupportedModelError else (other layouts, expert stacks)."""
+    if (w.format.layout != "groupwise" and not is_tiled(w.format)) or w.ndim != 2:
         raise UnsupportedModelError(f"{op}: no CUDA kernel for {w.format.name} weights of shape {w.shape}")
     return w
 
@@ -66,6 +71,47 @@ def quant_build(mode: str, tokens: int, n: int, row_bytes: int, sm_count: int = 
     return best, 4, blocks
 
 
+def tiled_kind(q: QuantizedWeight) -> tuple[str, bool, bool]:
+    """(kind, zero points, split) of a tiled record: the gemv_tiled build's format part."""
+    fmt = q.format
+    if fmt.layout == "fp8-block-tiled":
+        return "fp8", False, False
+    return ("i4" if fmt.bits == 4 else "i8"), fmt.zero_points, fmt.bits == 4 and fmt.group_size == 32
+
+
+def moe_build(experts: str, n: int, k_all: int, kind: str, slots: int, sm_count: int = 132) -> tuple[int, int, int]:
+    """(K slices, warps, blocks per SM) of the MoE gemv_tiled builds: gate_up 4 K slices per tile
+    pair (slots x I / 16 pairs: 288 for the 35B, too few to fill the GPU whole); down 8 K slices of the slots'
+    concatenated rows in blocks of 8 warps (H / 32 tile pairs: few, long tasks)."""
+    if experts == "gate_up":
+        return 4, 4, 3
+    return 8, 8, 1
+
+
+def tiled_build(mode: str, tokens: int, n: int, k: int, kind: str, sm_count: int = 132) -> tuple[int, int, int]:
+    """(K slices, warps per block, blocks per SM) of the gemv_tiled build for an [n, k] weight:
+    blocks of 4 warps (150-160 registers with the next pass's loads in flight: 3 blocks per SM
+    for up to 8 tokens, 2 for 16); the
+    number of K slices (1, 2, 4; each at least one pass of K-tiles) whose tile-pair tasks fill
+    the resident warps in the fewest waves of a whole row's time (a few-row weight such as the
+    27B's 5120 x 17408 has 160 tile pairs for 2112 resident warps: 4 slices)."""
+    warps, blocks = 4, (3 if tokens <= 8 else 2)
+    nt = -(-n // TILE_ROWS)
+    pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
+    kts = k // tile_cols(4 if kind == "i4" else 8)
+    slots = sm_count * warps * blocks
+    best, best_time = 1, float("inf")
+    for ways in (1, 2, 4):
+        if ways > 1 and ways * K_t.UNROLL > kts:
+            break
+        waves = -(-pairs * ways // slots) / ways
+        if waves < best_time - 1e-9:
+            best, best_time = ways, waves
+    if blocks == 3 and pairs * best <= 2 * warps * sm_count:
+        blocks = 2                  # one wave at 2 blocks: the 2-block build holds its loads without spills
+    return best, warps, blocks
+
+
 class QuantLinearOps(NormOps):
     def _linear_into(self, x: Any, w: Any, bias: Any, out2: Any) -> None:
         raise NotImplementedError            # LinearOps' dense path (the prefill fallback)
@@ -94,7 +140,7 @@ class QuantLinearOps(NormOps):
         token or up to 16 tokens, else linear + swiglu."""
         two_i, k = q.shape
         _need(x.shape[-1] == k and two_i % 2 == 0, f"linear_swiglu: x {x.shape} vs weight {q.shape}")
-        aligned = _ptr(q.arrays["codes"]) % 16 == 0
+        aligned = _ptr(q.arrays["codes"]) % 16 == 0 and (not is_tiled(q.format) or two_i % (2 * TILE_ROWS) == 0)
         if isinstance(x, Normed):
             if aligned and _ptr(x.x) % 16 == 0:
                 out = self.empty((1, two_i // 2))                                   # [1, I]
@@ -113,7 +159,12 @@ class QuantLinearOps(NormOps):
 
     def _quant_gemv(self, mode: str, tokens: int, x2: Any, nw: Any, eps: float, q: QuantizedWeight, bias: Any,
                     out2: Any) -> None:
-        """Launch the gemv_quant build for `mode` / `tokens` (quant_build picks its shape)."""
+        """Launch the quantized GEMV for `mode` / `tokens` (1: one token, "swiglu" with the norm
+        fused in; 4: up to 16 tokens): gemv_tiled on a tiled record, else gemv_quant."""
+        if is_tiled(q.format):
+            self._tiled_gemv(("normed_swiglu" if tokens == 1 else "swiglu") if mode == "swiglu" else mode,
+                             x2, nw, eps, q, bias, out2)
+            return
         fmt = q.format
         codes = q.arrays["codes"]
         n = q.shape[0]
@@ -127,11 +178,52 @@ class QuantLinearOps(NormOps):
                  np.int32(fmt.group_size.bit_length() - 1), np.int32(fmt.zero_points), b, out2,
                  np.int32(bias is not None))
 
+    def _tiled_gemv(self, mode: str, x2: Any, nw: Any, eps: float, q: QuantizedWeight, bias: Any, out2: Any,
+                    ids: Any = None, ew: Any = None, experts: str = "", grid_y: int = 1) -> None:
+        """kernels/linear/gemv_tiled.py for a tiled record (tiled_build picks the build; MoE
+        builds pass ids / ew, the expert mode and the slots as grid_y)."""
+        kind, zp, split = tiled_kind(q)
+        n, k = q.shape[-2:]
+        t = x2.shape[0]
+        if experts:
+            ways, warps, blocks = moe_build(experts, n, x2.shape[1], kind, grid_y, self.sm_count)
+        else:
+            ways, warps, blocks = tiled_build(mode, t, n, k, kind, self.sm_count)
+        nt = -(-n // TILE_ROWS)
+        pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
+        codes = q.arrays["codes"].reshape(-1).view(np.uint32)
+        scales = q.arrays["scales"].reshape(-1).view(np.uint32)
+        zeros = q.arrays["zeros"].reshape(-1) if zp else scales            # unused dummy without zero points
+        b = bias if bias is not None else out2.reshape(-1)                 # unused dummy when has_bias == 0
+        if ids is None:
+            ids, ew = self._tiled_dummies()
+        gshift = q.format.group_size.bit_length() - 1
+        ntg = 1 if t <= 8 or experts else 2
+        self._go(K_t.gemv_tiled(kind, zp, split, mode, ntg, ways, warps, blocks, experts, q.format.group_size),
+                 (-(-pairs // (warps // ways)), grid_y), 32 * warps, x2, nw, np.float32(eps), codes, scales, zeros,
+                 np.int32(gshift), np.int32(n), np.int32(k), b, out2, np.int32(bias is not None), ids, ew)
+
+    def _tiled_dummies(self) -> tuple[Any, Any]:
+        """Typed placeholders for the MoE arguments of the dense gemv_tiled builds (never read)."""
+        d = getattr(self, "_tiled_dummy", None)
+        if d is None:
+            d = (self.zeros((1, 1), np.int32, persistent=True), self.zeros((1, 1), np.float32, persistent=True))
+            self._tiled_dummy = d
+        return d
+
     def _dequant_bf16(self, q: QuantizedWeight) -> Any:
         """dequantize(q) as a bf16 (uint16 bits) scratch matrix [N, K] (the prefill GEMMs' B)."""
         fmt = q.format
         codes = q.arrays["codes"]
         wb = self.empty(tuple(q.shape), np.uint16)                         # [N, K] bf16 bits
+        if is_tiled(fmt):
+            kind, zp, _ = tiled_kind(q)
+            scales = q.arrays["scales"].reshape(-1).view(np.uint32)
+            zeros = q.arrays["zeros"].reshape(-1) if zp else scales
+            self._go(K_t.dequant_tiled_bf16_kernel, K_t.dequant_grid(codes.size), K_t.DEQUANT_THREADS,
+                     codes.reshape(-1), scales, zeros, np.int32(K_t.KINDS.index(kind)), np.int32(zp),
+                     np.int32(fmt.group_size.bit_length() - 1), wb)
+            return wb
         zeros = q.arrays["zeros"] if fmt.zero_points else codes
         self._go(K_q.dequant_bf16_kernel, K_q.dequant_grid(codes.size), K_q.DEQUANT_THREADS, codes,
                  q.arrays["scales"].view(np.uint16), zeros, np.int32(fmt.group_size.bit_length() - 1),

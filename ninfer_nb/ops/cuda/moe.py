@@ -6,12 +6,14 @@ from typing import Any
 
 import numpy as np
 
+from ninfer_nb.errors import UnsupportedModelError
 from ninfer_nb.kernels.linear import gemm_mma as K_mma
 from ninfer_nb.kernels.moe import moe as K_moe
 from ninfer_nb.kernels.moe import moe_grouped as K_moeg
 from ninfer_nb.kernels.moe import moe_pipelined as K_moep
 from ninfer_nb.kernels.moe import moe_wgmma as K_moew
-from ninfer_nb.models.weights import DenseWeight
+from ninfer_nb.models.weights import DenseWeight, QuantizedWeight
+from ninfer_nb.quant.tiled import TILE_ROWS, is_tiled
 
 from .launch import SIM, _need, _ptr, _rows
 from .linear import LinearOps
@@ -36,6 +38,18 @@ def _expert_stacks(gate_up: Any, down: Any) -> tuple[DenseWeight, DenseWeight]:
     return gu, dn
 
 
+def _quant_stacks(gate_up: Any, down: Any) -> bool:
+    """True for quantized expert stacks in the tiled layout the MoE gemv_tiled builds read
+    (gate_up [E, 2I, H] with I % 16 == 0); other quantized stacks are refused."""
+    if not (isinstance(gate_up, QuantizedWeight) or isinstance(down, QuantizedWeight)):
+        return False
+    ok = all(isinstance(w, QuantizedWeight) and is_tiled(w.format) and w.ndim == 3 for w in (gate_up, down))
+    if not ok or gate_up.shape[-2] % (2 * TILE_ROWS):
+        raise UnsupportedModelError(f"moe_experts: no CUDA kernel for expert stacks "
+                                    f"{getattr(gate_up, 'format', None)} / {getattr(down, 'format', None)}")
+    return True
+
+
 class MoeOps(LinearOps):
     def moe_router(self, x: Any, weight: Any, top_k: int, renormalize: bool = True,
                    shared_slot: bool = False) -> tuple[Any, Any]:
@@ -52,6 +66,12 @@ class MoeOps(LinearOps):
         experts (with the shared one, when it is a slot). One token of a `Normed` input: the
         fused router also writes the normed row, which the expert kernels read as plain x."""
         r = dense(router, "moe")
+        if _quant_stacks(gate_up, down):
+            if self._router_fusable(x, r, top_k, shared_slot):
+                ids, w, xn = self._moe_router_fused(x, r.data, top_k, renormalize, shared_slot)
+                return self._moe_quant(xn, ids, w, gate_up, down, residual)
+            ids, w = self.moe_router(x, r, top_k, renormalize, shared_slot)
+            return self._moe_quant(self.plain(x), ids, w, gate_up, down, residual)
         gu, dn = _expert_stacks(gate_up, down)
         gate_up, down = gu.data, dn.data
         if self._router_fusable(x, r, top_k, shared_slot):
@@ -148,6 +168,8 @@ class MoeOps(LinearOps):
                     residual: Any = None) -> Any:
         """The routed experts' sum [T, H]; with `residual`: residual += it, in place (one
         token: the down kernel adds into the residual stream as it writes)."""
+        if _quant_stacks(gate_up, down):
+            return self._moe_quant(self.plain(x), ids, weights, gate_up, down, residual)
         gu, dn = _expert_stacks(gate_up, down)
         gate_up, down = gu.data, dn.data
         x = self.plain(x)
@@ -172,6 +194,28 @@ class MoeOps(LinearOps):
         self._go(K_moe.moe_gate_up_kernel, ((inter + w8 - 1) // w8, t * top_k), 32 * w8, x, ids, gate_up, h, vec)
         self._go(K_moe.moe_down_kernel, ((hid + w8 - 1) // w8, t), 32 * w8, h, ids, weights, down, out, vec)
         return out if residual is None else self.add_into(residual, out)
+
+    def _moe_quant(self, x: Any, ids: Any, weights: Any, gate_up: QuantizedWeight, down: QuantizedWeight,
+                   residual: Any) -> Any:
+        """Routed experts on tiled quantized stacks (quant/tiled.py), any number of tokens: one
+        gemv_tiled "gate_up" launch (silu(gate) * up of every routed pair, h [T * k, I]) and one
+        "down" launch (each token's slots' down rows times h, weighted, summed, plus the
+        residual as the bias, written over it)."""
+        t, hid = x.shape
+        top_k = ids.shape[1]
+        inter = gate_up.shape[-2] // 2
+        _need(down.shape[-1] == inter and down.shape[-2] == hid and gate_up.shape[-1] == hid,
+              f"moe_experts: stacks {gate_up.shape} / {down.shape} vs x {x.shape}")
+        if t == 0:
+            return self.empty((t, hid)) if residual is None else residual
+        h = self.empty((t * top_k, inter))                                   # [T*k, I]
+        self._tiled_gemv("swiglu", _rows(x, hid), x.reshape(-1), 1.0, gate_up, None, h, ids=ids, ew=weights,
+                         experts="gate_up", grid_y=t * top_k)
+        out = self.empty((t, hid)) if residual is None else _rows(residual, hid)
+        bias = residual.reshape(-1) if residual is not None else None
+        self._tiled_gemv("plain", h.reshape(t, top_k * inter), h.reshape(-1), 1.0, down, bias, out, ids=ids,
+                         ew=weights, experts="down", grid_y=t)
+        return out if residual is None else residual
 
     def _moe_down_wide(self, h: Any, ids: Any, weights: Any, down: Any, t: int, hid: int, residual: Any) -> Any:
         out = self.empty((t, hid)) if residual is None else _rows(residual, hid)

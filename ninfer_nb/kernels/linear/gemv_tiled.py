@@ -1,0 +1,678 @@
+"""Tensor-core decode GEMVs on quantized weights in the tiled device layout (quant/tiled.py):
+y[T, N] = x[T, K] @ W^T for 1..16 tokens, W int4 / int8 groupwise (fp16 scales, optional zero
+points) or fp8 e4m3 with 128 x 128 block scales.
+
+A warp owns a pair of 16-row tiles (plain / normed: rows 32p .. 32p + 31; swiglu: the gate
+tile p and the up tile p + NT / 2) and streams its K-tiles (512 bytes each: one 16-byte
+`ldg_stream_v4_u32` per lane and tile) `UNROLL` K-tiles a pass, all code and scale loads of a
+pass issued before any math and, in self_sync builds, before `grid_dependency_sync()` (the
+codes and scales depend on no kernel; x does). Each lane's 16 bytes are the A fragments of 4
+(4-bit) or 2 (8-bit) `mma.m16n8k16` sub-blocks: codes become exact bf16 values in registers
+(int4: two nibbles OR-ed into the mantissa of bf16 128.0, then one fma.bf16x2 subtracting 128 +
+zero; int8: the fp32 magic number, then one cvt to bf16x2; fp8: the e4m3 bits shifted into a
+bf16 with its exponent 120 short, then one fma.bf16x2 by 2^120), x (fp32, times the norm weight
+in "normed") becomes the bf16 B fragment (token g of lane 4g + t; 8 tokens per mma, a second
+mma set for tokens 8..15), and the fp32 accumulators of each group (or K-tile) are scaled by
+the group's scale after its mmas (rows g and g + 8 of a lane: one 32-bit word of two fp16
+scales). So a byte of codes costs about 1.5 instructions (int4) instead of 4 per weight, and x
+is read once per tile pair (32 rows) instead of once per row pair.
+
+`ways` warps of a block split a pair's K-tiles; their sums meet in shared memory in a fixed
+order (deterministic), and the slice-0 warp's lanes store: lane 4g + t holds rows g, g + 8 of
+both tiles for tokens 2t, 2t + 1 (+ 8). Epilogues as linear.py's GEMVs: bias (may alias out
+at T = 1: the residual add), "normed" (one token of rms_norm(x) * nw: the sum of squares is
+gathered from the same loads, 1 / rms applied at the end), "swiglu" (silu(gate) * up of the
+gate and up rows a lane holds, the [T, 2I] product never written).
+
+MoE builds (`experts`, any number of tokens, one x row per block): "gate_up" (swiglu for
+every routed pair: blockIdx.y = pair t * k + s, expert ids[t, s], x row t, out row = the
+pair) and "down" (blockIdx.y = token t: out[t] = bias[t] + sum over slots s of
+weights[t, s] * W_ids[t, s] @ h[t * k + s]: x = h viewed as [T, k * I], so K runs over the
+slots' rows concatenated, each K-tile reading its slot's expert, the slot weight folded into
+the scales; bias flat [T * N]). They read ids written by the previous kernel, so they wait at
+entry (not self_sync).
+
+Knows nothing about shapes or which build suits them (ops/cuda/linear_quant.py picks).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32, int32, uint8, uint32
+
+from ninfer_nb.kernels.common.bf16 import f32_to_bf16
+from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, i32, i32_2, u16_2, u32
+from ninfer_nb.kernels.common.ptx import (
+    as_f32,
+    f16x2_to_f32,
+    fma_bf16x2,
+    grid_dependency_sync,
+    ldg_stream_u32,
+    ldg_stream_v4_u32,
+    ldg_v4_f32,
+    mma_bf16,
+    pack_bf16x2,
+)
+from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.common.warp import warp_sum
+
+u32_1 = u32[::1]
+u8_1 = uint8[::1]
+
+TILE_WORDS = 128                        # 512 bytes of a K-tile as uint32
+UNROLL = 4                              # K-tiles whose loads a pass issues together
+MAX_TOKENS = 16
+KINDS = ("i4", "i8", "fp8")
+MODES = ("plain", "normed", "swiglu", "normed_swiglu")
+ONE2 = np.uint32(0x3F803F80)            # bf16x2 (1, 1)
+NEG136 = np.uint32(0xC308C308)          # bf16x2 (-136, -136): -(128 + 8), the symmetric int4 zero
+M4 = np.uint32(0x000F000F)
+O4 = np.uint32(0x43004300)              # bf16x2 (128, 128); | a nibble: 128 + code
+MAGIC = np.uint32(0x4B000000)           # as_f32(MAGIC | c) == 2^23 + c
+MAGIC_MID = np.float32(8388608.0 + 128.0)
+MAGIC_F = np.float32(8388608.0)
+M8 = np.uint32(0xFF)
+F8_LO = np.uint32(0x007F007F)
+F8_SIGN = np.uint32(0x00800080)
+TWO120 = np.uint32(0x7B807B80)          # bf16x2 (2^120, 2^120): e4m3's exponent bias 7 vs bf16's 127
+NEG_ZERO2 = np.uint32(0x80008000)
+LO16 = np.uint32(0xFFFF)
+HI16 = np.uint32(0xFFFF0000)
+SH4, SH8, SH12, SH16, SH24 = (np.uint32(n) for n in (4, 8, 12, 16, 24))
+Z4 = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+Z4U = (np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))
+ZL = (Z4U, Z4U, np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0), Z4U)    # a K-tile's loads, none
+A136 = (np.uint32(0x43084308), np.uint32(0x43084308), np.uint32(0x43084308), np.uint32(0x43084308))   # bf16 136
+
+
+@cuda.jit(device=True, inline=True)
+def _a_i4(w, kz0, kz1):
+    """The 4 A registers of one 4-bit sub-block (word w, nibble p = register p & 3, half
+    p >> 2) as bf16x2 code - zero: 128 + code by a mask-or, then + kz (bf16x2 -(128 + zero))
+    of the register's row (even registers row g, odd g + 8). Exact."""
+    r0 = fma_bf16x2((w & M4) | O4, ONE2, kz0)
+    r1 = fma_bf16x2(((w >> SH4) & M4) | O4, ONE2, kz1)
+    r2 = fma_bf16x2(((w >> SH8) & M4) | O4, ONE2, kz0)
+    r3 = fma_bf16x2(((w >> SH12) & M4) | O4, ONE2, kz1)
+    return (r0, r1, r2, r3)
+
+
+@cuda.jit(device=True, inline=True)
+def _kz(q):
+    """A zero-point word (bf16 -(128 + zero) of rows g | g + 8) as each row's value in both
+    halves of a bf16x2."""
+    return (q & LO16) | (q << SH16), (q >> SH16) | (q & HI16)
+
+
+@cuda.jit(device=True, inline=True)
+def _a_i8(w, z0, z1):
+    """Two A registers from one 8-bit word (bytes: register lo (row g) low / high element, then
+    register hi (row g + 8)): code - zero as fp32 by the magic number, packed to bf16x2 (exact);
+    z0, z1 = 2^23 + the rows' zero points."""
+    f0 = as_f32((w & M8) | MAGIC) - z0
+    f1 = as_f32(((w >> SH8) & M8) | MAGIC) - z0
+    f2 = as_f32(((w >> SH16) & M8) | MAGIC) - z1
+    f3 = as_f32((w >> SH24) | MAGIC) - z1
+    return pack_bf16x2(f1, f0), pack_bf16x2(f3, f2)
+
+
+@cuda.jit(device=True, inline=True)
+def _a_fp8(w):
+    """Two A registers from one word of e4m3 codes (layout as _a_i8): each byte's exponent and
+    mantissa shifted into a bf16 (exponent 120 short, subnormals included) and its sign moved,
+    then times 2^120 (fma.bf16x2, exact)."""
+    lo = (w & M8) | ((w & np.uint32(0xFF00)) << SH8)                   # bytes 0, 1 -> halves
+    hi = ((w >> SH16) & M8) | ((w >> SH8) & np.uint32(0x00FF0000))      # bytes 2, 3 -> halves
+    lo = ((lo & F8_LO) << SH4) | ((lo & F8_SIGN) << SH8)
+    hi = ((hi & F8_LO) << SH4) | ((hi & F8_SIGN) << SH8)
+    return fma_bf16x2(lo, TWO120, NEG_ZERO2), fma_bf16x2(hi, TWO120, NEG_ZERO2)
+
+
+@cuda.jit(device=True, inline=True)
+def _b(xv):
+    """B fragment registers (k 2t, 2t + 1 | 2t + 8, 2t + 9 = the lane's 4 consecutive columns
+    of a sub-block) of a 4-tuple of fp32 x."""
+    return pack_bf16x2(xv[1], xv[0]), pack_bf16x2(xv[3], xv[2])
+
+
+@cuda.jit(device=True, inline=True)
+def _x8(x, xi, nw, ni, ok, normed):
+    """8 consecutive fp32 x at flat index xi (times nw[ni ..] when normed) as two 4-tuples, and
+    the sum of squares of the raw values; zeros where not ok (tokens past T)."""
+    xa = Z4
+    xb = Z4
+    ss = float32(0.0)
+    if ok:
+        xa = ldg_v4_f32(x, xi)
+        xb = ldg_v4_f32(x, xi + 4)
+        if normed:
+            ss = (xa[0] * xa[0] + xa[1] * xa[1] + xa[2] * xa[2] + xa[3] * xa[3]
+                  + xb[0] * xb[0] + xb[1] * xb[1] + xb[2] * xb[2] + xb[3] * xb[3])
+            na = ldg_v4_f32(nw, ni)
+            nb = ldg_v4_f32(nw, ni + 4)
+            xa = (xa[0] * na[0], xa[1] * na[1], xa[2] * na[2], xa[3] * na[3])
+            xb = (xb[0] * nb[0], xb[1] * nb[1], xb[2] * nb[2], xb[3] * nb[3])
+    return xa, xb, ss
+
+
+@cuda.jit(device=True, inline=True)
+def _scaled(acc, c, s0, s1):
+    """acc (rows g, g | g + 8, g + 8 for tokens 2t, 2t + 1) += scale * c."""
+    return (acc[0] + s0 * c[0], acc[1] + s0 * c[1], acc[2] + s1 * c[2], acc[3] + s1 * c[3])
+
+
+@cuda.jit(device=True, inline=True)
+def _scale_pair(kind, word, mult):
+    """(scale of row g, scale of row g + 8) from a scale word (fp8: one fp32 for the tile)."""
+    if kind == 2:
+        s = as_f32(word) * mult
+        return s, s
+    s0, s1 = f16x2_to_f32(word)
+    return s0 * mult, s1 * mult
+
+
+@cuda.jit(device=True)
+def _tile_i4(w, kz0, kz1, kh0, kh1, b, split, s0a, s0b, s1a, s1b, acc):
+    """One 4-bit K-tile of one row tile (w: the lane's 4 words) times one token group's B
+    registers b (8: sub-blocks 0..3), scaled and added to acc: per 32-column half (split: the
+    group of 32; scales s0* / s1* and zero offsets kz* / kh* of rows g / g + 8) or once for
+    the K-tile."""
+    c = mma_bf16(_a_i4(w[0], kz0, kz1), b[0], b[1], Z4)
+    c = mma_bf16(_a_i4(w[1], kz0, kz1), b[2], b[3], c)
+    if split:
+        acc = _scaled(acc, c, s0a, s0b)
+        c = Z4
+    c = mma_bf16(_a_i4(w[2], kh0, kh1), b[4], b[5], c)
+    c = mma_bf16(_a_i4(w[3], kh0, kh1), b[6], b[7], c)
+    return _scaled(acc, c, s1a, s1b)
+
+
+@cuda.jit(device=True)
+def _tile_b8(kind, w, z0, z1, b, sa, sb, acc):
+    """One 8-bit (int8 or fp8) K-tile of one row tile times one token group's B registers b (4:
+    sub-blocks 0, 1), scaled and added to acc."""
+    if kind == 2:
+        a0, a1 = _a_fp8(w[0])
+        a2, a3 = _a_fp8(w[1])
+        c = mma_bf16((a0, a1, a2, a3), b[0], b[1], Z4)
+        a0, a1 = _a_fp8(w[2])
+        a2, a3 = _a_fp8(w[3])
+        c = mma_bf16((a0, a1, a2, a3), b[2], b[3], c)
+    else:
+        a0, a1 = _a_i8(w[0], z0, z1)
+        a2, a3 = _a_i8(w[1], z0, z1)
+        c = mma_bf16((a0, a1, a2, a3), b[0], b[1], Z4)
+        a0, a1 = _a_i8(w[2], z0, z1)
+        a2, a3 = _a_i8(w[3], z0, z1)
+        c = mma_bf16((a0, a1, a2, a3), b[2], b[3], c)
+    return _scaled(acc, c, sa, sb)
+
+
+@cuda.jit(device=True, inline=True)
+def _bases(kind, ktw, e, nt, kt_exp, ng, k_exp, ta, tb, lane, g):
+    """Word offsets of K-tile 0 of tiles ta, tb of expert e (this lane's 16 code bytes) and
+    of their scale words (int: row pair g of group 0; fp8: block 0)."""
+    ct = e * nt
+    ca = (ct + ta) * kt_exp * TILE_WORDS + lane * 4
+    cb = (ct + tb) * kt_exp * TILE_WORDS + lane * 4
+    if kind == 2:
+        nb128 = k_exp >> 7
+        return ca, cb, (ct + ta) * nb128, (ct + tb) * nb128
+    return ca, cb, (ct + ta) * ng * 8 + g, (ct + tb) * ng * 8 + g
+
+
+@cuda.jit(device=True, inline=True)
+def _ktile_loads(kind, ktw, gshift, split, zp, codes, scales, zeros, ca, cb, ia, ib, kl):
+    """The streaming loads of K-tile kl (of the bases' expert) of a tile pair: the lane's 16
+    code bytes of each tile, their scale words (split: both halves') and zero-point words
+    (a, b, split a, split b). gshift = log2(group) is a build constant."""
+    va = ldg_stream_v4_u32(codes, ca + kl * TILE_WORDS)
+    vb = ldg_stream_v4_u32(codes, cb + kl * TILE_WORDS)
+    if kind == 2:
+        ia += (kl * ktw) >> 7
+        ib += (kl * ktw) >> 7
+    else:
+        ia += ((kl * ktw) >> gshift) * 8
+        ib += ((kl * ktw) >> gshift) * 8
+    sa = ldg_stream_u32(scales, ia)
+    sb = ldg_stream_u32(scales, ib)
+    ha = uint32(0)
+    hb = uint32(0)
+    if split:
+        ha = ldg_stream_u32(scales, ia + 8)
+        hb = ldg_stream_u32(scales, ib + 8)
+    qz = Z4U
+    if zp:
+        za_ = ldg_stream_u32(zeros, ia)
+        zb_ = ldg_stream_u32(zeros, ib)
+        qz = (za_, zb_, za_, zb_)
+        if split:
+            qz = (za_, zb_, ldg_stream_u32(zeros, ia + 8), ldg_stream_u32(zeros, ib + 8))
+    return va, vb, sa, sb, ha, hb, qz
+
+
+@cuda.jit(device=True, inline=True)
+def _k_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, tq, nt, kt_exp, ng, k_exp, ta, tb, lane,
+             g, base, k):
+    """_ktile_loads of K-tile k: dense / MoE gate_up from the warp's bases; MoE down from the
+    slot's expert of the concatenated K."""
+    ca, cb, ia, ib = base
+    kl = k
+    if down:
+        s_i = k // kt_exp
+        ca, cb, ia, ib = _bases(kind, ktw, ids[tq, s_i], nt, kt_exp, ng, k_exp, ta, tb, lane, g)
+        kl = k - s_i * kt_exp
+    return _ktile_loads(kind, ktw, gshift, split, zp, codes, scales, zeros, ca, cb, ia, ib, kl)
+
+
+@cuda.jit(device=True, inline=True)
+def _pass_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, tq, nt, kt_exp, ng, k_exp, ta, tb,
+                lane, g, base, kt):
+    """_k_loads of the UNROLL (4) K-tiles of a full pass from kt."""
+    return (_k_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, tq, nt, kt_exp, ng, k_exp, ta,
+                     tb, lane, g, base, kt),
+            _k_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, tq, nt, kt_exp, ng, k_exp, ta,
+                     tb, lane, g, base, kt + 1),
+            _k_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, tq, nt, kt_exp, ng, k_exp, ta,
+                     tb, lane, g, base, kt + 2),
+            _k_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, tq, nt, kt_exp, ng, k_exp, ta,
+                     tb, lane, g, base, kt + 3))
+
+
+@cuda.jit(device=True, inline=True)
+def _a_raw4(w):
+    """The 4 A registers of one 4-bit sub-block as bf16x2 128 + code (a mask-or each)."""
+    return ((w & M4) | O4, ((w >> SH4) & M4) | O4, ((w >> SH8) & M4) | O4, ((w >> SH12) & M4) | O4)
+
+
+@cuda.jit(device=True, inline=True)
+def _minus(c, d):
+    return (c[0] - d[0], c[1] - d[1], c[2] - d[2], c[3] - d[3])
+
+
+@cuda.jit(device=True)
+def _tile_i4_sym(w, b, split, d0, d1, s0a, s0b, s1a, s1b, acc):
+    """_tile_i4 for symmetric int4: the mmas on 128 + code, minus d = 136 * (the sum of the
+    bf16 x) from the constant-A mmas shared by the tile pair (d0: the first half, d1: the
+    second half (split) or the whole K-tile)."""
+    c = mma_bf16(_a_raw4(w[0]), b[0], b[1], Z4)
+    c = mma_bf16(_a_raw4(w[1]), b[2], b[3], c)
+    if split:
+        acc = _scaled(acc, _minus(c, d0), s0a, s0b)
+        c = Z4
+    c = mma_bf16(_a_raw4(w[2]), b[4], b[5], c)
+    c = mma_bf16(_a_raw4(w[3]), b[6], b[7], c)
+    return _scaled(acc, _minus(c, d1), s1a, s1b)
+
+
+@cuda.jit(device=True)
+def _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, k, t, ok0, ok1, xrow0, xrow1, ld,
+                acc, ss):
+    """One K-tile of the tile pair: x of the lane's token(s) -> B registers, then per token
+    group the two tiles' mmas, scaled into acc (16: token group h, tile a rows g, g | g + 8,
+    g + 8 at [8h .. 8h + 3], tile b at [8h + 4 ..]); ss += the raw x's sum of squares."""
+    wa, wb, sa, sb, ha, hb, qz = ld
+    sw = float32(1.0)
+    if down:
+        sw = ew[tq, k // kt_exp]
+    col = k * ktw + 8 * t
+    s0a, s0b = _scale_pair(kind, sa, sw)
+    s1a, s1b = _scale_pair(kind, sb, sw)
+    t0a, t0b = s0a, s0b
+    t1a, t1b = s1a, s1b
+    if split:
+        t0a, t0b = _scale_pair(kind, ha, sw)
+        t1a, t1b = _scale_pair(kind, hb, sw)
+    kza0 = kza1 = kzb0 = kzb1 = NEG136
+    kha0 = kha1 = khb0 = khb1 = NEG136
+    za0 = za1 = zb0 = zb1 = MAGIC_MID
+    if zp:
+        if kind == 0:                               # bf16 -(128 + zero) of rows g, g + 8, in both halves
+            kza0, kza1 = _kz(qz[0])
+            kzb0, kzb1 = _kz(qz[1])
+            kha0, kha1 = _kz(qz[2])
+            khb0, khb1 = _kz(qz[3])
+        else:
+            za0 = MAGIC_F + float32(qz[0] & LO16)
+            za1 = MAGIC_F + float32(qz[0] >> SH16)
+            zb0 = MAGIC_F + float32(qz[1] & LO16)
+            zb1 = MAGIC_F + float32(qz[1] >> SH16)
+    for h in range(ntg):
+        xr = xrow0 if h == 0 else xrow1
+        okh = ok0 if h == 0 else ok1
+        x0, x1, s = _x8(x, xr + col, nw, col, okh, normed)
+        ss += s
+        b0, b1 = _b(x0)
+        b2, b3 = _b(x1)
+        if kind == 0:
+            x2, x3, s = _x8(x, xr + col + 32, nw, col + 32, okh, normed)
+            ss += s
+            b4, b5 = _b(x2)
+            b6, b7 = _b(x3)
+            bb = (b0, b1, b2, b3, b4, b5, b6, b7)
+            acc_a = (acc[8 * h], acc[8 * h + 1], acc[8 * h + 2], acc[8 * h + 3])
+            acc_b = (acc[8 * h + 4], acc[8 * h + 5], acc[8 * h + 6], acc[8 * h + 7])
+            if zp:
+                ca4 = _tile_i4(wa, kza0, kza1, kha0, kha1, bb, split, s0a, s0b, t0a, t0b, acc_a)
+                cb4 = _tile_i4(wb, kzb0, kzb1, khb0, khb1, bb, split, s1a, s1b, t1a, t1b, acc_b)
+            else:
+                d0 = mma_bf16(A136, b0, b1, Z4)
+                d0 = mma_bf16(A136, b2, b3, d0)
+                d1 = d0
+                if split:
+                    d1 = Z4
+                d1 = mma_bf16(A136, b4, b5, d1)
+                d1 = mma_bf16(A136, b6, b7, d1)
+                ca4 = _tile_i4_sym(wa, bb, split, d0, d1, s0a, s0b, t0a, t0b, acc_a)
+                cb4 = _tile_i4_sym(wb, bb, split, d0, d1, s1a, s1b, t1a, t1b, acc_b)
+        else:
+            bb = (b0, b1, b2, b3)
+            ca4 = _tile_b8(kind, wa, za0, za1, bb, s0a, s0b,
+                           (acc[8 * h], acc[8 * h + 1], acc[8 * h + 2], acc[8 * h + 3]))
+            cb4 = _tile_b8(kind, wb, zb0, zb1, bb, s1a, s1b,
+                           (acc[8 * h + 4], acc[8 * h + 5], acc[8 * h + 6], acc[8 * h + 7]))
+        if h == 0:
+            acc = (ca4[0], ca4[1], ca4[2], ca4[3], cb4[0], cb4[1], cb4[2], cb4[3],
+                   acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15])
+        else:
+            acc = (acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7],
+                   ca4[0], ca4[1], ca4[2], ca4[3], cb4[0], cb4[1], cb4[2], cb4[3])
+    return acc, ss
+
+
+@cuda.jit(device=True, inline=True)
+def _pass_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1, xrow0, xrow1, lp,
+               acc, ss):
+    """_ktile_math of the 4 K-tiles of a full pass (written out: a loop over the buffer would
+    stay a loop, its selects costing more than the math)."""
+    acc, ss = _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1, xrow0,
+                          xrow1, lp[0], acc, ss)
+    acc, ss = _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt + 1, t, ok0, ok1, xrow0,
+                          xrow1, lp[1], acc, ss)
+    acc, ss = _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt + 2, t, ok0, ok1, xrow0,
+                          xrow1, lp[2], acc, ss)
+    return _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt + 3, t, ok0, ok1, xrow0,
+                       xrow1, lp[3], acc, ss)
+
+
+_BUILDS: dict[tuple[Any, ...], Any] = {}
+
+
+def gemv_tiled(kind: str, zp: bool, split: bool, mode: str, ntg: int, ways: int, warps: int, min_blocks: int,
+               experts: str = "", group: int = 64) -> Any:
+    """The build (registered on first use). kind "i4" / "i8" / "fp8"; zp: zero points (int);
+    split: int4 groups of 32 (two scales per K-tile; must match group); group: the format's group
+    size (fp8: 128; the kernel's gshift argument must equal log2(group)); mode "plain" / "normed" / "swiglu"; ntg:
+    token groups of 8 (T <= 8 * ntg; normed: T = 1); `ways` K slices per tile pair; experts ""
+    / "gate_up" (mode swiglu) / "down" (mode plain).
+    One signature: (x [T, K] fp32, nw [K], eps, codes u32 [...], scales u32 [...] (fp8: fp32
+    bits), zeros u32 [...] (dummy without zero points), gshift = log2(group), n_rows (logical
+    N), k_exp (an expert's K; = K for dense), bias [N], out [T, N] ([T, N / 2] swiglu;
+    gate_up: [slots, I]), has_bias, ids [1, slots] int32, ew [1, slots] fp32 (MoE; dummies
+    otherwise)). Grid (ceil(pairs / (warps / ways)), slots or 1), block 32 * warps."""
+    if kind == "fp8":
+        group = 128
+    key = (kind, zp, split, mode, ntg, ways, warps, min_blocks, experts, group)
+    if key not in _BUILDS:
+        if (kind not in KINDS or mode not in MODES or ntg not in (1, 2) or ways not in (1, 2, 4, 8)
+                or warps not in (2, 4, 8) or ways > warps or not 1 <= min_blocks * warps <= 64
+                or (mode.startswith("normed") and ntg != 1) or (split and kind != "i4") or (zp and kind == "fp8")
+                or experts not in ("", "gate_up", "down") or group not in (32, 64, 128) or split != (kind == "i4" and group == 32) or (experts == "gate_up" and (mode != "swiglu" or ntg != 1))
+                or (experts == "down" and (mode != "plain" or ntg != 1))):
+            raise ValueError(f"gemv_tiled: no build {key}")
+        _BUILDS[key] = _make(*key)
+    return _BUILDS[key]
+
+
+def build_name(kind: str, zp: bool, split: bool, mode: str, ntg: int, ways: int, warps: int, min_blocks: int,
+               experts: str = "", group: int = 64) -> str:
+    fmt = kind + ("" if kind == "fp8" else f"g{group}") + ("zp" if zp else "")
+    moe = f"_moe_{experts}" if experts else ""
+    return f"gemv_tiled_{fmt}_{mode}{moe}_n{ntg}_w{ways}_b{min_blocks}_x{warps}_kernel"
+
+
+def _make(kind: str, zp: bool, split: bool, mode: str, ntg: int, ways: int, warps: int, min_blocks: int,
+          experts: str, group: int) -> Any:
+    KIND = KINDS.index(kind)              # 0 int4, 1 int8, 2 fp8
+    KTW = 64 if kind == "i4" else 32      # columns per K-tile
+    GSHIFT = group.bit_length() - 1       # log2(group): scale index shifts are constants
+    ZP = zp
+    SPLIT = split
+    NTG = ntg
+    WAYS = ways
+    WARPS = warps
+    PAIRS = warps // ways
+    SWIGLU = mode in ("swiglu", "normed_swiglu")
+    NORMED = mode in ("normed", "normed_swiglu")
+    GATE_UP = experts == "gate_up"
+    DOWN = experts == "down"
+    MOE = experts != ""
+    NACC = 8 * ntg + 1
+
+    def gemv_tiled_build(x, nw, eps, codes, scales, zeros, gshift, n_rows, k_exp, bias, out, has_bias, ids, ew):
+        red = cuda.shared.array((WARPS, 32, NACC), float32)
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        g = lane >> 2
+        t = lane & 3
+        pair = warp // WAYS
+        sl = warp - pair * WAYS
+        k_dim = x.shape[1]                          # DOWN: the slots' rows of h concatenated
+        n_tok = x.shape[0]
+        nt = (n_rows + 15) >> 4                     # row tiles
+        kt_exp = k_exp // KTW                       # K-tiles of one expert (dense: of the matrix)
+        ng = k_exp >> GSHIFT                        # groups per row (int)
+        n_pairs = nt >> 1 if SWIGLU else (nt + 1) >> 1
+        p = cuda.blockIdx.x * PAIRS + pair
+        live = p < n_pairs                          # dead pairs still reach the barriers
+        p = p if live else 0
+        if SWIGLU:
+            ta = p
+            tb = p + (nt >> 1)
+            has_b = True
+        else:
+            ta = 2 * p
+            has_b = ta + 1 < nt
+            tb = ta + 1 if has_b else ta            # a lone last tile: loaded, never stored
+        slot = cuda.blockIdx.y                      # gate_up: routed pair t * k + s; down: token t
+        top_k = ids.shape[1]
+        tq = slot // top_k if GATE_UP else slot     # the token whose x row the block reads
+        ebase = 0
+        if MOE:
+            grid_dependency_sync()                  # ids come from the router kernel
+        if GATE_UP:
+            ebase = ids[tq, slot - tq * top_k]
+        kt_all = k_dim // KTW
+        kt_len = ((kt_all + WAYS - 1) // WAYS)
+        kt = sl * kt_len
+        kt_end = min(kt_all, kt + kt_len) if live else kt
+        z = float32(0.0)
+        acc = (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
+        ss = z
+        ok0 = g < n_tok                             # this lane's B token g (and g + 8)
+        ok1 = NTG > 1 and g + 8 < n_tok
+        xrow0 = g * k_dim
+        xrow1 = (g + 8) * k_dim
+        if MOE:
+            ok0 = g == 0                            # one x row per block (B column 0)
+            xrow0 = tq * k_dim
+        # software pipeline over full passes of UNROLL K-tiles, two register buffers (la, lb):
+        # the next pass's code / scale loads are issued before this pass's math
+        base = _bases(KIND, KTW, ebase, nt, kt_exp, ng, k_exp, ta, tb, lane, g)
+        la = (ZL, ZL, ZL, ZL)
+        if kt + UNROLL <= kt_end:
+            la = _pass_loads(KIND, KTW, GSHIFT, SPLIT, ZP, DOWN, codes, scales, zeros, ids, tq, nt, kt_exp, ng,
+                             k_exp, ta, tb, lane, g, base, kt)
+        if not MOE:
+            grid_dependency_sync()                  # x is the previous kernel's output; the codes were not
+        lb = la
+        while kt + UNROLL <= kt_end:
+            more = kt + 2 * UNROLL <= kt_end
+            if more:
+                lb = _pass_loads(KIND, KTW, GSHIFT, SPLIT, ZP, DOWN, codes, scales, zeros, ids, tq, nt, kt_exp, ng,
+                                 k_exp, ta, tb, lane, g, base, kt + UNROLL)
+            acc, ss = _pass_math(KIND, KTW, SPLIT, ZP, DOWN, NTG, NORMED, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1,
+                                 xrow0, xrow1, la, acc, ss)
+            kt += UNROLL
+            if not more:
+                break
+            more = kt + 2 * UNROLL <= kt_end
+            if more:
+                la = _pass_loads(KIND, KTW, GSHIFT, SPLIT, ZP, DOWN, codes, scales, zeros, ids, tq, nt, kt_exp, ng,
+                                 k_exp, ta, tb, lane, g, base, kt + UNROLL)
+            acc, ss = _pass_math(KIND, KTW, SPLIT, ZP, DOWN, NTG, NORMED, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1,
+                                 xrow0, xrow1, lb, acc, ss)
+            kt += UNROLL
+            if not more:
+                break
+        while kt < kt_end:                          # the last < UNROLL K-tiles, one at a time
+            ld = _k_loads(KIND, KTW, GSHIFT, SPLIT, ZP, DOWN, codes, scales, zeros, ids, tq, nt, kt_exp, ng, k_exp,
+                          ta, tb, lane, g, base, kt)
+            acc, ss = _ktile_math(KIND, KTW, SPLIT, ZP, DOWN, NTG, NORMED, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1,
+                                  xrow0, xrow1, ld, acc, ss)
+            kt += 1
+        grid_dependency_sync()                      # dead pairs and empty slices too, before the stores
+        if NORMED:
+            ss = warp_sum(ss)
+        if WAYS > 1:                                # the slices' sums meet in a fixed order
+            for i in range(8 * NTG):
+                red[warp, lane, i] = acc[i]
+            red[warp, lane, NACC - 1] = ss
+            cuda.syncthreads()
+            v = cuda.local.array(16, float32)
+            for i in range(8 * NTG):
+                v[i] = float32(0.0)
+            ss = float32(0.0)
+            for j in range(WAYS):
+                for i in range(8 * NTG):
+                    v[i] += red[warp - sl + j, lane, i]
+                ss += red[warp - sl + j, lane, NACC - 1]
+            if NTG == 1:
+                acc = (v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], z, z, z, z, z, z, z, z)
+            else:
+                acc = (v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7],
+                       v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15])
+        if live and sl == 0:
+            inv = float32(1.0)
+            if NORMED:
+                inv = float32(1.0) / math.sqrt(ss / float32(k_dim) + eps)
+            for h in range(NTG):
+                for c in range(4):
+                    tok = 2 * t + (c & 1) + 8 * h
+                    rl = g + 8 * (c >> 1)
+                    va = acc[8 * h + c] * inv
+                    vb = acc[8 * h + 4 + c] * inv
+                    if GATE_UP:
+                        if t == 0 and (c & 1) == 0:
+                            out[slot, ta * 16 + rl] = va / (float32(1.0) + math.exp(-va)) * vb
+                    elif DOWN:
+                        if t == 0 and (c & 1) == 0:
+                            ra = ta * 16 + rl
+                            if ra < n_rows:
+                                out[tq, ra] = va + (bias[tq * n_rows + ra] if has_bias != 0 else float32(0.0))
+                            rb = tb * 16 + rl
+                            if has_b and rb < n_rows:
+                                out[tq, rb] = vb + (bias[tq * n_rows + rb] if has_bias != 0 else float32(0.0))
+                    elif tok < n_tok:
+                        if SWIGLU:
+                            out[tok, ta * 16 + rl] = va / (float32(1.0) + math.exp(-va)) * vb
+                        else:
+                            ra = ta * 16 + rl
+                            if ra < n_rows:
+                                out[tok, ra] = va + (bias[ra] if has_bias != 0 else float32(0.0))
+                            rb = tb * 16 + rl
+                            if has_b and rb < n_rows:
+                                out[tok, rb] = vb + (bias[rb] if has_bias != 0 else float32(0.0))
+
+    gemv_tiled_build.__name__ = build_name(kind, zp, split, mode, ntg, ways, warps, min_blocks, experts, group)
+    return kernel((f32_2, f32_1, f32, u32_1, u32_1, u32_1, i32, i32, i32, f32_1, f32_2, i32, i32_2, f32_2),
+                  sim=True, fastmath=True, launch_bounds=(32 * warps, min_blocks),
+                  self_sync=not MOE)(gemv_tiled_build)
+
+
+DEQUANT_THREADS = 256
+
+
+@kernel((u8_1, u32_1, u32_1, i32, i32, i32, u16_2), sim=True, launch_bounds=(DEQUANT_THREADS, 4))
+def dequant_tiled_bf16_kernel(codes, scales, zeros, kind, zp, gshift, out):
+    """out [N, K] bf16 bits = the tiled weight's values (round to nearest even), for the prefill
+    GEMMs; one code byte per thread and grid-stride step (int4: two columns). codes: the tiled
+    bytes [NT * KT * 512] (quant/tiled.py), kind 0 int4 / 1 int8 / 2 fp8."""
+    n_rows = out.shape[0]
+    k_dim = out.shape[1]
+    ktw = 64 if kind == 0 else 32
+    kts = k_dim // ktw
+    ng = k_dim >> gshift
+    for i in range(cuda.blockIdx.x * DEQUANT_THREADS + cuda.threadIdx.x, codes.shape[0],
+                   cuda.gridDim.x * DEQUANT_THREADS):
+        tl = i >> 9
+        rt = tl // kts
+        kt = tl - rt * kts
+        off = i & 511
+        lane = off >> 4
+        b = off & 15
+        g = lane >> 2
+        t = lane & 3
+        c = int32(codes[i])
+        for half in range(2 if kind == 0 else 1):
+            if kind == 0:
+                p = 2 * (b & 3) + half
+                j = b >> 2
+                r = p & 3
+                e = 2 * (r >> 1) + (p >> 2)
+                col = kt * 64 + 32 * (j >> 1) + 8 * t + 4 * (j & 1) + e
+                v = (c >> (4 * half)) & 15
+            else:
+                q = b >> 2
+                bw = b & 3
+                j = q >> 1
+                r = 2 * (q & 1) + (bw >> 1)
+                e = 2 * (r >> 1) + (bw & 1)
+                col = kt * 32 + 8 * t + 4 * j + e
+                v = c
+            rl = g + 8 * (r & 1)
+            row = rt * 16 + rl
+            if row < n_rows:
+                if kind == 2:
+                    f = as_f32(uint32((v & 0x80) << 24) | uint32((v & 0x7F) << 20)) * float32(2.0 ** 120)
+                    w = f * as_f32(ldg_stream_u32(scales, rt * (k_dim >> 7) + (col >> 7)))
+                else:
+                    si = (rt * ng + (col >> gshift)) * 8 + g
+                    s0, s1 = f16x2_to_f32(ldg_stream_u32(scales, si))
+                    s = s1 if rl >= 8 else s0
+                    zf = float32(8.0 if kind == 0 else 128.0)
+                    if zp != 0:
+                        zw = ldg_stream_u32(zeros, si)
+                        zh = (zw >> SH16) if rl >= 8 else (zw & LO16)
+                        if kind == 0:                       # bf16 -(128 + zero)
+                            zf = -as_f32(uint32(zh) << SH16) - float32(128.0)
+                        else:
+                            zf = float32(zh)
+                    w = s * (float32(v) - zf)
+                out[row, col] = f32_to_bf16(w)
+
+
+def dequant_grid(n_bytes: int) -> int:
+    return max(1, min(4096, (n_bytes + DEQUANT_THREADS - 1) // DEQUANT_THREADS))
+
+
+@kernel((u32_1,), sim=True)
+def fp8_finite_codes_kernel(codes):
+    """codes &= 0xBF per byte: random e4m3 codes with exponent < 8 (|value| < 2), never NaN
+    (random fp8 weights for benchmarks)."""
+    for i in range(cuda.grid(1), codes.shape[0], cuda.gridsize(1)):
+        codes[i] = codes[i] & np.uint32(0xBFBFBFBF)
+
+
+# The builds ops/cuda/linear_quant.py picks most (tiled_build, moe_build), registered at import
+# so that the compile tests see them; others are built on first use.
+BUILDS = (tuple(("i4", False, False, "plain", 1, ways, 4, 3) for ways in (1, 2, 4))
+          + tuple((kind, False, False, mode, 1, 1, 4, 3, "", 64 if kind == "i4" else 128) for kind in KINDS
+                  for mode in ("normed", "normed_swiglu", "swiglu"))
+          + tuple((kind, False, False, "plain", 1, 2, 4, 3, "", 128) for kind in ("i8", "fp8"))
+          + (("i4", False, False, "plain", 2, 1, 4, 2), ("i4", True, True, "plain", 1, 1, 4, 3, "", 32),
+             ("i4", False, False, "swiglu", 1, 4, 4, 3, "gate_up"), ("i4", False, False, "plain", 1, 8, 8, 1, "down")))
+for _build in BUILDS:
+    gemv_tiled(*_build)
