@@ -399,19 +399,19 @@ class CudaBackend:
         return out
 
     def _random_quantized(self, shape: tuple[int, ...], fmt: Any, scale: float, seed: int) -> Any:
-        """A random [N, K] weight in `fmt` in device memory: uniform random codes, every group's
-        scale `scale`, zero points (if any) the midpoint."""
+        """A random weight in `fmt` in device memory, in the tiled layout the kernels read
+        (quant/random.py random_tiled): uniform random codes, every group's scale `scale`."""
+        from ..kernels.linear.gemv_tiled import fp8_finite_codes_kernel
         from ..kernels.random_fill import fill_random_u32_kernel
-        from ..models.weights import QuantizedWeight
+        from ..quant.random import random_tiled
 
-        n, k = shape
-        codes = self.arena.empty((n, k * fmt.bits // 8), np.uint8)                # [N, K * bits / 8]
-        fill_random_u32_kernel[1024, 256, self.stream.numba](codes.view(np.uint32).reshape(-1), np.int64(seed))
-        groups = (n, k // fmt.group_size)
-        arrays = {"codes": codes, "scales": self.ops.from_numpy(np.full(groups, scale, np.float16))}
-        if fmt.zero_points:
-            arrays["zeros"] = self.ops.from_numpy(np.full(groups, fmt.midpoint, np.uint8))
-        return QuantizedWeight(fmt, tuple(shape), arrays)
+        def fill(codes: Any) -> None:
+            words = codes.reshape(-1).view(np.uint32)
+            fill_random_u32_kernel[1024, 256, self.stream.numba](words, np.int64(seed))
+            if fmt.layout == "fp8-block":
+                fp8_finite_codes_kernel[1024, 256, self.stream.numba](words)
+
+        return random_tiled(shape, fmt, scale, self.arena.empty, fill, self.ops.from_numpy)
 
     @_on_calling_thread
     def ids(self, tokens: list[int], start: int) -> tuple[Any, Any]:
