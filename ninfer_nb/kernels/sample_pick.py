@@ -408,7 +408,7 @@ def _radix_select(zrow, b, n_voc, zm, min_p, by_mass, target, floor, sh, part, f
     return prefix
 
 
-@kernel((f32_2, int32, f32_2, i64_2, u64_1, u64_2, u64_2, i32_1, u64_2, u64_1))
+@kernel((f32_2, int32, f32_2, i64_2, u64_1, u64_2, u64_2, i32_1, u64_2, u64_1), launch_bounds=(SELECT_THREADS, 1))
 def pick_select_kernel(zrow, n_voc, fpar, ipar, zmax, plan, cand, cand_n, sel, best):
     """grid B, block SELECT_THREADS (a power of two <= 1024): the kept prefix of the sorted
     candidates and its Gumbel-max token (best[b], sel[b] = (SEL_DONE, threshold)), or, over
