@@ -9,21 +9,26 @@ hybrids (dense and MoE) at the real head dims, the same NumPy weights on both ba
 
 The bound. The CPU reference rounds what the GPU rounds by design wherever the CPU has the
 same step: the KV cache's storage (bf16, or int8 with its scales) and the bf16 input rows of
-the tensor-core GEMMs (twin_models.bf16_gemm_inputs). What is left is rounding the CPU does
-not repeat: attention's Q and P in bf16 (flash prefill, tensor-core decode: unit roundoff
-u = 2^-9), the GDN prepare's TF32 products (2^-11), and fp32 sums in another order, each of
-which can move a bf16-rounded GEMM input across a rounding boundary (one bf16 ulp, 2u). A
-relative perturbation e of a layer's output reaches the logits at most about e (the
-residual stream carries it, the RMS norms rescale it), so with a handful of such sources in
-4 layers the logits stay within a few u of the largest logit: ROW_BOUND below, checked per
-position as max |gpu - cpu| / max |cpu| over the row. MoE rows may exceed it where the
-perturbation flips a near-tied router choice (a different expert for that token: a real
-and expected bf16 effect, not an error of the kernels): for MoE the bound holds for
-MOE_ROW_QUANTILE of the rows and every row stays within MOE_FLIP_BOUND.
-
+the tensor-core GEMMs (twin_models.bf16_gemm_inputs). What it does not repeat: the chunked
+GDN's TF32 tensor-core products (inputs rounded to 10 mantissa bits), the attention kernels'
+Q and P in bf16, and fp32 sums in another order, which now and then move a bf16-rounded GEMM
+input across a rounding boundary (one bf16 ulp). These are perturbations of the size of the
+reference's own bf16 rounding, and this model turns those into at most its sensitivity: on
+the CPU, rounding every GEMM input to bf16 moves its logits by 6u at the median row and 20u
+at the worst (u = 2^-9, bf16's unit roundoff); so the bound is 16u. Measured on the H200
+(dev attribution: GDN on fp32 FMAs halves the error, fp32 attention changes nothing, so the
+TF32 GDN is most of it). Per row, as max |gpu - cpu| / max |cpu|:
+- prefill rows (a 1,024- and a 76-row chunk): PREFILL_BOUND = 16u (median 4.6u, max 13.3u,
+  bf16 and int8 caches alike; 2.2u / 6.4u with the GDN on fp32 FMAs);
+- decode rows (graph replays: GEMVs on fp32 activations, the state the prefill left):
+  DECODE_BOUND = 4u (median 0.2u, max 3.4u);
+- MoE: a perturbation can flip a near-tied router choice (another expert for that token: an
+  expected bf16 effect, not a kernel error; the CPU's own bf16 rounding moves a row by up to
+  0.97 of the max logit that way), so prefill rows are held to the bound at the median (6u
+  measured) and decode rows to MOE_DECODE_BOUND = 6u (max 4.7u), every row finite.
 Greedy tokens: each token the GPU generates is the CPU's argmax on the GPU's own text, or
-within the bound of it on the CPU's row (a near tie, which random tiny models have often: the
-top two of 8,192 logits are typically 5 % of the largest apart).
+within the decode bound of it on the CPU's row (a near tie, which random tiny models have
+often: the top two of 8,192 logits are typically 5 % of the largest apart).
 """
 from __future__ import annotations
 
@@ -36,9 +41,9 @@ from tests.support.twin_models import VOCAB, bf16_gemm_inputs, spy_kernels, twin
 pytestmark = pytest.mark.gpu
 
 U_BF16 = 2.0 ** -9
-ROW_BOUND = 24 * U_BF16              # provisional (first GPU run prints the measured errors)
-MOE_ROW_QUANTILE = 0.5
-MOE_FLIP_BOUND = 2.0
+PREFILL_BOUND = 16 * U_BF16          # 3.1e-2 of the row's largest logit
+DECODE_BOUND = 4 * U_BF16            # 7.8e-3
+MOE_DECODE_BOUND = 6 * U_BF16        # 1.2e-2
 PROMPT, FEED = 1100, 24              # chunks 1,024 + 76 (the default prefill_chunk), then 24 decode steps
 CASES = [("hybrid", "auto"), ("hybrid", "int8"), ("moe", "auto"), ("moe", "int8")]
 
@@ -66,14 +71,13 @@ def _row_errors(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return np.abs(got - ref).max(-1) / np.abs(ref).max(-1)
 
 
-def _check_rows(what: str, name: str, err: np.ndarray) -> None:
-    q = float(np.quantile(err, MOE_ROW_QUANTILE))
-    print(f"\n{what}: max error / max logit per row: median {np.median(err):.2e}, "
-          f"q{MOE_ROW_QUANTILE:g} {q:.2e}, max {err.max():.2e} (bound {ROW_BOUND:.2e})")
-    if name == "moe":
-        assert q <= ROW_BOUND and err.max() <= MOE_FLIP_BOUND
-    else:
-        assert err.max() <= ROW_BOUND
+def _check_rows(what: str, name: str, err: np.ndarray, bound: float) -> None:
+    """Every row within `bound` (MoE: the median row, every row finite)."""
+    q = np.quantile(err, [0.5, 0.9])
+    print(f"\n{what}: max error / max logit per row: median {q[0]:.2e} ({q[0] / U_BF16:.1f}u), "
+          f"q0.9 {q[1]:.2e}, max {err.max():.2e} ({err.max() / U_BF16:.1f}u); bound {bound / U_BF16:.0f}u")
+    assert np.isfinite(err).all()
+    assert (np.median(err) if name == "moe" and "prefill" in what else err.max()) <= bound
 
 
 @pytest.mark.parametrize("name,kv", CASES)
@@ -97,8 +101,9 @@ def test_default_path_logits_match_cpu(name: str, kv: str, monkeypatch: pytest.M
         expected.add("attn_split_mma_d256_kernel")
     assert expected <= set(names), sorted(expected - set(names))
     assert gpu.engine.generator.backend._graph is not None
-    _check_rows(f"{name} {kv} prefill", name, _row_errors(got_prefill, ref_prefill))
-    _check_rows(f"{name} {kv} decode", name, _row_errors(got_decode, ref_decode))
+    _check_rows(f"{name} {kv} prefill", name, _row_errors(got_prefill, ref_prefill), PREFILL_BOUND)
+    _check_rows(f"{name} {kv} decode", name, _row_errors(got_decode, ref_decode),
+                MOE_DECODE_BOUND if name == "moe" else DECODE_BOUND)
 
 
 @pytest.mark.parametrize("name,kv", CASES)
@@ -122,5 +127,5 @@ def test_default_path_greedy_tokens_match_cpu(name: str, kv: str, monkeypatch: p
         gaps = (rows.max(-1) - rows[np.arange(len(tokens)), tokens]) / np.abs(rows).max(-1)
         print(f"\n{name} {kv}: {len(tokens)} greedy tokens, {int((best == tokens).sum())} the CPU's argmax, "
               f"largest gap to it {gaps.max():.2e} of the max logit")
-        assert gaps.max() <= ROW_BOUND, (tokens, best.tolist())
+        assert gaps.max() <= (MOE_DECODE_BOUND if name == "moe" else DECODE_BOUND), (tokens, best.tolist())
         assert np.mean(best == tokens) >= 0.75

@@ -2,10 +2,11 @@
 CudaOps.linear, GPU only.
 
 Reference: NumPy fp32 on the bf16-rounded x and W (the kernel converts x to bf16), so the
-tolerance measures the kernel, not the rounding: the same bf16 products summed in fp32 in
-another order (relative Frobenius error ~2e-7 measured; TOL leaves 10x). The SwiGLU GEMM's
-bf16 output may round the other way where its fp32 value sits within an fp32 ulp or two of a
-bf16 rounding boundary (one bf16 ulp, 2^-8, on a few elements in 10^4): TOL_BF16_OUT. The scratch arena is NaN-filled before each
+tolerance measures the kernel, not the rounding: the same bf16 products summed in fp32. The
+tensor cores' fp32 accumulation truncates, so the kernels' error grows with K, not sqrt(K):
+relative Frobenius error 0.02 K 2^-24 measured on the H200 (1.7e-7 at K = 128, 5.9e-6 at 5120,
+2.0e-5 at 17408, mma.sync and wgmma alike); `tol(k)` allows 0.05 K 2^-24. The SwiGLU GEMM's
+bf16 output rounds its own fp32 values (1.4e-4 - 2.4e-4 measured): TOL_BF16_OUT. The scratch arena is NaN-filled before each
 case, so an unwritten output element fails. `test_gemm_mma_timing` prints TFLOP/s (CUDA events,
 best of 5) of mma.sync, wgmma (on cc 9.0) and the old CUDA-core `gemm_kernel`, and writes the
 table to $OUT if set.
@@ -23,8 +24,12 @@ from ninfer_nb.kernels.linear import linear as K_lin
 from tests.kernels.gpu_util import BF16, GpuEnv, rnd, rnd_bf16
 
 pytestmark = pytest.mark.gpu
-TOL = 2e-6
-TOL_BF16_OUT = 1e-3
+TOL_BF16_OUT = 5e-4
+
+
+def tol(k: int) -> float:
+    """The bound on the relative Frobenius error of a K-long fp32-accumulated bf16 product."""
+    return 0.05 * k * 2.0 ** -24
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +86,7 @@ def test_gemm_mma(env, m, n, k, with_bias):
         ref += b
     err = _rel_fro(got, ref)
     print(f"\ngemm_mma M={m} N={n} K={k} bias={with_bias}: rel_fro_err={err:.2e}")
-    assert err <= TOL
+    assert err <= tol(k)
 
 
 def _hopper_ops(env):
@@ -116,7 +121,7 @@ def test_gemm_wgmma(env, m, n, k, with_bias):
         ref += b
     err = _rel_fro(got, ref)
     print(f"\ngemm_wgmma M={m} N={n} K={k} bias={with_bias}: rel_fro_err={err:.2e}")
-    assert err <= TOL
+    assert err <= tol(k)
 
 
 @pytest.mark.parametrize("m,inter,k", [

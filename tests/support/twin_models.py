@@ -74,8 +74,9 @@ def host_weights(name: str, seed: int = 0) -> ModelWeights:
 
 
 def twin_llm(monkeypatch: pytest.MonkeyPatch, name: str, device: str, **engine: Any) -> Any:
-    """An LLM on the twin `name`; `engine`: EngineConfig fields (defaults otherwise: on CUDA the
-    user's default configuration: bf16 cache, graphs, device pick, steps queued ahead)."""
+    """An LLM on the twin `name`; `engine`: EngineConfig fields (defaults otherwise, but one
+    request at a time: on CUDA the user's default configuration: bf16 cache, graphs, device
+    pick, steps queued ahead)."""
     import ninfer_nb.llm as llm_module
     from ninfer_nb import LLM
     from ninfer_nb.engine.backend import CpuBackend
@@ -99,6 +100,10 @@ def twin_llm(monkeypatch: pytest.MonkeyPatch, name: str, device: str, **engine: 
 
         monkeypatch.setattr(CudaBackend, "random_weights", cuda_weights)
     engine.setdefault("show_progress", False)
+    if "max_concurrency" in EngineConfig.__dataclass_fields__:
+        # one sequence at a time (the CPU's default is a batch of lanes): `engine.generator` is
+        # the one that ran, and the tests drive it directly
+        engine.setdefault("max_concurrency", 1)
     return LLM(config=EngineConfig(model=TWIN_PREFIX + name, device=device, **engine))
 
 
