@@ -185,3 +185,5 @@ def test_mtp_on_a_random_preset_equals_plain() -> None:
     plain = _greedy_run(llm, PROMPT, 16)
     engine.proposer = proposer
     assert _greedy_run(llm, PROMPT, 16) == plain and engine.spec_stats.rounds > 0
+    engine.forget()                   # the same prompt again: the head's rows are all still valid
+    assert _greedy_run(llm, PROMPT, 16) == plain

@@ -85,7 +85,8 @@ def run_spec_bench(llm: Any, kind: str, draft_tokens: list[int], gen: int,
     if engine.proposer is None:
         raise SystemExit(f"bench --spec {kind}: the engine has no proposer (spec off?)")
     proposer = engine.proposer
-    prompt = random_prompt(llm, prompt_len) if kind == "oracle" else repeat_prompt(llm)
+    text = kind != "oracle" and llm.tokenizer is not None         # random:PRESET models have no tokenizer
+    prompt = repeat_prompt(llm) if text else random_prompt(llm, prompt_len)
     load = [os.getloadavg()[0]]
     rows: list[dict[str, Any]] = []
     for k in draft_tokens:
@@ -113,8 +114,10 @@ def run_spec_bench(llm: Any, kind: str, draft_tokens: list[int], gen: int,
     engine.proposer = proposer
     what = {"oracle": "random-token prompt; ORACLE drafts = the plain run's own continuation: "
                       "the upper bound of the verify machinery, not a drafter's speed-up",
-            "ngram": f"repeat a passage with small edits; n-gram sizes {NgramProposer().max_n}..{NgramProposer().min_n}",
-            "mtp": "repeat a passage with small edits; the checkpoint's MTP head drafts"}[kind]
+            "ngram": f"n-gram sizes {NgramProposer().max_n}..{NgramProposer().min_n}",
+            "mtp": "the checkpoint's MTP head drafts (random weights: acceptance means nothing)"}[kind]
+    if kind != "oracle":
+        what = ("repeat a passage with small edits; " if text else "random-token prompt; ") + what
     print(f"\n{llm.model_id} on {llm.device_name}: greedy, prompt {len(prompt)} tokens ({what}), "
           f"{gen} new tokens at most; 1-min load average {' -> '.join(f'{x:.1f}' for x in load)} "
           f"on {os.cpu_count()} CPUs")

@@ -110,8 +110,9 @@ class MTPProposer:
         limit = min(len(self.tokens), n)
         while lcp < limit and self.tokens[lcp] == tokens[lcp]:
             lcp += 1
-        # pair i needs tokens[0..i+1] unchanged
-        start, end = min(self.filled, max(lcp - 1, 0)), n - 1
+        # pair i needs tokens[0..i+1] unchanged; the last pair always runs (its output drafts d1)
+        end = n - 1
+        start = min(self.filled, max(lcp - 1, 0), end - 1)
         self.tokens = list(tokens)
         b, ops, head = self.backend, self.ops, self.head
         b.begin_step()
