@@ -119,6 +119,7 @@ class SamplePickBuffers:
         self._fpar[:, K_sp.F_REP] = 1.0
         self._ipar = np.zeros((rows, K_sp.NI), np.int64)
         self._ipar[:, K_sp.I_CROW] = -1
+        self._bias: list[dict[int, float]] = [{} for _ in range(rows)]   # what bias_ids / bias_val hold
         self._put(self.fpar, self._fpar)
         self._put(self.ipar, self._ipar)
 
@@ -142,7 +143,8 @@ class SamplePickBuffers:
         self._fpar[b] = (temperature if top_k != 1 else 0.0, top_p, min_p, repetition_penalty, frequency_penalty,
                          presence_penalty, 0.0, 0.0)
         self._ipar[b] = (top_k, seed, offset, len(bias), b if penalized else -1, 0, 0, 0)
-        if bias:
+        if bias and self._bias[b] != bias:                # uploaded once per bias a row takes
+            self._bias[b] = dict(bias)
             ids = np.zeros(self.max_bias, np.int32)
             vals = np.zeros(self.max_bias, np.float32)
             ids[: len(bias)] = list(bias.keys())
