@@ -88,11 +88,9 @@ class CudaBackend:
         # > 0: the decode graph ends with the token pick over the first pick_vocab logits
         # (launch_token_step); set by enable_token_pick before the first decode step
         self._pick_vocab = 0
-        self._argmax_counter: Any = None   # [1] int32, the graph's token pick's block counter (kept 0)
-        # the token pick's parameters in device memory (the graph reads them): temperature [1]
-        # fp32 (0: argmax), seed / offset [1] int64 (offset advances by one per step, on the device)
-        self._pick: tuple[Any, Any, Any] | None = None
-        self._pick_temperature = 0.0      # what _pick[0] holds
+        # the token pick's parameters in device memory (the graph's sampler reads them; written
+        # from the Pick of each host-fed step): engine/device_pick.py
+        self._picker: Any = None
         self._warmed = False            # the first decode step runs eagerly (compiles kernels)
         # Decode steps queued ahead (launch_token_step / collect_token): each launched step's token
         # comes back through its own slot of a pinned ring, signalled by that slot's event.
@@ -102,6 +100,7 @@ class CudaBackend:
         self._launches = 0
         # multi-token forwards (speculative verify rounds): one graph per (tokens, argmax) key
         self._multi: dict[tuple[int, int], _MultiStep] = {}
+        self._rows: Any = None          # engine/rows_graphs.py: the B-row decode rounds' graphs
         self._greedy: tuple[Any, Any, Any, Any, Any] | None = None   # argmax pick inputs, see _argmax_rows
 
     def _bind_calling_thread(self) -> None:
@@ -147,7 +146,7 @@ class CudaBackend:
         ids.copy_from_numpy(np.array([token], np.int32), self.stream)
         pos.copy_from_numpy(np.array([position], np.int32), self.stream)
         if self._pick_vocab:
-            self._write_pick(*pick)
+            self._device_picker().write([pick])
         self.scratch.reset()
         if not self._warmed:
             self._warmed = True
@@ -160,37 +159,26 @@ class CudaBackend:
         self._graph.replay()
         return self._graph_out
 
-    def _pick_inputs(self) -> tuple[Any, Any, Any]:
-        if self._pick is None:
-            self._pick = (self.ops.zeros((1,), np.float32, persistent=True),
-                          self.ops.zeros((1,), np.int64, persistent=True),
-                          self.ops.zeros((1,), np.int64, persistent=True))
-        return self._pick
+    def _device_picker(self) -> Any:
+        if self._picker is None:
+            from .device_pick import DevicePicker
 
-    def _write_pick(self, temperature: float, seed: int, offset: int) -> None:
-        temp_t, seed_t, offset_t = self._pick_inputs()
-        if temperature != self._pick_temperature:
-            temp_t.copy_from_numpy(np.array([temperature], np.float32), self.stream)
-            self._pick_temperature = temperature
-        if temperature > 0.0:                 # the argmax reads neither
-            seed_t.copy_from_numpy(np.array([seed], np.int64), self.stream)
-            offset_t.copy_from_numpy(np.array([offset], np.int64), self.stream)
+            self._picker = DevicePicker(self.ops, 1, self._pick_vocab)
+        return self._picker
 
     def _forward_argmax(self, forward: Forward, ids: Any, pos: Any) -> Callable[[], tuple[Any, Any]]:
-        """forward, then (pick_vocab > 0) the token picked from the last row's first
-        pick_vocab logits (argmax, or a sample at the pick's temperature), fed back into
-        ids / pos (ops.pick_feed) for a replay the host has not fed."""
+        """forward, then (pick_vocab > 0) the token the graph's sampler picks from the last
+        row's first pick_vocab logits with the pick's parameters (ops.sample_pick: argmax, or a
+        sample with the pick's temperature, filters and penalties), fed back into ids / pos
+        for a replay the host has not fed."""
         vocab = self._pick_vocab
-        if vocab and self._argmax_counter is None:
-            self._argmax_counter = self.ops.zeros((1,), np.int32, persistent=True)
 
         def step() -> tuple[Any, Any]:
             logits = forward(ids, pos)
             if not vocab:
                 return logits, None
-            row = logits[logits.shape[0] - 1:].reshape(-1)[:vocab].reshape(1, vocab)   # [1, pick_vocab]
-            temperature, seed, offset = self._pick_inputs()
-            return logits, self.ops.pick_feed(row, temperature, seed, offset, self._argmax_counter, ids, pos)
+            row = logits[logits.shape[0] - 1:]                          # [1, V]
+            return logits, self.ops.sample_pick(row, vocab, self._device_picker().bufs, ids, pos)
 
         return step
 
@@ -233,6 +221,7 @@ class CudaBackend:
             if self._graph is None or not self.graph_ready:
                 raise RuntimeError("launch_token_step: a device-fed step needs the captured decode graph")
             self._graph.replay()
+            self._device_picker().stepped(1)
             top = self._graph_out[1]
         else:
             _, top = self._step(forward, token, position, pick)
@@ -425,31 +414,36 @@ class CudaBackend:
             pos_t.host = pos                   # sizes the prefill attention GEMMs (CudaOps)
         return ids_t, pos_t
 
-    # --- decode rounds of several sequences: eager launches (batched graphs: batchk) --------
+    # --- decode rounds of several sequences: one graph per batch size (engine/rows_graphs.py) --
     @_on_calling_thread
     def array(self, x: np.ndarray) -> Any:
         return self.ops.from_numpy(np.ascontiguousarray(x, dtype=np.int32), persistent=False)
 
+    def _rows_graphs(self) -> Any:
+        if self._rows is None:
+            from .rows_graphs import RowsGraphs
+
+            self._rows = RowsGraphs(self.ops, self.stream, self.scratch, self.pdl)
+        return self._rows
+
     @_on_calling_thread
     def decode_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
                     slots: Sequence[int], page_table: np.ndarray) -> np.ndarray:
-        from ..runtime.tensor import Tensor
+        return np.asarray(self._rows_graphs().run(forward, tokens, positions, slots, page_table), dtype=np.float32)
 
-        self.begin_step()
-        pos = np.asarray(positions, dtype=np.int32)
-        ids_t = self.ops.from_numpy(np.asarray(tokens, dtype=np.int32), persistent=False)
-        pos_t = self.ops.from_numpy(pos, persistent=False)
-        if isinstance(pos_t, Tensor):
-            pos_t.host = pos
-        logits = forward(ids_t, pos_t, self.array(np.asarray(slots)), self.array(page_table))
-        return np.asarray(self.to_host(logits), dtype=np.float32)
-
+    @_on_calling_thread
     def pick_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
                   slots: Sequence[int], page_table: np.ndarray, picks: Sequence[Pick]) -> list[int]:
-        from .sampler import gumbel_max_pick
+        if not self._pick_vocab:
+            raise RuntimeError("pick_rows: enable_token_pick was not called")
+        out = self._rows_graphs().run(forward, tokens, positions, slots, page_table, picks, self._pick_vocab)
+        return [int(x) for x in out]
 
-        rows = self.decode_rows(forward, tokens, positions, slots, page_table)
-        return [gumbel_max_pick(row[: self._pick_vocab], *pick) for row, pick in zip(rows, picks)]
+    @_on_calling_thread
+    def time_decode_rounds(self, batch: int, picked: bool = True, replays: int = 16) -> float | None:
+        """Device time (us) of the captured B-row decode round replayed back to back; None if
+        that round has not been captured."""
+        return None if self._rows is None else self._rows.time_rounds(batch, picked, replays)
 
     @_on_calling_thread
     def to_host(self, x: Any) -> np.ndarray:
