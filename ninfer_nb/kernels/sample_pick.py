@@ -31,7 +31,7 @@ Kernels (in this order, every one over all rows; a row skips the ones it does no
    threshold composite by a radix select over the row (one block, slower, exact) instead.
 5. `pick_full_kernel`, grid (G, B): the rows with min-p alone and the radix-selected ones:
    the Gumbel-max over the kept tokens.
-6. `pick_finish_kernel`, grid 1: out[b] = the token, fed back for the next replay (ids[b],
+6. `pick_finish_kernel`, one thread per row: out[b] = the token, fed back for the next replay (ids[b],
    pos[b] + 1, offset + 1), counted (counts[row, token] += 1), the row maximum reset.
 `sample_pick_ref` (NumPy) computes the same kept set and token by a plain sort.
 """
@@ -543,9 +543,9 @@ def pick_full_kernel(zrow, n_voc, fpar, ipar, zmax, sel, best):
 
 @kernel((u64_1, i64_2, i32_2, u64_1, i32_1, i32_1, i32_1, i32_1))
 def pick_finish_kernel(best, ipar, counts, zmax, cand_n, out, ids, pos):
-    """grid 1, block >= B: out[b] = ids[b] = the token, pos[b] += 1, offset += 1, counted;
+    """grid ceil(B / block): out[b] = ids[b] = the token, pos[b] += 1, offset += 1, counted;
     the row's best / zmax / cand_n zeroed for the next step."""
-    b = cuda.threadIdx.x
+    b = cuda.grid(1)
     if b >= out.shape[0]:
         return
     tok = _comp_id(best[b])

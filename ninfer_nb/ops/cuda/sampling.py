@@ -80,7 +80,7 @@ class SamplingOps(CudaOpsBase):
         self._go(K_sp.pick_select_kernel, b, self._select_threads, zrow, n, fpar, ipar, zmax, bufs.plan[:b], bufs.cand[:b],
                  bufs.cand_n[:b], bufs.sel[:b], best)
         self._go(K_sp.pick_full_kernel, grid, t, zrow, n, fpar, ipar, zmax, bufs.sel[:b], best)
-        self._go(K_sp.pick_finish_kernel, 1, max(32, 1 << (b - 1).bit_length()), best, ipar, bufs.counts, zmax,
+        self._go(K_sp.pick_finish_kernel, -(-b // 128), 128, best, ipar, bufs.counts, zmax,
                  bufs.cand_n[:b], out, ids, pos)
         return out
 
