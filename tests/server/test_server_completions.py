@@ -211,3 +211,20 @@ def test_responses_output_text_logprobs(real_server: LiveServer, stream: bool) -
     assert 1 <= len(part.logprobs) <= final.usage.output_tokens
     for e in part.logprobs:
         assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob - 1e-9
+
+
+def test_thinking_budget_with_a_json_schema(real_server: LiveServer, real_llm: Any) -> None:
+    """The forced </think> passes the grammar's free-thinking prefix (no matcher failure).
+    (The random model may then write only the whitespace the grammar allows before the JSON.)"""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    r = post(real_server, "/v1/messages", {
+        "model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}],
+        "thinking": {"type": "enabled", "budget_tokens": 3},
+        "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    blocks = r.json()["content"]
+    assert blocks[0]["type"] == "thinking"
+    assert len(real_llm.tokenizer.encode(blocks[0]["thinking"])) <= 4
+    text = "".join(b["text"] for b in blocks if b["type"] == "text").strip()
+    assert not text or text.startswith("{"), text
