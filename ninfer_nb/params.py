@@ -34,6 +34,7 @@ class SamplingParams:
     # engine emits `thinking_end_ids` (ids ending with the </think> id) instead of sampling
     thinking_budget: int | None = None
     thinking_end_ids: tuple[int, ...] = ()
+    speculative: bool = True        # False: this request decodes plainly when the engine speculates
 
     @property
     def greedy(self) -> bool:

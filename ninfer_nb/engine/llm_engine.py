@@ -280,7 +280,7 @@ class LLMEngine:
     def _can_speculate(self, run: _Run) -> bool:
         # logprobs / a thinking budget (a hooked sampler) need every row: no speculation
         return (self.proposer is not None and bool(run.request.output_ids) and run.sampler.matcher is None
-                and not isinstance(run.sampler, HookedSampler))
+                and not isinstance(run.sampler, HookedSampler) and run.request.params.speculative)
 
     def _verify_round(self, run: _Run) -> list[int] | None:
         """A paged lane's speculative round (pages for the drafts reserved first), or a plain
@@ -367,7 +367,7 @@ class LLMEngine:
         if run.pick is not None:   # the step after the next token queued too, unless that token is the last
             temperature, seed, filters = run.pick
             # no step queued ahead while speculating: the next round's verify feeds the caches
-            ahead = self.decode.decode_ahead and n + 1 < run.budget and self.proposer is None
+            ahead = self.decode.decode_ahead and n + 1 < run.budget and not self._can_speculate(run)
             return gen.decode_token(last, self.valid_vocab, ahead=ahead,
                                     temperature=temperature, seed=seed, offset=n, filters=filters)
         return run.sampler.sample(gen.decode(last))

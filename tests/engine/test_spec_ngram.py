@@ -236,3 +236,14 @@ def test_smollm_greedy_spec_equals_plain_on_a_repeated_passage() -> None:
         engine.proposer, engine.draft_tokens, engine.spec_stats = proposer, k, SpecStats()
         assert _generate(llm, prompt, _greedy(32)) == plain, f"K={k}"
         assert engine.spec_stats.accepted > engine.spec_stats.rounds      # more than one kept per round
+
+
+def test_a_request_can_opt_out_of_speculation(tiny_qwen35_dir: Path) -> None:
+    """SamplingParams(speculative=False): the request decodes plainly in a speculating engine
+    (no verify round), with the plain tokens."""
+    llm = LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16, spec="ngram",
+              draft_tokens=3, max_concurrency=1)
+    llm.engine.proposer = _RepeatTail()
+    plain = _generate(llm, PROMPT, _greedy(12).replace(speculative=False))
+    assert llm.engine.spec_stats.rounds == 0
+    assert _generate(llm, PROMPT, _greedy(12)) == plain and llm.engine.spec_stats.rounds > 0
