@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--default-max-tokens", type=int, default=8192,
                    help="output limit when a request gives none")
     p.add_argument("--max-pending", type=int, default=16,
-                   help="requests allowed to wait behind the running one (then 429)")
+                   help="requests allowed to wait behind the running ones (then 429)")
+    p.add_argument("--max-concurrency", type=int, default=None, metavar="N",
+                   help="requests generating at once (default: 8 on the CPU, 1 on CUDA)")
     p.add_argument("--spec", choices=["off", "ngram", "mtp"], default="off",
                    help="speculative decoding: ngram = prompt lookup; mtp = the checkpoint's MTP head (CPU so far)")
     p.add_argument("--draft-tokens", type=int, default=3, help="draft tokens per verify round (--spec)")
@@ -67,6 +69,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.max_pending < 0:
         parser.error("--max-pending must be >= 0")
+    if a.max_concurrency is not None and a.max_concurrency < 1:
+        parser.error("--max-concurrency must be >= 1")
     if a.max_request_mib <= 0:
         parser.error("--max-request-mib must be > 0")
     if a.shutdown_timeout < 0:
@@ -84,7 +88,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         device=a.device, max_context=a.max_context, prefill_chunk=a.prefill_chunk,
         kv_cache=a.kv_cache,
         default_max_tokens=a.default_max_tokens, max_pending=a.max_pending,
-        spec=a.spec, draft_tokens=a.draft_tokens,
+        max_concurrency=a.max_concurrency, spec=a.spec, draft_tokens=a.draft_tokens,
         max_request_bytes=int(a.max_request_mib * 1024 * 1024), cors=a.cors,
         enable_thinking=not a.no_thinking, request_log=a.request_log,
         warmup=not a.no_warmup, sampling=sampling, shutdown_timeout_s=a.shutdown_timeout,

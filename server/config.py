@@ -47,6 +47,7 @@ class ServerConfig:
     kv_cache: str = "auto"              # auto (bf16 on CUDA, fp32 on the CPU) | fp32 | bf16 | int8
     default_max_tokens: int = 8192
     max_pending: int = 16
+    max_concurrency: int | None = None    # requests generating at once; None: the engine's default
     spec: str = "off"                     # speculative decoding: off | ngram | mtp
     draft_tokens: int = 3                 # draft tokens per verify round (spec != off)
     max_request_bytes: int = 32 * 1024 * 1024   # ~8x a 1M-token prompt's JSON; 413 beyond

@@ -80,6 +80,8 @@ class InProcessClient:
             return self.info
         try:
             self._llm = await self._worker.call(self._factory)
+            # the engine's decode slots: that many of this client's generations run at once
+            self._worker.max_active = max(1, int(getattr(self._llm, "max_concurrency", 1)))
             info = await self._worker.call(self._describe)
         except NinferError as exc:
             raise ClientError(f"could not load model: {exc.message}") from exc
