@@ -79,7 +79,7 @@ def test_paged_decode_attention(dev, rng, cache, hq, hkv, d, last, n, sm):
     simulator-safe)."""
     ops = dev.fresh()
     ops.sm_count = sm
-    pool = sum(-(-(e + 1) // P) for e in last) + 3
+    pool = len(last) * -(-(max(last) + 1) // P) + 3
     table, caches, ref = paged_pool(rng, last, pool, hkv, d, cache)
     pos = positions_of(last, n)
     t = len(pos)
@@ -148,7 +148,7 @@ def test_paged_prefill_attention(dev, rng, cache, hq, hkv, d, last, n):
     paged build (up to 16 tokens, or B sequences of 5+ tokens), and on the GPU the flash kernel
     and the GEMM path over the paged gathers; positions.host set as the engine's inputs carry it."""
     ops = dev.fresh()
-    pool = sum(-(-(e + 1) // P) for e in last) + 2
+    pool = len(last) * -(-(max(last) + 1) // P) + 2
     table, caches, ref = paged_pool(rng, last, pool, hkv, d, cache)
     pos = positions_of(last, n)
     t = len(pos)
@@ -173,7 +173,7 @@ def test_paged_qk_norm_rope_store(dev, rng, cache, hq, hkv, d, last, n, norm):
     separate ops and the int8 store at cache_rows otherwise) vs ops.cpu: the rotated q, the rows
     it wrote, and every other row untouched."""
     ops = dev.fresh()
-    pool = sum(-(-(e + 1) // P) for e in last) + 2
+    pool = len(last) * -(-(max(last) + 1) // P) + 2
     table, caches, _ = paged_pool(rng, last, pool, hkv, d, cache)
     pos = positions_of(last, n)
     t = len(pos)

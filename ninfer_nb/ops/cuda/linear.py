@@ -180,7 +180,7 @@ class LinearOps(QuantLinearOps):
             if vec and t == 1:
                 self._one_token("plain", x2, x2.reshape(-1), 1.0, weight, out2, b, bias is not None)
             elif vec and self._gemv_mma(t, k):
-                self._go(K_gm.gemv_mma_kernel, K_gm.grid(n), K_gm.THREADS, x2, weight, b, out2, has_bias)
+                self._gemv_mma_into(x2, weight, b, out2, has_bias)
             elif vec and n <= SPLITK_MAX_N and ways:
                 spec = K_lin.gemv_bf16_splitk_kernel if ways == 4 else K_lin.gemv_bf16_splitk2_kernel
                 rows_per_block = K_lin.splitk_rows_per_block(ways)
@@ -205,6 +205,18 @@ class LinearOps(QuantLinearOps):
         16-byte alignment)."""
         return (GEMV_MMA and not SIM and K_gm.supported(t, k) and self.arch is not None
                 and tuple(self.arch) >= (8, 0))
+
+    def _gemv_mma_into(self, x2: Any, weight: Any, b: Any, out2: Any, has_bias: Any) -> None:
+        """out2 [T, N] = x2 [T, K] @ weight^T (+ b) by gemv_mma_kernel: K split over
+        K_gm.k_splits blocks (partials [KS, T, N] in scratch, then the ordered reduce) where N
+        alone gives too few blocks."""
+        t, k = x2.shape
+        n = weight.shape[0]
+        ks = K_gm.k_splits(n, k, self.sm_count)
+        part = self.empty((ks, t, n) if ks > 1 else (1, 1, 1))               # [KS, T, N] partials
+        self._go(K_gm.gemv_mma_kernel, (K_gm.grid(n), ks), K_gm.THREADS, x2, weight, b, out2, part, has_bias)
+        if ks > 1:
+            self._go(K_gm.gemv_mma_reduce_kernel, min(-(-t * n // 256), 1024), 256, part, b, out2, has_bias)
 
     def _one_token(self, mode: str, x: Any, nw: Any, eps: float, weight: Any, out: Any, bias: Any,
                    has_bias: bool) -> None:
