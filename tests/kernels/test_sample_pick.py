@@ -182,3 +182,22 @@ def test_sample_pick_draws_the_host_distribution(dev, rng, combo):
         obs, exp = obs[:-1], exp[:-1]
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     assert chi2 < 3 * len(exp) + 30, (chi2, len(exp))
+
+
+@pytest.mark.parametrize("v,pad,n_top", shapes(sim=[(300, 5, 5)], gpu=[(248077, 243, 20), (151643, 0, 5), (1000, 0, 0)]))
+def test_token_logprobs(dev, rng, v, pad, n_top):
+    """ops.token_logprobs (kernels/logprobs.py) vs token_logprobs_ref: each row's token's
+    logprob and its top-N alternatives under the raw logits, ties at the top to the lower id."""
+    from ninfer_nb.kernels.logprobs import token_logprobs_ref
+
+    ops = dev.fresh()
+    if not dev.on_gpu:
+        ops._lp_threads = 16
+    logits = (rng.standard_normal((3, v + pad)) * 4.0).astype(np.float32)
+    logits[1, 7] = logits[1, 70] = logits[1].max() + 1.0
+    tokens = np.array([0, 70, v - 1], np.int32)
+    out, ids = ops.token_logprobs(dev.up(logits), v, dev.up(tokens), n_top)
+    want, want_ids = token_logprobs_ref(logits, v, tokens, n_top)
+    np.testing.assert_allclose(dev.host(out), want, atol=2e-5, rtol=1e-5)
+    if n_top:
+        np.testing.assert_array_equal(dev.host(ids), want_ids)

@@ -26,8 +26,8 @@ from typing import Any, Callable
 from numba import config, cuda
 
 # Every module that registers kernels, relative to ninfer_nb.kernels (the compile test walks them).
-MODULES = ("elementwise", "embedding", "norm", "sampling", "sample_pick", "random_fill",
-           "linear.linear", "linear.gemv_mma", "linear.gemm_mma", "linear.gemm_wgmma", "linear.gemv_quant",
+MODULES = ("elementwise", "embedding", "norm", "sampling", "sample_pick", "logprobs", "random_fill",
+           "linear.linear", "linear.gemv_mma", "linear.gemm_mma", "linear.gemm_wgmma", "linear.gemv_quant", "linear.gemv_tiled",
            "attention.attention", "attention.attention_decode_mma", "attention.attention_gemm",
            "attention.attention_flash", "attention.rope", "attention.paging",
            "gdn.conv1d", "gdn.gdn", "gdn.gdn_decode", "gdn.gdn_chunked", "gdn.gdn_chunked_mma",

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ninfer_nb.kernels import logprobs as K_lp
 from ninfer_nb.kernels import sample_pick as K_sp
 from ninfer_nb.kernels import sampling as K_smp
 
@@ -84,9 +85,28 @@ class SamplingOps(CudaOpsBase):
                  bufs.cand_n[:b], out, ids, pos)
         return out
 
+    def token_logprobs(self, logits: Any, vocab: int, tokens: Any, n_top: int) -> tuple[Any, Any]:
+        """Each row's token's logprob and its n_top (<= 20) most likely alternatives under the
+        raw logits [B, >= vocab] (kernels/logprobs.py; tokens [B] int32): out [B, 1 + n_top]
+        fp32 (the token's, then the top ones', most likely first) and ids [B, max(n_top, 1)]
+        int32. Two kernels, no host sync (graph-safe)."""
+        b = logits.shape[0]
+        t = self._lp_threads
+        g = -(-vocab // (t * K_lp.LP_PER))
+        _need(g <= K_lp.MAX_BLOCKS and 0 <= n_top <= K_lp.MAX_TOP, f"token_logprobs: {vocab} ids, top {n_top}")
+        part = self.empty((b, 2 * g))                                    # [B, 2 G] block max, sum
+        cand = self.empty((b, g * K_lp.MAX_TOP), np.uint64)              # [B, G * MAX_TOP]
+        out = self.empty((b, 1 + n_top))
+        ids = self.empty((b, max(n_top, 1)), np.int32)
+        self._go(K_lp.logprob_partial_kernel, (g, b), t, logits, np.int32(vocab), np.int32(n_top), part, cand)
+        self._go(K_lp.logprob_final_kernel, b, t, logits, np.int32(vocab), tokens, np.int32(n_top), np.int32(g),
+                 part, cand, out, ids)
+        return out, ids
+
     # threads of the sampler's kernels (the simulator runs every thread in Python: tests shrink them)
     _pick_threads = K_sp.PICK_THREADS
     _select_threads = K_sp.SELECT_THREADS
+    _lp_threads = K_lp.LP_THREADS
 
 
 class SamplePickBuffers:
