@@ -93,13 +93,14 @@ def test_default_path_logits_match_cpu(name: str, kv: str, monkeypatch: pytest.M
     cpu = twin_llm(monkeypatch, name, "cpu", max_context=2048, kv_cache=_cpu_kv(kv))
     ref_prefill, ref_decode = _prefill_then_decode(cpu, ids)
 
-    # the default kernels really ran
-    expected = {"flash_attn_kernel", "gdc_prepare_mma_kernel", "pick_feed_kernel"}
+    # the default kernels really ran (prefill: wgmma GEMM on cc 9.0, flash attention, TF32 GDN
+    # prepare; decode on a bf16 cache: the tensor-core split attention)
+    expected = {"flash_attn_kernel", "gdc_prepare_mma_kernel"}
     if tuple(info().compute_capability) == (9, 0):
         expected.add("gemm_wgmma_kernel")
+    assert expected <= set(names), (sorted(expected - set(names)), sorted(set(names)))
     if kv == "auto":
-        expected.add("attn_split_mma_d256_kernel")
-    assert expected <= set(names), sorted(expected - set(names))
+        assert any(n.startswith("attn_split_mma") for n in names), sorted(set(names))
     assert gpu.engine.generator.backend._graph is not None
     _check_rows(f"{name} {kv} prefill", name, _row_errors(got_prefill, ref_prefill), PREFILL_BOUND)
     _check_rows(f"{name} {kv} decode", name, _row_errors(got_decode, ref_decode),
