@@ -327,6 +327,10 @@ def main(argv: Sequence[str]) -> int:
                         "greedy continuation (100 %% acceptance: the verify machinery's upper bound; "
                         "random weights work; prompt length: the first --prompt-len)")
     p.add_argument("--draft-tokens", default="3", help="comma-separated draft counts K (--spec)")
+    p.add_argument("--concurrency", default=None, metavar="C[,C]",
+                   help="requests at once, e.g. 1,2,4,8: per level C requests of the first --prompt-len "
+                        "start together (bench_concurrency.py: aggregate and per-request decode tok/s, "
+                        "TTFT); without it one request runs at a time (max_concurrency 1)")
     args = p.parse_args(list(argv))
     experimental = _experimental_names(args.experimental)      # before the peer run and the load
     if args.weights and not args.random:
@@ -334,6 +338,9 @@ def main(argv: Sequence[str]) -> int:
     from .llm import LLM
 
     lens = [int(x) for x in args.prompt_len.split(",")]
+    levels = [int(x) for x in args.concurrency.split(",")] if args.concurrency else []
+    if any(c < 1 for c in levels):
+        p.error("--concurrency levels must be >= 1")
     model = f"random:{args.random}" if args.random else args.model
     preset_peer: dict[int, dict[str, float]] = {}
     peer_s = 0.0                                   # kept out of command-to-first-token
@@ -352,8 +359,21 @@ def main(argv: Sequence[str]) -> int:
         prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph, kv_cache=args.kv_cache,
         kernels=kernel_choices(args), weights=args.weights,
         decode=DecodeChoices(device_pick=not args.host_argmax, decode_ahead=not args.no_decode_ahead),
-        spec="ngram" if args.spec == "oracle" else args.spec, draft_tokens=1))
+        spec="ngram" if args.spec == "oracle" else args.spec, draft_tokens=1,
+        max_concurrency=max(levels, default=1)))
     load_s = time.perf_counter() - t_load
+    if levels:
+        from .bench_concurrency import print_rows, run_concurrency_bench
+
+        llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))   # warm
+        conc_rows = run_concurrency_bench(llm, levels, lens[0], args.gen)
+        print_rows(conc_rows, f"{llm.model_id} on {llm.device_name}: {lens[0]}-token prompts, {args.gen} "
+                              f"tokens each, C requests started together")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"model": llm.model_id, "device": llm.device_name, "concurrency": conc_rows}, f,
+                          indent=1)
+        return 0
     if args.spec != "off":
         from .engine.spec.bench import run_spec_bench
 

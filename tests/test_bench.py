@@ -80,3 +80,19 @@ def test_bench_experimental_kernels_need_cuda_and_known_names(monkeypatch) -> No
         main(argv + ["trial_kernel"])
     with pytest.raises(SystemExit, match="--experimental / --decode-attention need the CUDA backend"):
         main(argv[:-1] + ["--decode-attention", "simt"])
+
+
+def test_bench_concurrency_levels(tmp_path: Path, capsys) -> None:
+    """`bench --concurrency 1,3`: one row per level; with three requests the engine ran rounds
+    of three rows and each request got its tokens."""
+    out = tmp_path / "conc.json"
+    rc = main(["bench", "--random", "tiny-qwen3.5", "--device", "cpu", "--prompt-len", "12",
+               "--gen", "5", "--concurrency", "1,3", "--json", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())["concurrency"]
+    assert [r["concurrency"] for r in rows] == [1, 3]
+    for r in rows:
+        assert r["aggregate_decode_tok_s"] > 0 and r["per_request_decode_tok_s"] > 0
+        assert 0 < r["ttft_mean_s"] <= r["ttft_max_s"] and r["gen_tokens"] == 5
+    assert rows[0]["max_batch"] == 1 and rows[1]["max_batch"] == 3
+    assert "aggregate t/s" in capsys.readouterr().out

@@ -1,0 +1,73 @@
+"""`ninfer bench --concurrency 1,2,4,8`: C requests at once, in-process, for each C.
+
+Each level submits C requests with distinct random prompts of the same length (no shared
+prefix) to the engine at one instant, steps it until all finish, and reports: aggregate
+decode tok/s (tokens after each request's first, over the window from the first request's
+first token to the last request's end), the mean per-request decode tok/s, TTFT (mean and
+max: the last request's first token waits for the others' prefill chunks) and the wall time.
+The caches are dropped between levels. Greedy, ignore_eos. Knows nothing about HTTP (`bench
+serve` drives a server).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .engine.request import Request
+from .params import SamplingParams
+
+
+def run_level(llm: Any, concurrency: int, prompt_len: int, gen: int, seed: int = 0) -> dict[str, Any]:
+    """One level: `concurrency` requests of prompt_len tokens, gen tokens each."""
+    engine = llm.engine
+    engine.forget()
+    rng = np.random.default_rng([seed, concurrency])
+    vocab = min(llm.valid_vocab, 32000)
+    params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
+    reqs = [Request(f"bench-c{concurrency}-{i}", [int(t) for t in rng.integers(100, vocab, prompt_len)], params)
+            for i in range(concurrency)]
+    engine.batch_sizes.clear()
+    t0 = time.perf_counter()
+    for req in reqs:
+        req.arrival_time = t0
+        engine.add_request(req)
+    ends: dict[str, float] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                ends[out.request_id] = time.perf_counter()
+    wall = time.perf_counter() - t0
+    firsts = [r.first_token_time or t0 for r in reqs]
+    decoded = sum(max(len(r.output_ids) - 1, 0) for r in reqs)
+    window = max(ends.values()) - min(firsts)
+    per_req = [(len(r.output_ids) - 1) / (ends[r.request_id] - (r.first_token_time or t0))
+               for r in reqs if len(r.output_ids) > 1]
+    ttft = [f - t0 for f in firsts]
+    rounds = sum(engine.batch_sizes.values())
+    return {"concurrency": concurrency, "prompt_tokens": prompt_len, "gen_tokens": gen,
+            "aggregate_decode_tok_s": decoded / window if window > 0 else 0.0,
+            "per_request_decode_tok_s": float(np.mean(per_req)) if per_req else 0.0,
+            "ttft_mean_s": float(np.mean(ttft)), "ttft_max_s": float(np.max(ttft)), "wall_s": wall,
+            "mean_batch": (sum(b * n for b, n in engine.batch_sizes.items()) / rounds) if rounds else 1.0,
+            "max_batch": max(engine.batch_sizes, default=1)}
+
+
+def run_concurrency_bench(llm: Any, levels: list[int], prompt_len: int, gen: int) -> list[dict[str, Any]]:
+    """Every level in order; each row also gets its aggregate relative to the first level's."""
+    rows = [run_level(llm, c, prompt_len, gen) for c in levels]
+    base = rows[0]["aggregate_decode_tok_s"] or 1.0
+    for row in rows:
+        row["vs_first"] = row["aggregate_decode_tok_s"] / base
+    return rows
+
+
+def print_rows(rows: list[dict[str, Any]], title: str) -> None:
+    print(title)
+    print(f"{'C':>4}{'aggregate t/s':>15}{'x C1':>7}{'per-req t/s':>13}{'TTFT mean ms':>14}"
+          f"{'TTFT max ms':>13}{'mean batch':>12}{'wall s':>8}")
+    for r in rows:
+        print(f"{r['concurrency']:>4}{r['aggregate_decode_tok_s']:>15.1f}{r['vs_first']:>7.2f}"
+              f"{r['per_request_decode_tok_s']:>13.1f}{r['ttft_mean_s'] * 1e3:>14.0f}"
+              f"{r['ttft_max_s'] * 1e3:>13.0f}{r['mean_batch']:>12.2f}{r['wall_s']:>8.1f}")
