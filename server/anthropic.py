@@ -93,7 +93,6 @@ async def _stream(
 ) -> web.StreamResponse:
     sse = SSEWriter(request)
     blocks = _Blocks(sse)
-    calls: list[ToolCallOut] = []
     try:
         async for ev in gen.events():
             if isinstance(ev, KeepAlive):
@@ -105,7 +104,10 @@ async def _stream(
                     "usage": {"input_tokens": ev.prompt_tokens, "output_tokens": 0}}},
                     "message_start")
             elif isinstance(ev, Delta) and ev.tool_call is not None:
-                calls.append(ev.tool_call)
+                block = tool_use(ev.tool_call)     # each call as soon as it is parsed whole
+                await blocks.open("tool_use", {**block, "input": {}})
+                await blocks.delta({"type": "input_json_delta",
+                                    "partial_json": dump_arguments(ev.tool_call.arguments)})
             elif isinstance(ev, Delta):
                 if blocks.open_kind != ev.kind:
                     empty = ({"type": "thinking", "thinking": "", "signature": ""}
@@ -115,11 +117,6 @@ async def _stream(
                                    if ev.kind == "reasoning" else
                                    {"type": "text_delta", "text": ev.text})
             elif isinstance(ev, Finished):
-                for call in calls:
-                    block = tool_use(call)
-                    await blocks.open("tool_use", {**block, "input": {}})
-                    await blocks.delta({"type": "input_json_delta",
-                                        "partial_json": dump_arguments(call.arguments)})
                 await blocks.close()
                 await sse.send({"type": "message_delta",
                                 "delta": {"stop_reason": stop_reason(ev),

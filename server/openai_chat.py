@@ -122,14 +122,16 @@ async def _stream(
                     await sse.send(chunk({"role": "assistant", "content": ""}, index=i))
             elif isinstance(ev, Delta):
                 if ev.kind == "tool_call" and ev.tool_call is not None:
-                    calls.setdefault(ev.index, []).append(ev.tool_call)
+                    # each call as soon as the parser has it whole, numbered per choice
+                    done = calls.setdefault(ev.index, [])
+                    done.append(ev.tool_call)
+                    body = tool_calls_json([ev.tool_call])
+                    body[0]["index"] = len(done) - 1
+                    await sse.send(chunk({"tool_calls": body}, index=ev.index))
                 else:
                     key = "reasoning_content" if ev.kind == "reasoning" else "content"
                     await sse.send(chunk({key: ev.text}, index=ev.index, lps=ev.logprobs))
             elif isinstance(ev, ChoiceEnd):
-                if ev.index in calls:
-                    await sse.send(chunk({"tool_calls": tool_calls_json(calls[ev.index])},
-                                         index=ev.index))
                 final = chunk({}, _FINISH[ev.reason], ev.index, ev.logprobs)
                 if ev.timings is not None:
                     final["timings"] = ev.timings.as_dict()

@@ -13,7 +13,7 @@ from . import messages as m
 from .engine import Message
 from .errors import BadRequest, HttpError, to_api_error
 from .fields import read_json
-from .generation import ChatJob, Delta, Finished, KeepAlive, Started, ToolCallOut
+from .generation import ChatJob, Delta, Finished, KeepAlive, Started
 from .logprobs_json import TokenTexts, chat_entry
 from .response_store import StoredResponse
 from .responses_input import ResponsesRequest, leading_system, parse_responses_request
@@ -61,7 +61,6 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     builder = ResponseBuilder(new_id("resp_", 32), req)
     gen = await state.generate(request, _job(req, conversation))
     sse = SSEWriter(request) if req.stream else None
-    calls: list[ToolCallOut] = []
     texts = TokenTexts(state.engine.tokenizer)
 
     async def emit(events: list[dict[str, Any]]) -> None:
@@ -78,12 +77,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 elif isinstance(ev, Started):
                     await emit(builder.start())
                 elif isinstance(ev, Delta) and ev.tool_call is not None:
-                    calls.append(ev.tool_call)
+                    await emit(builder.call(ev.tool_call))   # as soon as it is parsed whole
                 elif isinstance(ev, Delta):
                     lps = [chat_entry(lp, texts) for lp in ev.logprobs] if ev.logprobs else None
                     await emit(builder.delta(ev.kind, ev.text, lps))
                 elif isinstance(ev, Finished):
-                    await emit(builder.finish(ev, calls))
+                    await emit(builder.finish(ev, []))
         except ConnectionError:
             raise
         except Exception as exc:

@@ -156,10 +156,14 @@ class ResponseBuilder:
         return events
 
     # --- terminal -------------------------------------------------------------------------
+    def call(self, call: ToolCallOut) -> list[dict[str, Any]]:
+        """A function call item, added when the call is parsed (after the open item closes)."""
+        return self._close() + self._function_call(call)
+
     def finish(self, fin: Finished, calls: list[ToolCallOut]) -> list[dict[str, Any]]:
         events = self._close()
         status = {"length": "incomplete", "cancelled": "cancelled"}.get(fin.reason, "completed")
-        if status == "completed" and not self.output and not calls:
+        if status == "completed" and not self.output and not calls:  # (calls: added at the end)
             events += self._open_item("message") + self._close()  # an empty answer
         for call in calls:
             events += self._function_call(call)
