@@ -65,7 +65,7 @@ def recording(ops: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("cache,hq,hkv,d,last,n,sm", shapes(
-    sim=[("bf16", 2, 1, 64, [130, 40], 1, 1)],
+    sim=[("bf16", 2, 1, 64, [130, 40], 1, 1), ("f32", 2, 1, 64, [70, 5], 1, 1), ("int8", 2, 1, 64, [70, 5], 1, 1)],
     gpu=[("bf16", 24, 4, 256, [4000, 70, 1, 700, 64, 2047, 300, 128], 1, 132),
          ("bf16", 24, 4, 256, [900, 3000, 63], 2, 132),
          ("f32", 24, 4, 256, [2000, 5, 700, 64], 1, 132),
@@ -75,8 +75,8 @@ def test_paged_decode_attention(dev, rng, cache, hq, hkv, d, last, n, sm):
     """The split-K decode kernels' paged builds + the combine (output gate) for B sequences of n
     tokens each at their own lengths (one inside its first page, some ending at a page's last
     or first row) vs ops.cpu.attention_gated through the same table: bf16 caches on tensor cores
-    (attn_split_mma_paged_d*), fp32 / int8 caches on the SIMT split kernel (GPU only: it is not
-    simulator-safe)."""
+    (attn_split_mma_paged_d*), fp32 / int8 caches on the SIMT split kernel (its shuffles run on
+    ptx_sim's stand-ins in the simulator)."""
     ops = dev.fresh()
     ops.sm_count = sm
     pool = len(last) * -(-(max(last) + 1) // P) + 3
@@ -92,7 +92,8 @@ def test_paged_decode_attention(dev, rng, cache, hq, hkv, d, last, n, sm):
         got = ops.attention_gated(Q, dc[0], dc[1], POS, d ** -0.5, G, dc[2], dc[3], page_table=TAB)
     else:                                   # the simulator routes decode-sized T to the prefill kernels
         got = ops.empty((t, hq, d))
-        ops._attention_decode(Q, dc[0], dc[1], Q, Q, POS, d ** -0.5, G, got, TAB)
+        ks, vs = (dc[2], dc[3]) if cache == "int8" else (Q, Q)
+        ops._attention_decode(Q, dc[0], dc[1], ks, vs, POS, d ** -0.5, G, got, TAB)
     split = f"attn_split_mma_paged_d{d}_kernel" if cache == "bf16" else "attn_split_paged_kernel"
     assert names == [split, "attn_combine_kernel"]
     close(dev.host(got).reshape(t, hq * d), want, 2e-2 if cache == "bf16" else 2e-5)
