@@ -175,15 +175,21 @@ class LLMEngine:
             if run.request.cancel.is_set():
                 outs.append(self._finish(run, RequestStatus.FINISHED_ABORTED))
         sched.admit()
-        decoding = [run for run in sched.running if run.decoding]
-        if decoding:
-            if not self.paged:
-                outs += self._steps(decoding, self._next_tokens)
-            else:
-                outs += self._decode_round(decoding)
-        prefill = next((run for run in sched.running if not run.decoding), None)
-        if prefill is not None:
-            outs += self._steps([prefill], self._prefill_step)
+        try:
+            decoding = [run for run in sched.running if run.decoding]
+            if decoding:
+                if not self.paged:
+                    outs += self._steps(decoding, self._next_tokens)
+                else:
+                    outs += self._decode_round(decoding)
+            prefill = next((run for run in sched.running if not run.decoding), None)
+            if prefill is not None:
+                outs += self._steps([prefill], self._prefill_step)
+        except BaseException:
+            # a failed model call ends its own requests (_raise_failed); what this step already
+            # produced for the others (tokens, cancels) comes with the next step, not lost
+            self._errors[:0] = outs
+            raise
         return outs
 
     def _steps(self, runs: list[_Run], fn: Callable[[_Run], list[int] | None]) -> list[RequestOutput]:

@@ -1,0 +1,53 @@
+"""An out-of-memory in one request's step ends that request alone (issue 30 item 4), on the CPU.
+
+The CPU backend has no arena to shrink (tests/engine/test_device_faults_gpu.py shrinks the
+CUDA one), so its linear op is made to raise the CUDA scratch arena's ArenaFull for inputs of
+more than LIMIT rows: a long prompt's prefill chunk. Two requests run at once (max_concurrency
+2, as the server runs them): the long one ends with DeviceOutOfMemoryError while the short one,
+decoding beside it, streams every token it would have alone; then the engine serves the next
+request as a fresh one would.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_nb import SamplingParams
+from ninfer_nb.engine.faults import DeviceOutOfMemoryError
+from ninfer_nb.ops import cpu
+from ninfer_nb.runtime.arena import ArenaFull
+from tests.support.twin_models import VOCAB, twin_llm
+
+LIMIT = 64
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(2, VOCAB, n)]
+
+
+def _tight_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    exact = cpu.linear
+
+    def linear(x: np.ndarray, weight, bias=None):
+        if x.size // x.shape[-1] > LIMIT:
+            raise ArenaFull(f"scratch: need {x.nbytes * 4} B at offset 0, capacity {x.nbytes} B")
+        return exact(x, weight, bias)
+
+    monkeypatch.setattr(cpu, "linear", linear)
+
+
+def test_out_of_memory_ends_one_request_and_the_other_streams_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    short, long, after = _ids(80, 12), _ids(81, 200), _ids(82, 12)
+    solo = twin_llm(monkeypatch, "hybrid", "cpu", max_context=512)
+    want, want_after = solo.generate(short, GREEDY).token_ids, solo.generate(after, GREEDY).token_ids
+    llm = twin_llm(monkeypatch, "hybrid", "cpu", max_context=512, max_concurrency=2)
+    _tight_memory(monkeypatch)
+    a = llm.stream(short, GREEDY)
+    got = [next(a).token_id]                       # the short request is decoding
+    b = llm.stream(long, GREEDY)
+    with pytest.raises(DeviceOutOfMemoryError, match="out of memory"):
+        next(b)
+    got += [ev.token_id for ev in a if ev.token_id is not None]
+    assert got == want
+    assert llm.generate(after, GREEDY).token_ids == want_after
