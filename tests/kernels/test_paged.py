@@ -247,3 +247,29 @@ def test_gdn_decode_slots(dev, rng, n_seq, n, hk, hv, dk, dv):
         assert np.array_equal(dev.host(st), dev.host(SP)[s])
     us = dev.best_time(lambda: ops.gdn_decode(*ins, CP, *consts, SP, NW, 1e-6, hk, slots=SL), graph=True)[0] * 1e6
     print(f"\ngdn_decode slots B={n_seq} n={n} Hv={hv}: {us:.1f} us")
+
+
+@pytest.mark.skipif(not SIM, reason="the simulator's case; the GPU runs the gathers inside test_paged_prefill_attention")
+def test_paged_gather_kv_equals_contiguous_gather() -> None:
+    """attn_gather_kv_paged_kernel (the flash / GEMM prefill's K, V gathers through a page table
+    [1, P]) writes exactly what attn_gather_kv_kernel writes from the same keys laid out in
+    order (keys past the chunk's last position zero, unowned rows NaN)."""
+    from ninfer_nb.kernels.attention import attention_gemm as K
+
+    rng = np.random.default_rng(4)
+    hkv, d, last, t = 1, 32, 100, 5
+    table, caches, _ = paged_pool(rng, [last], 4, hkv, d, "bf16")
+    keys = np.arange(last + 1)
+    rows = table[0, keys // P] * P + keys % P
+    kc, vc = caches[0].view(np.uint16), caches[1].view(np.uint16)
+    pos = np.arange(last - t + 1, last + 1, dtype=np.int32)
+    lp = K.padded_keys(last + 1)
+    got = [np.full((hkv, lp, d), 0xFFFF, np.uint16), np.full((hkv, d, lp), 0xFFFF, np.uint16)]
+    want = [np.full((hkv, lp, d), 0xFFFF, np.uint16), np.full((hkv, d, lp), 0xFFFF, np.uint16)]
+    dummy = np.zeros((1, 1, 1), np.float32)
+    grid = (lp // K.TILE, d // K.TILE, hkv)
+    K.attn_gather_kv_paged_kernel[grid, (K.TILE, 8), 0](kc, vc, dummy, dummy, pos, table, *got)
+    K.attn_gather_kv_kernel[grid, (K.TILE, 8), 0](np.ascontiguousarray(kc[rows]), np.ascontiguousarray(vc[rows]),
+                                                  dummy, dummy, pos, *want)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
