@@ -1,5 +1,8 @@
 """RoPE, KV-cache stores and causal GQA attention on the GPU (kernels/attention/): split-K decode
-(tensor cores on bf16 caches, else SIMT) and the prefill kernels (flash, GEMM, SIMT)."""
+(tensor cores on bf16 caches, else SIMT) and the prefill kernels (flash, GEMM, SIMT). With a
+page table (ops/base.py: B sequences, paged caches) every kernel takes its paged build
+(kernels/attention/paging.py): decode rows each through their sequence's table row, prefill
+one launch per sequence; without one, the contiguous builds run exactly as before."""
 from __future__ import annotations
 
 from typing import Any

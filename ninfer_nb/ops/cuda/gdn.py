@@ -1,5 +1,6 @@
 """Gated DeltaNet on the GPU (kernels/gdn/): causal conv1d, the gates, the recurrent and chunked
-gated delta rule, the fused decode step, and the rules that pick among them."""
+gated delta rule, the fused decode step (one sequence, or B sequences on their state slots:
+slots [B] in device memory), and the rules that pick among them."""
 from __future__ import annotations
 
 from typing import Any
