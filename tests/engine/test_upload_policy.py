@@ -27,6 +27,10 @@ def test_dense_rules() -> None:
 
 
 def test_upload_tags_every_record_and_keeps_vectors_fp32() -> None:
+    from dataclasses import replace
+
+    from ninfer_nb.quant.tiled import untile
+
     cfg = preset_config("tiny-qwen3.5-moe")
     rng = np.random.default_rng(1)
     host = random_weights(cfg, lambda s, k: rng.standard_normal(s).astype(STORAGE["bf16"]).astype(np.float32))
@@ -37,8 +41,12 @@ def test_upload_tags_every_record_and_keeps_vectors_fp32() -> None:
     moe = dev.layers[0].ffn
     assert isinstance(moe, MoEWeights) and moe.gate_up.dtype == "bf16" and moe.router.dtype == "bf16"
     q = dev.layers[1].mixer.in_proj
-    assert isinstance(q, QuantizedWeight) and q.format is fmt
-    assert q.arrays["codes"].dtype == np.uint8 and q.arrays["scales"].dtype == np.float16
+    # quantized records go up in the tiled layout of quant/tiled.py, losslessly
+    assert isinstance(q, QuantizedWeight) and q.format == replace(fmt, layout="groupwise-tiled")
+    assert q.arrays["codes"].dtype == np.uint8 and q.arrays["scales"].dtype == np.uint32
+    back = untile(q)
+    assert back.format == fmt and all(np.array_equal(back.arrays[k], host.layers[1].mixer.in_proj.arrays[k])
+                                      for k in fmt.arrays)
     assert dev.layers[0].input_norm.dtype == np.float32 and dev.norm.dtype == np.float32
     tags = []
     map_weights(dev, lambda r: tags.append(r.dtype if isinstance(r, DenseWeight) else "q") or r, lambda a: a)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # (tests/kernels/device.py)
 CASE_FILES = [ROOT / "tests" / "kernels" / name
               for name in ("sim_cases.py", "test_norm.py", "test_sampling.py", "test_sample_pick.py", "test_gdn.py", "test_moe.py",
-                           "test_linear.py", "gemv_quant_sim.py", "test_rope_table.py", "test_paged.py", "test_gemv_mma.py")]
+                           "test_linear.py", "gemv_quant_sim.py", "gemv_tiled_sim.py", "test_rope_table.py", "test_paged.py", "test_gemv_mma.py")]
 # one-process seconds of the slow cases on this project's machine (2026-11-30)
 SLOW_SECONDS = {"test_whole_hybrid_model_prefill_chunk_matches_cpu": 103, "test_prefill_flash_gqa2_d256": 76,
                 "test_moe_grouped_top2_hot_expert": 28, "test_gated_delta_rule": 10,

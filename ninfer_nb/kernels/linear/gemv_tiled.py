@@ -88,14 +88,14 @@ A136 = (np.uint32(0x43084308), np.uint32(0x43084308), np.uint32(0x43084308), np.
 
 
 @cuda.jit(device=True, inline=True)
-def _a_i4(w, kz0, kz1):
+def _a_i4(w, kz0, kz1, m4):
     """The 4 A registers of one 4-bit sub-block (word w, nibble p = register p & 3, half
     p >> 2) as bf16x2 code - zero: 128 + code by a mask-or, then + kz (bf16x2 -(128 + zero))
     of the register's row (even registers row g, odd g + 8). Exact."""
-    r0 = fma_bf16x2((w & M4) | O4, ONE2, kz0)
-    r1 = fma_bf16x2(((w >> SH4) & M4) | O4, ONE2, kz1)
-    r2 = fma_bf16x2(((w >> SH8) & M4) | O4, ONE2, kz0)
-    r3 = fma_bf16x2(((w >> SH12) & M4) | O4, ONE2, kz1)
+    r0 = fma_bf16x2((w & m4) | O4, ONE2, kz0)
+    r1 = fma_bf16x2(((w >> SH4) & m4) | O4, ONE2, kz1)
+    r2 = fma_bf16x2(((w >> SH8) & m4) | O4, ONE2, kz0)
+    r3 = fma_bf16x2(((w >> SH12) & m4) | O4, ONE2, kz1)
     return (r0, r1, r2, r3)
 
 
@@ -107,26 +107,28 @@ def _kz(q):
 
 
 @cuda.jit(device=True, inline=True)
-def _a_i8(w, z0, z1):
+def _a_i8(w, z0, z1, m8):
     """Two A registers from one 8-bit word (bytes: register lo (row g) low / high element, then
     register hi (row g + 8)): code - zero as fp32 by the magic number, packed to bf16x2 (exact);
     z0, z1 = 2^23 + the rows' zero points."""
-    f0 = as_f32((w & M8) | MAGIC) - z0
-    f1 = as_f32(((w >> SH8) & M8) | MAGIC) - z0
-    f2 = as_f32(((w >> SH16) & M8) | MAGIC) - z1
+    f0 = as_f32((w & m8) | MAGIC) - z0
+    f1 = as_f32(((w >> SH8) & m8) | MAGIC) - z0
+    f2 = as_f32(((w >> SH16) & m8) | MAGIC) - z1
     f3 = as_f32((w >> SH24) | MAGIC) - z1
     return pack_bf16x2(f1, f0), pack_bf16x2(f3, f2)
 
 
 @cuda.jit(device=True, inline=True)
-def _a_fp8(w):
+def _a_fp8(w, rz):
     """Two A registers from one word of e4m3 codes (layout as _a_i8): each byte's exponent and
     mantissa shifted into a bf16 (exponent 120 short, subnormals included) and its sign moved,
     then times 2^120 (fma.bf16x2, exact)."""
-    lo = (w & M8) | ((w & np.uint32(0xFF00)) << SH8)                   # bytes 0, 1 -> halves
-    hi = ((w >> SH16) & M8) | ((w >> SH8) & np.uint32(0x00FF0000))      # bytes 2, 3 -> halves
-    lo = ((lo & F8_LO) << SH4) | ((lo & F8_SIGN) << SH8)
-    hi = ((hi & F8_LO) << SH4) | ((hi & F8_SIGN) << SH8)
+    f8lo = F8_LO | rz
+    f8s = F8_SIGN | rz
+    lo = (w & (M8 | rz)) | ((w & (np.uint32(0xFF00) | rz)) << SH8)        # bytes 0, 1 -> halves
+    hi = ((w >> SH16) & (M8 | rz)) | ((w >> SH8) & (np.uint32(0x00FF0000) | rz))   # bytes 2, 3 -> halves
+    lo = ((lo & f8lo) << SH4) | ((lo & f8s) << SH8)
+    hi = ((hi & f8lo) << SH4) | ((hi & f8s) << SH8)
     return fma_bf16x2(lo, TWO120, NEG_ZERO2), fma_bf16x2(hi, TWO120, NEG_ZERO2)
 
 
@@ -174,38 +176,38 @@ def _scale_pair(kind, word, mult):
 
 
 @cuda.jit(device=True)
-def _tile_i4(w, kz0, kz1, kh0, kh1, b, split, s0a, s0b, s1a, s1b, acc):
+def _tile_i4(w, kz0, kz1, kh0, kh1, b, split, s0a, s0b, s1a, s1b, acc, m4):
     """One 4-bit K-tile of one row tile (w: the lane's 4 words) times one token group's B
     registers b (8: sub-blocks 0..3), scaled and added to acc: per 32-column half (split: the
     group of 32; scales s0* / s1* and zero offsets kz* / kh* of rows g / g + 8) or once for
     the K-tile."""
-    c = mma_bf16(_a_i4(w[0], kz0, kz1), b[0], b[1], Z4)
-    c = mma_bf16(_a_i4(w[1], kz0, kz1), b[2], b[3], c)
+    c = mma_bf16(_a_i4(w[0], kz0, kz1, m4), b[0], b[1], Z4)
+    c = mma_bf16(_a_i4(w[1], kz0, kz1, m4), b[2], b[3], c)
     if split:
         acc = _scaled(acc, c, s0a, s0b)
         c = Z4
-    c = mma_bf16(_a_i4(w[2], kh0, kh1), b[4], b[5], c)
-    c = mma_bf16(_a_i4(w[3], kh0, kh1), b[6], b[7], c)
+    c = mma_bf16(_a_i4(w[2], kh0, kh1, m4), b[4], b[5], c)
+    c = mma_bf16(_a_i4(w[3], kh0, kh1, m4), b[6], b[7], c)
     return _scaled(acc, c, s1a, s1b)
 
 
 @cuda.jit(device=True)
-def _tile_b8(kind, w, z0, z1, b, sa, sb, acc):
+def _tile_b8(kind, w, z0, z1, b, sa, sb, acc, rz):
     """One 8-bit (int8 or fp8) K-tile of one row tile times one token group's B registers b (4:
     sub-blocks 0, 1), scaled and added to acc."""
     if kind == 2:
-        a0, a1 = _a_fp8(w[0])
-        a2, a3 = _a_fp8(w[1])
+        a0, a1 = _a_fp8(w[0], rz)
+        a2, a3 = _a_fp8(w[1], rz)
         c = mma_bf16((a0, a1, a2, a3), b[0], b[1], Z4)
-        a0, a1 = _a_fp8(w[2])
-        a2, a3 = _a_fp8(w[3])
+        a0, a1 = _a_fp8(w[2], rz)
+        a2, a3 = _a_fp8(w[3], rz)
         c = mma_bf16((a0, a1, a2, a3), b[2], b[3], c)
     else:
-        a0, a1 = _a_i8(w[0], z0, z1)
-        a2, a3 = _a_i8(w[1], z0, z1)
+        a0, a1 = _a_i8(w[0], z0, z1, M8 | rz)
+        a2, a3 = _a_i8(w[1], z0, z1, M8 | rz)
         c = mma_bf16((a0, a1, a2, a3), b[0], b[1], Z4)
-        a0, a1 = _a_i8(w[2], z0, z1)
-        a2, a3 = _a_i8(w[3], z0, z1)
+        a0, a1 = _a_i8(w[2], z0, z1, M8 | rz)
+        a2, a3 = _a_i8(w[3], z0, z1, M8 | rz)
         c = mma_bf16((a0, a1, a2, a3), b[2], b[3], c)
     return _scaled(acc, c, sa, sb)
 
@@ -282,9 +284,11 @@ def _pass_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, t
 
 
 @cuda.jit(device=True, inline=True)
-def _a_raw4(w):
-    """The 4 A registers of one 4-bit sub-block as bf16x2 128 + code (a mask-or each)."""
-    return ((w & M4) | O4, ((w >> SH4) & M4) | O4, ((w >> SH8) & M4) | O4, ((w >> SH12) & M4) | O4)
+def _a_raw4(w, m4):
+    """The 4 A registers of one 4-bit sub-block as bf16x2 128 + code (a mask-or each; m4 the
+    mask as a run-time value, so ptxas keeps it in a register for the LOP3 instead of
+    re-materialising one of two immediates before each)."""
+    return ((w & m4) | O4, ((w >> SH4) & m4) | O4, ((w >> SH8) & m4) | O4, ((w >> SH12) & m4) | O4)
 
 
 @cuda.jit(device=True, inline=True)
@@ -293,27 +297,28 @@ def _minus(c, d):
 
 
 @cuda.jit(device=True)
-def _tile_i4_sym(w, b, split, d0, d1, s0a, s0b, s1a, s1b, acc):
+def _tile_i4_sym(w, b, split, d0, d1, s0a, s0b, s1a, s1b, acc, m4):
     """_tile_i4 for symmetric int4: the mmas on 128 + code, minus d = 136 * (the sum of the
     bf16 x) from the constant-A mmas shared by the tile pair (d0: the first half, d1: the
     second half (split) or the whole K-tile)."""
-    c = mma_bf16(_a_raw4(w[0]), b[0], b[1], Z4)
-    c = mma_bf16(_a_raw4(w[1]), b[2], b[3], c)
+    c = mma_bf16(_a_raw4(w[0], m4), b[0], b[1], Z4)
+    c = mma_bf16(_a_raw4(w[1], m4), b[2], b[3], c)
     if split:
         acc = _scaled(acc, _minus(c, d0), s0a, s0b)
         c = Z4
-    c = mma_bf16(_a_raw4(w[2]), b[4], b[5], c)
-    c = mma_bf16(_a_raw4(w[3]), b[6], b[7], c)
+    c = mma_bf16(_a_raw4(w[2], m4), b[4], b[5], c)
+    c = mma_bf16(_a_raw4(w[3], m4), b[6], b[7], c)
     return _scaled(acc, _minus(c, d1), s1a, s1b)
 
 
 @cuda.jit(device=True)
 def _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, k, t, ok0, ok1, xrow0, xrow1, ld,
-                acc, ss):
+                acc, ss, rz):
     """One K-tile of the tile pair: x of the lane's token(s) -> B registers, then per token
     group the two tiles' mmas, scaled into acc (16: token group h, tile a rows g, g | g + 8,
     g + 8 at [8h .. 8h + 3], tile b at [8h + 4 ..]); ss += the raw x's sum of squares."""
     wa, wb, sa, sb, ha, hb, qz = ld
+    m4 = M4 | rz
     sw = float32(1.0)
     if down:
         sw = ew[tq, k // kt_exp]
@@ -355,8 +360,8 @@ def _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, 
             acc_a = (acc[8 * h], acc[8 * h + 1], acc[8 * h + 2], acc[8 * h + 3])
             acc_b = (acc[8 * h + 4], acc[8 * h + 5], acc[8 * h + 6], acc[8 * h + 7])
             if zp:
-                ca4 = _tile_i4(wa, kza0, kza1, kha0, kha1, bb, split, s0a, s0b, t0a, t0b, acc_a)
-                cb4 = _tile_i4(wb, kzb0, kzb1, khb0, khb1, bb, split, s1a, s1b, t1a, t1b, acc_b)
+                ca4 = _tile_i4(wa, kza0, kza1, kha0, kha1, bb, split, s0a, s0b, t0a, t0b, acc_a, m4)
+                cb4 = _tile_i4(wb, kzb0, kzb1, khb0, khb1, bb, split, s1a, s1b, t1a, t1b, acc_b, m4)
             else:
                 d0 = mma_bf16(A136, b0, b1, Z4)
                 d0 = mma_bf16(A136, b2, b3, d0)
@@ -365,14 +370,14 @@ def _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, 
                     d1 = Z4
                 d1 = mma_bf16(A136, b4, b5, d1)
                 d1 = mma_bf16(A136, b6, b7, d1)
-                ca4 = _tile_i4_sym(wa, bb, split, d0, d1, s0a, s0b, t0a, t0b, acc_a)
-                cb4 = _tile_i4_sym(wb, bb, split, d0, d1, s1a, s1b, t1a, t1b, acc_b)
+                ca4 = _tile_i4_sym(wa, bb, split, d0, d1, s0a, s0b, t0a, t0b, acc_a, m4)
+                cb4 = _tile_i4_sym(wb, bb, split, d0, d1, s1a, s1b, t1a, t1b, acc_b, m4)
         else:
             bb = (b0, b1, b2, b3)
             ca4 = _tile_b8(kind, wa, za0, za1, bb, s0a, s0b,
-                           (acc[8 * h], acc[8 * h + 1], acc[8 * h + 2], acc[8 * h + 3]))
+                           (acc[8 * h], acc[8 * h + 1], acc[8 * h + 2], acc[8 * h + 3]), rz)
             cb4 = _tile_b8(kind, wb, zb0, zb1, bb, s1a, s1b,
-                           (acc[8 * h + 4], acc[8 * h + 5], acc[8 * h + 6], acc[8 * h + 7]))
+                           (acc[8 * h + 4], acc[8 * h + 5], acc[8 * h + 6], acc[8 * h + 7]), rz)
         if h == 0:
             acc = (ca4[0], ca4[1], ca4[2], ca4[3], cb4[0], cb4[1], cb4[2], cb4[3],
                    acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15])
@@ -384,17 +389,17 @@ def _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, 
 
 @cuda.jit(device=True, inline=True)
 def _pass_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1, xrow0, xrow1, lp,
-               acc, ss):
+               acc, ss, rz):
     """_ktile_math of the 4 K-tiles of a full pass (written out: a loop over the buffer would
     stay a loop, its selects costing more than the math)."""
     acc, ss = _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1, xrow0,
-                          xrow1, lp[0], acc, ss)
+                          xrow1, lp[0], acc, ss, rz)
     acc, ss = _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt + 1, t, ok0, ok1, xrow0,
-                          xrow1, lp[1], acc, ss)
+                          xrow1, lp[1], acc, ss, rz)
     acc, ss = _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt + 2, t, ok0, ok1, xrow0,
-                          xrow1, lp[2], acc, ss)
+                          xrow1, lp[2], acc, ss, rz)
     return _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt + 3, t, ok0, ok1, xrow0,
-                       xrow1, lp[3], acc, ss)
+                       xrow1, lp[3], acc, ss, rz)
 
 
 _BUILDS: dict[tuple[Any, ...], Any] = {}
@@ -498,6 +503,7 @@ def _make(kind: str, zp: bool, split: bool, mode: str, ntg: int, ways: int, warp
         if MOE:
             ok0 = g == 0                            # one x row per block (B column 0)
             xrow0 = tq * k_dim
+        rz = uint32(n_rows >> 31)                   # 0 (n_rows >= 0), unknown to ptxas: masks stay in registers
         # software pipeline over full passes of UNROLL K-tiles, two register buffers (la, lb):
         # the next pass's code / scale loads are issued before this pass's math
         base = _bases(KIND, KTW, ebase, nt, kt_exp, ng, k_exp, ta, tb, lane, g)
@@ -514,7 +520,7 @@ def _make(kind: str, zp: bool, split: bool, mode: str, ntg: int, ways: int, warp
                 lb = _pass_loads(KIND, KTW, GSHIFT, SPLIT, ZP, DOWN, codes, scales, zeros, ids, tq, nt, kt_exp, ng,
                                  k_exp, ta, tb, lane, g, base, kt + UNROLL)
             acc, ss = _pass_math(KIND, KTW, SPLIT, ZP, DOWN, NTG, NORMED, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1,
-                                 xrow0, xrow1, la, acc, ss)
+                                 xrow0, xrow1, la, acc, ss, rz)
             kt += UNROLL
             if not more:
                 break
@@ -523,7 +529,7 @@ def _make(kind: str, zp: bool, split: bool, mode: str, ntg: int, ways: int, warp
                 la = _pass_loads(KIND, KTW, GSHIFT, SPLIT, ZP, DOWN, codes, scales, zeros, ids, tq, nt, kt_exp, ng,
                                  k_exp, ta, tb, lane, g, base, kt + UNROLL)
             acc, ss = _pass_math(KIND, KTW, SPLIT, ZP, DOWN, NTG, NORMED, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1,
-                                 xrow0, xrow1, lb, acc, ss)
+                                 xrow0, xrow1, lb, acc, ss, rz)
             kt += UNROLL
             if not more:
                 break
@@ -531,7 +537,7 @@ def _make(kind: str, zp: bool, split: bool, mode: str, ntg: int, ways: int, warp
             ld = _k_loads(KIND, KTW, GSHIFT, SPLIT, ZP, DOWN, codes, scales, zeros, ids, tq, nt, kt_exp, ng, k_exp,
                           ta, tb, lane, g, base, kt)
             acc, ss = _ktile_math(KIND, KTW, SPLIT, ZP, DOWN, NTG, NORMED, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1,
-                                  xrow0, xrow1, ld, acc, ss)
+                                  xrow0, xrow1, ld, acc, ss, rz)
             kt += 1
         grid_dependency_sync()                      # dead pairs and empty slices too, before the stores
         if NORMED:

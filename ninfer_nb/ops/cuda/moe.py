@@ -20,6 +20,8 @@ from .linear import LinearOps
 from .norm import Normed
 from .records import dense
 
+# The most blocks a launch has along grid y (the quantized MoE's routed pairs per launch).
+MAX_GRID_Y = 65535
 # Prefill MoE on the pipelined GEMMs (kernels/moe/moe_wgmma.py on cc 9.0, else moe_pipelined.py)
 # from this many routed pairs (T * k) up; fewer keep moe_grouped.py's GEMMs (fewer launches).
 MOE_PIPELINED_MIN_PAIRS = 1024
@@ -208,13 +210,20 @@ class MoeOps(LinearOps):
               f"moe_experts: stacks {gate_up.shape} / {down.shape} vs x {x.shape}")
         if t == 0:
             return self.empty((t, hid)) if residual is None else residual
-        h = self.empty((t * top_k, inter))                                   # [T*k, I]
-        self._tiled_gemv("swiglu", _rows(x, hid), x.reshape(-1), 1.0, gate_up, None, h, ids=ids, ew=weights,
-                         experts="gate_up", grid_y=t * top_k)
         out = self.empty((t, hid)) if residual is None else _rows(residual, hid)
-        bias = residual.reshape(-1) if residual is not None else None
-        self._tiled_gemv("plain", h.reshape(t, top_k * inter), h.reshape(-1), 1.0, down, bias, out, ids=ids,
-                         ew=weights, experts="down", grid_y=t)
+        x2 = _rows(x, hid)
+        step = MAX_GRID_Y // top_k                  # tokens per launch pair: grid y holds T * k pairs
+        for t0 in range(0, t, step):
+            t1 = min(t, t0 + step)
+            n = t1 - t0
+            ids_c, w_c, out_c = ids[t0:t1], weights[t0:t1], out[t0:t1]
+            with self.scope():
+                h = self.empty((n * top_k, inter))                       # [n*k, I]
+                self._tiled_gemv("swiglu", x2[t0:t1], x2.reshape(-1), 1.0, gate_up, None, h, ids=ids_c, ew=w_c,
+                                 experts="gate_up", grid_y=n * top_k)
+                bias = out_c.reshape(-1) if residual is not None else None
+                self._tiled_gemv("plain", h.reshape(n, top_k * inter), h.reshape(-1), 1.0, down, bias, out_c,
+                                 ids=ids_c, ew=w_c, experts="down", grid_y=n)
         return out if residual is None else residual
 
     def _moe_down_wide(self, h: Any, ids: Any, weights: Any, down: Any, t: int, hid: int, residual: Any) -> Any:
