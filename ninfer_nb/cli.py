@@ -20,7 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ninfer",
         description="Run a Qwen3.5/3.6 hybrid or Llama-family model. Subcommands: "
-                    "`ninfer pull` (fetch the default model), `ninfer bench ...`.",
+                    "`ninfer pull` (fetch the default model), `ninfer bench ...`, `ninfer convert SRC DEST "
+                    "--weights FORMAT`, `ninfer perplexity MODEL [--reference MODEL]`.",
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", "-p", help="user message to answer (rendered with the chat template)")
@@ -158,6 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] == "pull":
             return run_pull(argv[1:])
+        if argv and argv[0] == "convert":
+            from .convert import main as convert_main
+
+            return convert_main(argv[1:])
+        if argv and argv[0] == "perplexity":
+            from .perplexity import main as perplexity_main
+
+            return perplexity_main(argv[1:])
         if argv and argv[0] == "bench":
             from .bench import main as bench_main
 

@@ -93,7 +93,8 @@ class LLM:
             self.model_id = ckpt.name
             self.source = ckpt.source
             self.backend.check_model(ckpt.config)        # shapes the backend's kernels cannot run
-            weights = self.backend.upload(build_weights(ckpt.config, ckpt.weights, ckpt.source))
+            # each layer goes to the backend as soon as it is built (host holds one at a time)
+            weights = build_weights(ckpt.config, ckpt.weights, ckpt.source, place=self.backend.upload)
             del ckpt
         self.max_context = min(cfg.max_context, max(self.model_config.max_position_embeddings, 2))
         self.kv_cache = cfg.kv_cache if cfg.kv_cache != "auto" else self.backend.default_kv_cache

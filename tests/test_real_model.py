@@ -38,6 +38,7 @@ def test_logits_match_transformers_on_dequantized_weights(smollm: LLM) -> None:
     import transformers as tf
 
     from ninfer_nb.models.loader import load_checkpoint
+    from ninfer_nb.quant.rows import values
 
     ckpt = load_checkpoint(None)
     c = ckpt.config
@@ -46,7 +47,7 @@ def test_logits_match_transformers_on_dequantized_weights(smollm: LLM) -> None:
         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
         num_key_value_heads=c.num_kv_heads, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
         max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings))
-    state = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in ckpt.weights.items()}
+    state = {k: torch.from_numpy(np.ascontiguousarray(values(v))) for k, v in ckpt.weights.items()}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     hf.tie_weights()

@@ -46,7 +46,21 @@ class CpuBackend:
         return np.zeros(shape, dtype=dtype)
 
     def upload(self, weights: ModelWeights) -> ModelWeights:
-        return weights
+        """Host storage: quantized records as their float32 values (dequantized once here: the
+        NumPy matmuls need float32, and dequantizing on every call costs more than the matmul);
+        everything else as it is."""
+        from ..models.weights import DenseWeight, QuantizedWeight, map_weights
+        from ..quant.dequant import dequantize
+
+        def host(w: Any) -> Any:
+            if isinstance(w, QuantizedWeight):
+                w = DenseWeight(dequantize(w), "f32")
+            if isinstance(w, DenseWeight) and w.data.ndim == 2 and w.data.dtype == np.float32:
+                # column-major: x @ w.T reads w.T row-major, the fast GEMM / GEMV layout for few rows
+                return DenseWeight(np.asfortranarray(w.data), w.dtype)
+            return w
+
+        return map_weights(weights, host, lambda a: a)
 
     def random_weights(self, cfg: ModelConfig, seed: int = 0, weights: str | None = None) -> ModelWeights:
         """Random weights of a preset's shapes (benchmarks), see models/presets.py; `weights`: a

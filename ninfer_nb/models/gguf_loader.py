@@ -1,7 +1,10 @@
 """Load a GGUF file into a `LoadedCheckpoint`: HF-style config, float32 weights, tokenizer.
 
 Supports the dense Llama-family GGUF architectures "llama", "qwen2" and "qwen3". Tensors are
-renamed to Hugging Face names and dequantized to float32 `[out, in]` arrays. For "llama",
+renamed to Hugging Face names, one at a time from the memory map, and kept in their stored
+format where the engine has one: Q8_0 / Q4_0 / Q4_1 repacked losslessly into QuantizedWeight
+records (quant/gguf.py), F16 as float16, BF16 as bfloat16, F32 as is; the other quantized
+types (Q5_0, Q5_1, K-quants) are dequantized to float32 `[out, in]` arrays. For "llama",
 llama.cpp's converter reorders the rows of every Q and K head from HF's rotate-half layout
 (first half / second half of the head) to interleaved pairs; `unpermute_rope_rows` undoes that
 so the weights equal the HF checkpoint's. The qwen35 / qwen35moe hybrids are mapped by
@@ -18,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderField, ReaderTensor
 from gguf.quants import dequantize, quant_shape_to_byte_shape
@@ -25,6 +29,8 @@ from gguf.quants import dequantize, quant_shape_to_byte_shape
 from ..config import ModelConfig
 from ..errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
 from ..progress import Progress
+from ..quant.gguf import REPACKED, repack
+from ..quant.rows import take_rows
 from . import gguf_qwen35
 from .checkpoint import LoadedCheckpoint
 from .gguf_header import MAGIC, GgufHeader, GgufMetadata, TensorInfo, read_header
@@ -70,19 +76,23 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
 
 
-def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+def unpermute_rope_rows(w: Any, n_heads: int) -> Any:
     """Undo llama.cpp's Q/K row permutation: per head, interleaved pairs -> halves.
 
     llama.cpp stores row `2*i + j` of a head (i < head_dim/2, j in {0, 1}) from HF row
-    `j*head_dim/2 + i`. Works on weights `[rows, in]` and biases `[rows]`.
+    `j*head_dim/2 + i`. Works on weights `[rows, in]` (arrays or quantized records) and biases
+    `[rows]`.
     """
     rows = w.shape[0]
     if rows % (2 * n_heads):
         raise ModelFormatError(f"Q/K tensor with {rows} rows does not split into {n_heads} heads")
     half = rows // n_heads // 2
-    return np.ascontiguousarray(
-        w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-    )
+    order = np.arange(rows).reshape(n_heads, half, 2).swapaxes(1, 2).reshape(-1)
+    if isinstance(w, np.ndarray) and w.ndim == 1:
+        return np.ascontiguousarray(w[order])
+    if isinstance(w, np.ndarray):
+        return np.ascontiguousarray(w[order])
+    return take_rows(w, order)
 
 
 def load_gguf(path: str | Path, *, show_progress: bool = False) -> LoadedCheckpoint:
@@ -95,7 +105,7 @@ def load_gguf(path: str | Path, *, show_progress: bool = False) -> LoadedCheckpo
     config = ModelConfig.from_hf(raw_config)
     config = with_gguf_rope(config, arch, fields, tensors, path.name)   # rope_freqs, rope.scaling.*
     if qwen35:
-        weights, unmapped = gguf_qwen35.load_weights(path, tensors, config, _dequantize,
+        weights, unmapped = gguf_qwen35.load_weights(path, tensors, config, load_tensor,
                                                      show_progress)
     else:
         weights, unmapped = _load_weights(path, tensors, config, arch, show_progress)
@@ -113,6 +123,7 @@ def load_gguf(path: str | Path, *, show_progress: bool = False) -> LoadedCheckpo
             "general.name": fields.get("general.name"),
             "tensor_types": dict(Counter(t.tensor_type.name for t in tensors.values())),
             "unmapped_tensors": unmapped,
+            "hf_config": raw_config,
         },
     )
 
@@ -226,6 +237,22 @@ def _hf_config(
     }
 
 
+def load_tensor(t: ReaderTensor) -> Any:
+    """One GGUF tensor in the engine's nearest format: a QuantizedWeight for the types that
+    repack exactly (Q8_0, Q4_0, Q4_1; matrices and expert stacks), float16 / bfloat16 / float32
+    arrays as stored, float32 values for the other quantized types. Read once from the map."""
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    if t.tensor_type.name in REPACKED and len(shape) >= 2:
+        return repack(np.asarray(t.data), t.tensor_type.name)
+    if t.tensor_type == Q.F16:
+        return np.array(t.data, dtype=np.float16).reshape(shape)
+    if t.tensor_type == Q.BF16:
+        return np.array(t.data, dtype=np.uint8).view(ml_dtypes.bfloat16).reshape(shape)
+    if t.tensor_type == Q.F32:
+        return np.array(t.data, dtype=np.float32).reshape(shape)
+    return _dequantize(t)
+
+
 def _dequantize(t: ReaderTensor) -> np.ndarray:
     if t.tensor_type not in SUPPORTED_TYPES:
         raise UnsupportedModelError(
@@ -242,8 +269,8 @@ def _dequantize(t: ReaderTensor) -> np.ndarray:
 def _load_weights(
     path: Path, tensors: dict[str, ReaderTensor], config: ModelConfig, arch: str,
     show_progress: bool,
-) -> tuple[dict[str, np.ndarray], list[str]]:
-    weights: dict[str, np.ndarray] = {}
+) -> tuple[dict[str, Any], list[str]]:
+    weights: dict[str, Any] = {}
     unmapped: list[str] = []
     bar = Progress(f"loading {path.name}", sum(int(t.n_bytes) for t in tensors.values()),
                    enabled=show_progress)
@@ -252,7 +279,7 @@ def _load_weights(
         if hf is None:
             unmapped.append(name)
         else:
-            w = _dequantize(t)
+            w = load_tensor(t)
             if arch == "llama" and ".self_attn.q_proj." in hf:
                 w = unpermute_rope_rows(w, config.num_heads)
             elif arch == "llama" and ".self_attn.k_proj." in hf:
@@ -266,7 +293,7 @@ def _load_weights(
     return weights, unmapped
 
 
-def _check_shapes(path: Path, weights: dict[str, np.ndarray], config: ModelConfig) -> None:
+def _check_shapes(path: Path, weights: dict[str, Any], config: ModelConfig) -> None:
     """The attention and embedding shapes the metadata promises (others fail in the model)."""
     c = config
     expected = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
@@ -280,7 +307,7 @@ def _check_shapes(path: Path, weights: dict[str, np.ndarray], config: ModelConfi
     for name, shape in expected.items():
         if name not in weights:
             raise ModelFormatError(f"{path.name}: tensor {name} is missing")
-        if weights[name].shape != shape:
+        if tuple(weights[name].shape) != shape:
             raise ModelFormatError(
                 f"{path.name}: tensor {name} has shape {weights[name].shape}, "
                 f"the metadata implies {shape}"

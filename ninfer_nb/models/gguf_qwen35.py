@@ -6,10 +6,11 @@ Qwen3-Next's conversion) changes the Hugging Face tensors in three ways, undone 
 - **V-head order.** HF groups the Gated DeltaNet V heads by K head (v = k*r + j, r = Hv/Hk);
   the GGUF stores them tiled (j*Hk + k) in `attn_qkv` (V rows), `attn_gate` (in_proj_z rows),
   `ssm_alpha` / `ssm_beta` rows, `ssm_a`, `ssm_dt.bias`, `ssm_conv1d` (V channels) and the
-  *columns* of `ssm_out`. The weights reach this module dequantized to float32, so the order is
-  put back on the dense arrays and the engine sees HF order. Once GGUF weights stay quantized
-  this is impossible for `ssm_out` (its columns move in head-wide chunks inside 256-wide K-quant
-  blocks): that path must run the GDN mixer in the tiled order instead.
+  *columns* of `ssm_out`. The order is put back here, so the engine sees HF order: rows of
+  quantized records move as they are (quant/rows.py); `ssm_out`'s columns move in head-wide
+  chunks inside quantization blocks, which no quantized layout can follow, so a quantized
+  `ssm_out` is dequantized to float32 (running the GDN mixer in the tiled order instead, which
+  would keep it quantized, is not done yet).
 - **Norm offsets.** Zero-centred RMSNorm weights are stored with the +1 added (`attn_norm`,
   `post_attention_norm`, `attn_q_norm`, `attn_k_norm`, `output_norm`); the GDN output norm
   (`ssm_norm`) is not. The +1 is subtracted here because the model code adds it.
@@ -37,6 +38,7 @@ from gguf import ReaderTensor
 from ..config import ModelConfig
 from ..errors import ModelFormatError, UnsupportedModelError
 from ..progress import Progress
+from ..quant.rows import concat_rows, take_rows, values
 
 ARCHITECTURES: dict[str, str] = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}
 
@@ -79,7 +81,7 @@ _LAYER_NAMES = {
 _ZERO_CENTRED_NORMS = frozenset({"attn_norm", "post_attention_norm", "attn_q_norm", "attn_k_norm"})
 _LAYER_RE = re.compile(r"blk\.(\d+)\.([\w.]+?)(?:\.(weight|bias))?")
 
-Dequantize = Callable[[ReaderTensor], np.ndarray]
+Dequantize = Callable[[ReaderTensor], Any]     # a tensor as an array or a quantized record
 
 
 def hf_config(arch: str, fields: Mapping[str, Any], tensors: dict[str, ReaderTensor],
@@ -155,11 +157,27 @@ def untile_v_heads(x: np.ndarray, axis: int, k_heads: int, v_per_k: int, width: 
     return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
 
-def _to_hf(part: str, w: np.ndarray, c: ModelConfig) -> np.ndarray:
+def _untile_rows(w: Any, start: int, k_heads: int, v_per_k: int, width: int) -> Any:
+    """untile_v_heads on the rows from `start` on (the rows before stay), for arrays and
+    quantized records alike."""
+    if isinstance(w, np.ndarray):
+        return np.concatenate([w[:start], untile_v_heads(w[start:], 0, k_heads, v_per_k, width)])
+    n = w.shape[0]
+    order = untile_v_heads(np.arange(start, n), 0, k_heads, v_per_k, width)
+    return take_rows(w, np.concatenate([np.arange(start), order]))
+
+
+def _to_hf(part: str, w: Any, c: ModelConfig) -> Any:
     """One layer tensor in GGUF layout -> its HF layout (reorder, offsets, shapes)."""
     hk, dk, dv = c.linear_num_key_heads, c.linear_key_head_dim, c.linear_value_head_dim
     r = c.linear_num_value_heads // max(hk, 1)
     qk_rows = 2 * hk * dk
+    if part == "ssm_out" and not isinstance(w, np.ndarray):
+        w = values(w)                   # columns cannot move inside quantized groups
+    if part in ("attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta") and not isinstance(w, np.ndarray):
+        return _untile_rows(w, qk_rows if part == "attn_qkv" else 0, hk, r, dv if part in ("attn_qkv", "attn_gate") else 1)
+    if isinstance(w, np.ndarray) and w.dtype != np.float32 and part not in ("ssm_out",) and w.ndim == 1:
+        w = w.astype(np.float32)
     if part in _ZERO_CENTRED_NORMS:
         return w - np.float32(1.0)
     if part == "attn_qkv":
@@ -181,9 +199,10 @@ def _to_hf(part: str, w: np.ndarray, c: ModelConfig) -> np.ndarray:
 
 def load_weights(path: Path, tensors: dict[str, ReaderTensor], config: ModelConfig,
                  dequantize: Dequantize, show_progress: bool
-                 ) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Dequantized float32 weights under HF text-decoder names, and the GGUF names not used."""
-    weights: dict[str, np.ndarray] = {}
+                 ) -> tuple[dict[str, Any], list[str]]:
+    """Weights under HF text-decoder names (as `dequantize` gives them: arrays in their stored
+    dtype or quantized records), and the GGUF names not used."""
+    weights: dict[str, Any] = {}
     unmapped: list[str] = []
     bar = Progress(f"loading {path.name}", sum(int(t.n_bytes) for t in tensors.values()),
                    enabled=show_progress)
@@ -195,7 +214,7 @@ def load_weights(path: Path, tensors: dict[str, ReaderTensor], config: ModelConf
             layer_part = _LAYER_RE.fullmatch(name)
             w = dequantize(t)
             if name == "output_norm.weight":
-                w = w - np.float32(1.0)
+                w = np.asarray(w, dtype=np.float32) - np.float32(1.0)
             elif layer_part is not None:
                 w = _to_hf(layer_part.group(2), w, config)
             weights[hf] = w
@@ -218,17 +237,17 @@ def _hf_name(gguf_name: str, config: ModelConfig) -> str | None:
     return f"model.layers.{layer}.{_LAYER_NAMES[match.group(2)]}"
 
 
-def _fuse_experts(path: Path, weights: dict[str, np.ndarray]) -> None:
+def _fuse_experts(path: Path, weights: dict[str, Any]) -> None:
     """ffn_gate_exps [E, I, H] + ffn_up_exps [E, I, H] -> HF gate_up_proj [E, 2I, H]."""
     for gate_name in [n for n in weights if n.endswith(".mlp.experts.gate_proj")]:
         prefix = gate_name.removesuffix("gate_proj")
         up = weights.pop(prefix + "up_proj", None)
         if up is None:
             raise ModelFormatError(f"{path.name}: {gate_name} has no matching up_proj experts")
-        weights[prefix + "gate_up_proj"] = np.concatenate([weights.pop(gate_name), up], axis=1)
+        weights[prefix + "gate_up_proj"] = concat_rows([weights.pop(gate_name), up])
 
 
-def _check_shapes(path: Path, weights: dict[str, np.ndarray], config: ModelConfig) -> None:
+def _check_shapes(path: Path, weights: dict[str, Any], config: ModelConfig) -> None:
     """The shapes the metadata promises for the embedding and each mixer's input projection."""
     c = config
     expected = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
@@ -244,6 +263,6 @@ def _check_shapes(path: Path, weights: dict[str, np.ndarray], config: ModelConfi
     for name, shape in expected.items():
         if name not in weights:
             raise ModelFormatError(f"{path.name}: tensor {name} is missing")
-        if weights[name].shape != shape:
+        if tuple(weights[name].shape) != shape:
             raise ModelFormatError(f"{path.name}: tensor {name} has shape "
                                    f"{weights[name].shape}, the metadata implies {shape}")

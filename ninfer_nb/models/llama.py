@@ -5,11 +5,14 @@ q/k norms (qwen3), dense SwiGLU. Forward code is shared (`layers.py`, `decoder.p
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from ..config import ModelConfig
 from .rope import rope_table
-from .tensors import NamedTensors, dense, f32, mlp_weights, qkv_weights
+from .tensors import NamedTensors, Place, dense, f32, keep, mlp_weights, qkv_weights
 from .weights import LayerWeights, ModelWeights
 
 
@@ -18,7 +21,9 @@ def _opt(t: NamedTensors, name: str) -> np.ndarray | None:
     return None if x is None else f32(x)
 
 
-def build_weights(cfg: ModelConfig, weights: dict[str, np.ndarray], source: str) -> ModelWeights:
+def build_weights(cfg: ModelConfig, weights: Mapping[str, Any], source: str,
+                  place: Place = keep) -> ModelWeights:
+    """`place`: as in qwen3_5.build_weights (each part where it will run, once built)."""
     t = NamedTensors(weights, source)
     table = rope_table(cfg)                                  # [3, rotary_dim/2], shared by the layers
     layers = []
@@ -31,12 +36,12 @@ def build_weights(cfg: ModelConfig, weights: dict[str, np.ndarray], source: str)
             biases=(_opt(t, a + "q_proj.bias"), _opt(t, a + "k_proj.bias"), _opt(t, a + "v_proj.bias")),
             q_norm=_opt(t, a + "q_norm.weight"), k_norm=_opt(t, a + "k_norm.weight"),
         )
-        layers.append(LayerWeights(
+        layers.append(place(LayerWeights(
             input_norm=f32(t(p + "input_layernorm.weight")),
             post_norm=f32(t(p + "post_attention_layernorm.weight")),
             mixer=mixer, ffn=mlp_weights(t, p + "mlp."),
-        ))
-    embed = dense(t("model.embed_tokens.weight"))
+        )))
+    embed = place(dense(t("model.embed_tokens.weight")))
     head = t.get("lm_head.weight")
-    return ModelWeights(embed=embed, layers=layers, norm=f32(t("model.norm.weight")),
-                        lm_head=embed if cfg.tie_word_embeddings or head is None else dense(head))
+    return ModelWeights(embed=embed, layers=layers, norm=place(f32(t("model.norm.weight"))),
+                        lm_head=embed if cfg.tie_word_embeddings or head is None else place(dense(head)))

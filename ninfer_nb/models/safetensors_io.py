@@ -1,16 +1,21 @@
 """Read safetensors files into host NumPy arrays, with clear errors for broken files.
 
 Parses the header itself (8-byte little-endian length + JSON) and memory-maps the data, so a
-truncated or corrupt file is reported by name instead of crashing; BF16 is widened to float32
-by bit shifting (NumPy has no bfloat16). Knows nothing about model names or configs.
+truncated or corrupt file is reported by name instead of crashing. Tensors come out in their
+stored dtype, never widened: BF16 as `ml_dtypes.bfloat16`, F8_E4M3 as `ml_dtypes.float8_e4m3fn`,
+F16 as float16. `read` copies one tensor out of the map and hands the map's pages of it back
+to the kernel, so reading a checkpoint tensor by tensor holds about one tensor of file pages
+at a time. Knows nothing about model names or configs.
 """
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from pathlib import Path
 from typing import Iterator
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import ModelFormatError
@@ -18,7 +23,8 @@ from ..errors import ModelFormatError
 _DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
-    "BF16": np.dtype("<u2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F64": np.dtype("<f8"),
     "I64": np.dtype("<i8"),
     "I32": np.dtype("<i4"),
@@ -31,6 +37,10 @@ _DTYPES: dict[str, np.dtype] = {
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+_PAGE = mmap.PAGESIZE
+_FLOATS = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3"})
 
 
 class SafetensorsFile:
@@ -54,7 +64,7 @@ class SafetensorsFile:
             raise ModelFormatError(f"{path}: cannot read safetensors header ({e})") from None
         if not isinstance(header, dict):
             raise ModelFormatError(f"{path}: corrupt safetensors header")
-        header.pop("__metadata__", None)
+        meta = header.pop("__metadata__", None)
         self._offset = 8 + n
         self._entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         data_len = size - self._offset
@@ -75,7 +85,8 @@ class SafetensorsFile:
                     f"file has {size})"
                 )
             self._entries[name] = (dtype, shape, lo, hi)
-        self._mmap: np.memmap | None = None
+        self.metadata = {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+        self._mmap: mmap.mmap | None = None
 
     def keys(self) -> list[str]:
         return list(self._entries)
@@ -83,16 +94,38 @@ class SafetensorsFile:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._entries[name][1]
 
-    def read(self, name: str, *, as_float32: bool = True) -> np.ndarray:
+    def dtype(self, name: str) -> str:
+        """The safetensors dtype name ("BF16", "F8_E4M3", ...)."""
+        return self._entries[name][0]
+
+    def nbytes(self, name: str) -> int:
+        _, _, lo, hi = self._entries[name]
+        return hi - lo
+
+    def read(self, name: str, *, as_float32: bool = False) -> np.ndarray:
+        """A copy of one tensor in its stored dtype (as_float32: floats widened to float32)."""
         dtype, shape, lo, hi = self._entries[name]
         if self._mmap is None:
-            self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._offset)
-        raw = np.asarray(self._mmap[lo:hi]).view(_DTYPES[dtype]).reshape(shape)
-        if dtype == "BF16":
-            return bf16_bits_to_f32(raw) if as_float32 else raw.copy()
-        if as_float32 and raw.dtype.kind == "f":
-            return raw.astype(np.float32)
-        return raw.copy()
+            with self.path.open("rb") as f:
+                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        start, stop = self._offset + lo, self._offset + hi
+        out = np.frombuffer(self._mmap, np.uint8, hi - lo, start).view(_DTYPES[dtype]).reshape(shape).copy()
+        self._release(start, stop)
+        if as_float32 and dtype in _FLOATS:
+            return out.astype(np.float32)
+        return out
+
+    def _release(self, start: int, stop: int) -> None:
+        """Drop the map's pages of bytes [start, stop) (read, copied; no longer needed)."""
+        assert self._mmap is not None
+        lo = start // _PAGE * _PAGE
+        if hasattr(self._mmap, "madvise") and stop > lo:
+            self._mmap.madvise(mmap.MADV_DONTNEED, lo, stop - lo)
+
+    def close(self) -> None:
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
 
 
 def checkpoint_files(directory: Path) -> list[Path]:

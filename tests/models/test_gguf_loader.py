@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as Q
 
 from ninfer_nb.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError
 from ninfer_nb.models.gguf_loader import hf_tensor_name, load_gguf, unpermute_rope_rows
+from ninfer_nb.quant.rows import values
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, LAYERS, VOCAB = 256, 4, 2, 64, 512, 2, 32
 
@@ -88,7 +89,7 @@ def test_f32_weights_are_exact_under_hf_names(tiny_llama) -> None:
     ckpt = load_gguf(path)
     assert sorted(ckpt.weights) == sorted(w)
     for name, ref in w.items():
-        got = ckpt.weights[name]
+        got = values(ckpt.weights[name])
         assert got.dtype == np.float32 and got.shape == ref.shape, name
         np.testing.assert_array_equal(got, ref, err_msg=name)
 
@@ -100,7 +101,7 @@ def test_f16_weights_are_exact(tmp_path: Path, write_gguf, hf_to_gguf) -> None:
     assert not ckpt.config.tie_word_embeddings
     for name, ref in w.items():
         expect = ref if ref.ndim == 1 else ref.astype(np.float16).astype(np.float32)
-        np.testing.assert_array_equal(ckpt.weights[name], expect, err_msg=name)
+        np.testing.assert_array_equal(values(ckpt.weights[name]), expect, err_msg=name)
 
 
 def _error_bound(ref: np.ndarray, qtype: Q) -> np.ndarray:
@@ -130,7 +131,7 @@ def test_quantized_weights_within_format_error(
     ckpt = load_gguf(write_gguf(tmp_path / "m.gguf", "llama", metadata(), tensors))
     assert ckpt.metadata["tensor_types"][qtype.name] == 1 + 7 * LAYERS
     for name, ref in w.items():
-        got = ckpt.weights[name]
+        got = values(ckpt.weights[name])
         if ref.ndim == 1:
             np.testing.assert_array_equal(got, ref)
             continue
@@ -147,7 +148,7 @@ def test_qwen3_arch_maps_qk_norm_and_keeps_rows(tmp_path: Path, write_gguf, hf_t
     ckpt = load_gguf(write_gguf(tmp_path / "q3.gguf", "qwen3", meta, tensors))
     assert (ckpt.config.model_type, ckpt.config.head_dim, ckpt.config.qk_norm) == ("qwen3", 32, True)
     for name, ref in w.items():                           # no Q/K permutation for qwen3
-        np.testing.assert_array_equal(ckpt.weights[name], ref, err_msg=name)
+        np.testing.assert_array_equal(values(ckpt.weights[name]), ref, err_msg=name)
 
 
 def test_qwen2_arch_loads_attention_biases(tmp_path: Path, write_gguf, hf_to_gguf) -> None:
@@ -156,7 +157,7 @@ def test_qwen2_arch_loads_attention_biases(tmp_path: Path, write_gguf, hf_to_ggu
     ckpt = load_gguf(write_gguf(tmp_path / "q2.gguf", "qwen2", metadata("qwen2"), tensors))
     assert ckpt.config.attention_bias and ckpt.config.model_type == "qwen2"
     np.testing.assert_array_equal(
-        ckpt.weights["model.layers.1.self_attn.k_proj.bias"], w["model.layers.1.self_attn.k_proj.bias"]
+        values(ckpt.weights["model.layers.1.self_attn.k_proj.bias"]), w["model.layers.1.self_attn.k_proj.bias"]
     )
 
 

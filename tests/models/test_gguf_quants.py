@@ -15,6 +15,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from ninfer_nb.models.gguf_loader import load_gguf
+from ninfer_nb.quant.rows import values as record_values
 
 ROWS, COLS = 8, 512            # two 256-element super-blocks per row
 Encoded = tuple[np.ndarray, np.ndarray]   # (block bytes [n, type_size], values [n, block_size])
@@ -122,7 +123,7 @@ def test_block_format_decodes_to_encoded_values(tmp_path: Path, write_gguf, qtyp
         **{f"blk.0.attn_{p}.weight": (np.zeros((COLS, COLS), np.float32), None) for p in "qkv"},
     }
     ckpt = load_gguf(write_gguf(tmp_path / "q.gguf", "qwen3", meta, tensors))
-    got = ckpt.weights["model.embed_tokens.weight"]
+    got = record_values(ckpt.weights["model.embed_tokens.weight"])
     assert got.shape == (ROWS, COLS) and got.dtype == np.float32
     np.testing.assert_allclose(got, values.reshape(ROWS, COLS), rtol=2e-6, atol=1e-9)
     assert ckpt.config.vocab_size == ROWS

@@ -16,7 +16,9 @@ from gguf.quants import dequantize
 from ninfer_nb.chat.template import format_chat
 from ninfer_nb.models.checkpoint import LoadedCheckpoint
 from ninfer_nb.models.gguf_loader import load_gguf
+from ninfer_nb.models.weights import QuantizedWeight
 from ninfer_nb.pull import ensure_default_model
+from ninfer_nb.quant.rows import values
 
 KNOWN_IDS = {
     "Hello world!": [19556, 905, 17],
@@ -55,7 +57,11 @@ def test_weights(smollm2: LoadedCheckpoint) -> None:
     assert w["model.layers.0.self_attn.q_proj.weight"].shape == (576, 576)
     assert w["model.layers.0.self_attn.k_proj.weight"].shape == (192, 576)
     assert w["model.layers.29.mlp.down_proj.weight"].shape == (576, 1536)
-    assert all(a.dtype == np.float32 and np.isfinite(a).all() for a in w.values())
+    quantized = [a for a in w.values() if isinstance(a, QuantizedWeight)]
+    assert sorted({q.format.name for q in quantized}) == ["int4-g32-min", "int8-g32"]
+    assert len(quantized) == 211 and isinstance(w["model.embed_tokens.weight"], QuantizedWeight)
+    assert all(a.dtype == np.float32 and np.isfinite(a).all() for a in w.values()
+               if not isinstance(a, QuantizedWeight))
     assert smollm2.metadata["tensor_types"] == {"Q8_0": 1, "Q4_1": 210, "F32": 61}
 
 
@@ -72,7 +78,7 @@ def test_qk_rows_match_transformers_gguf_processor(
             name = f"blk.{layer}.{part}.weight"
             raw = dequantize(tensors[name].data, tensors[name].tensor_type)
             theirs = processor.process(weights=raw, name=name).weights
-            ours = smollm2.weights[f"model.layers.{layer}.self_attn.{hf}.weight"]
+            ours = values(smollm2.weights[f"model.layers.{layer}.self_attn.{hf}.weight"])
             np.testing.assert_array_equal(ours, theirs, err_msg=name)
 
 

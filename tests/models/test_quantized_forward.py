@@ -23,7 +23,7 @@ def _logits(path: str, monkeypatch: pytest.MonkeyPatch, fmt_name: str | None = N
     record of those quantized values; also the weights the model ran."""
     seen = {}
 
-    def build(cfg, weights, source):
+    def build(cfg, weights, source, place=None):
         w = build_weights(cfg, weights, source)
         if fmt_name is not None:
             fmt = quant_format(fmt_name)
