@@ -14,6 +14,7 @@ from .errors import to_api_error
 from .fields import Fields, read_json
 from .generation import ChatJob, Delta, Finished, Generation, KeepAlive, Started, ToolCallOut, collect
 from .messages import dump_arguments
+from .route_fields import check_fields
 from .sse import SSEWriter
 from .state import REQUEST_ID, STATE, new_id, trace_of
 
@@ -137,7 +138,9 @@ async def _stream(
 
 async def count_tokens(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    f = Fields(await read_json(request))
+    body = await read_json(request)
+    check_fields("/v1/messages/count_tokens", body)
+    f = Fields(body)
     f.string("model", required=True)
     job = ChatJob(parse_messages(f), parse_tools(f), state.sampling(1),
                   thinking_enabled(state, f))

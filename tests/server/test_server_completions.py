@@ -162,7 +162,8 @@ def test_thinking_budget_closes_think(real_server: LiveServer, real_llm: Any) ->
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses",
-                                  "/v1/messages", "/tokenize"])
+                                  "/v1/responses/input_tokens", "/v1/messages",
+                                  "/v1/messages/count_tokens", "/tokenize"])
 def test_unknown_fields_are_refused_by_name(real_server: LiveServer, path: str) -> None:
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}], "prompt": "x",
             "input": "x", "max_tokens": 1}
@@ -170,15 +171,18 @@ def test_unknown_fields_are_refused_by_name(real_server: LiveServer, path: str) 
             if k in {"/v1/chat/completions": {"model", "messages", "max_tokens"},
                      "/v1/completions": {"model", "prompt", "max_tokens"},
                      "/v1/responses": {"model", "input"},
+                     "/v1/responses/input_tokens": {"model", "input"},
                      "/v1/messages": {"model", "messages", "max_tokens"},
+                     "/v1/messages/count_tokens": {"model", "messages"},
                      "/tokenize": {"prompt"}}[path]}
-    assert post(real_server, path, {**body, "user": "u"} if path != "/tokenize" and path != "/v1/messages"
-                else body).status_code == 200
+    ok = {**body, "user": "u"} if path.startswith(("/v1/chat", "/v1/completions", "/v1/responses")) \
+        else body
+    assert post(real_server, path, ok).status_code == 200
     r = post(real_server, path, {**body, "frobnicate": 1})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert "frobnicate" in err["message"]
-    if path != "/v1/messages":
+    if not path.startswith("/v1/messages"):
         assert err["param"] == "frobnicate" and err["code"] == "unsupported_field"
 
 
