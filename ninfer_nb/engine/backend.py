@@ -48,7 +48,8 @@ class CpuBackend:
     def upload(self, weights: ModelWeights) -> ModelWeights:
         """Host storage: quantized records as their float32 values (dequantized once here: the
         NumPy matmuls need float32, and dequantizing on every call costs more than the matmul);
-        everything else as it is."""
+        float32 matrices column-major (ops.cpu.linear's x @ w.T then multiplies by a row-major
+        [K, N]: the fast layout for a decode round's few rows); everything else as it is."""
         from ..models.weights import DenseWeight, QuantizedWeight, map_weights
         from ..quant.dequant import dequantize
 
