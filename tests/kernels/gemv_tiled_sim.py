@@ -155,7 +155,8 @@ def test_dequant_tiled_bf16(ops, fmt):
     out = np.zeros((20, 256), np.uint16)
     scales = t.arrays["scales"].reshape(-1).view(np.uint32)
     zeros = t.arrays["zeros"].reshape(-1) if zp else scales
-    ops._go(K.dequant_tiled_bf16_kernel, 4, K.DEQUANT_THREADS, t.arrays["codes"].reshape(-1), scales, zeros,
+    ops._go(K.dequant_tiled_bf16_kernel, 1, K.DEQUANT_THREADS, t.arrays["codes"].reshape(-1).view(np.uint32), scales,
+            zeros,
             np.int32(K.KINDS.index(kind)), np.int32(zp), np.int32(fmt.group_size.bit_length() - 1), out)
     want = dequantize(q).astype(ml_dtypes.bfloat16).view(np.uint16)
     assert np.array_equal(out, want)

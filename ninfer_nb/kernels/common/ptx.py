@@ -634,6 +634,7 @@ if config.ENABLE_CUDASIM:      # warp-level tensor-core ops emulated in the simu
     ldg_stream_u32 = _sim.load_u32              # noqa: F811
     fma_bf16x2 = _sim.fma_bf16x2                # noqa: F811
     f16x2_to_f32 = _sim.f16x2_to_f32            # noqa: F811
+    st_v4_u32 = _sim.store_v4_u32               # noqa: F811
     smem_u32 = _sim.smem_u32                    # noqa: F811
     gptr = _sim.gptr                            # noqa: F811
     cp_async16 = _sim.cp_async16                # noqa: F811

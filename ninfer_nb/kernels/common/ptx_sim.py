@@ -173,6 +173,14 @@ def load_u32(arr, idx):
     return np.frombuffer(flat[i:i + max(1, 4 // flat.dtype.itemsize)].tobytes()[:4], np.uint32)[0]
 
 
+def store_v4_u32(arr, idx, v0, v1, v2, v3) -> None:
+    """st_v4_u32: the 16 bytes at arr.flat[idx] = four uint32 words."""
+    flat = arr.reshape(-1)
+    i = int(idx)
+    n = 16 // flat.dtype.itemsize
+    flat[i:i + n] = np.array([v0, v1, v2, v3], np.uint32).view(flat.dtype)
+
+
 def _bf16_pair(u) -> np.ndarray:
     w = int(u) & 0xFFFFFFFF
     return np.array([(w & 0xFFFF) << 16, w & 0xFFFF0000], np.uint32).view(np.float32).astype(np.float64)

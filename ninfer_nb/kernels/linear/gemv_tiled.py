@@ -40,7 +40,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32, uint8, uint32
+from numba import cuda, float32, int32, uint16, uint32
 
 from ninfer_nb.kernels.common.bf16 import f32_to_bf16
 from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, i32, i32_2, u16_2, u32
@@ -54,12 +54,12 @@ from ninfer_nb.kernels.common.ptx import (
     ldg_v4_f32,
     mma_bf16,
     pack_bf16x2,
+    st_v4_u32,
 )
 from ninfer_nb.kernels.common.registry import kernel
 from ninfer_nb.kernels.common.warp import warp_sum
 
 u32_1 = u32[::1]
-u8_1 = uint8[::1]
 
 TILE_WORDS = 128                        # 512 bytes of a K-tile as uint32
 UNROLL = 4                              # K-tiles whose loads a pass issues together
@@ -601,67 +601,77 @@ def _make(kind: str, zp: bool, split: bool, mode: str, ntg: int, ways: int, warp
 DEQUANT_THREADS = 256
 
 
-@kernel((u8_1, u32_1, u32_1, i32, i32, i32, u16_2), sim=True, launch_bounds=(DEQUANT_THREADS, 4))
+@kernel((u32_1, u32_1, u32_1, i32, i32, i32, u16_2), sim=True, launch_bounds=(DEQUANT_THREADS, 4))
 def dequant_tiled_bf16_kernel(codes, scales, zeros, kind, zp, gshift, out):
     """out [N, K] bf16 bits = the tiled weight's values (round to nearest even), for the prefill
-    GEMMs; one code byte per thread and grid-stride step (int4: two columns). codes: the tiled
-    bytes [NT * KT * 512] (quant/tiled.py), kind 0 int4 / 1 int8 / 2 fp8."""
+    GEMMs. A warp per K-tile (grid-stride): each lane loads its 16 code bytes (one coalesced
+    512-byte read per warp) and writes its rows g and g + 8 as 8 consecutive columns each per
+    32-column half (16-byte stores). codes: the tiled words [NT * KT * 128] (quant/tiled.py),
+    kind 0 int4 / 1 int8 / 2 fp8."""
     n_rows = out.shape[0]
     k_dim = out.shape[1]
     ktw = 64 if kind == 0 else 32
     kts = k_dim // ktw
     ng = k_dim >> gshift
-    for i in range(cuda.blockIdx.x * DEQUANT_THREADS + cuda.threadIdx.x, codes.shape[0],
-                   cuda.gridDim.x * DEQUANT_THREADS):
-        tl = i >> 9
+    lane = cuda.threadIdx.x & 31
+    g = lane >> 2
+    t = lane & 3
+    w = cuda.local.array(4, uint32)
+    v = cuda.local.array(8, uint16)
+    n_warps = cuda.gridDim.x * (DEQUANT_THREADS // 32)
+    for tl in range(cuda.blockIdx.x * (DEQUANT_THREADS // 32) + (cuda.threadIdx.x >> 5), codes.shape[0] // TILE_WORDS,
+                    n_warps):
         rt = tl // kts
         kt = tl - rt * kts
-        off = i & 511
-        lane = off >> 4
-        b = off & 15
-        g = lane >> 2
-        t = lane & 3
-        c = int32(codes[i])
-        for half in range(2 if kind == 0 else 1):
-            if kind == 0:
-                p = 2 * (b & 3) + half
-                j = b >> 2
-                r = p & 3
-                e = 2 * (r >> 1) + (p >> 2)
-                col = kt * 64 + 32 * (j >> 1) + 8 * t + 4 * (j & 1) + e
-                v = (c >> (4 * half)) & 15
-            else:
-                q = b >> 2
-                bw = b & 3
-                j = q >> 1
-                r = 2 * (q & 1) + (bw >> 1)
-                e = 2 * (r >> 1) + (bw & 1)
-                col = kt * 32 + 8 * t + 4 * j + e
-                v = c
-            rl = g + 8 * (r & 1)
-            row = rt * 16 + rl
-            if row < n_rows:
+        w0, w1, w2, w3 = ldg_stream_v4_u32(codes, tl * TILE_WORDS + lane * 4)
+        w[0] = w0
+        w[1] = w1
+        w[2] = w2
+        w[3] = w3
+        for hr in range(2):                         # row g, row g + 8
+            row = rt * 16 + g + 8 * hr
+            if row >= n_rows:
+                continue
+            for h in range(2 if kind == 0 else 1):  # 32-column halves of an int4 K-tile
+                col0 = kt * ktw + 32 * h + 8 * t
                 if kind == 2:
-                    f = as_f32(uint32((v & 0x80) << 24) | uint32((v & 0x7F) << 20)) * float32(2.0 ** 120)
-                    w = f * as_f32(ldg_stream_u32(scales, rt * (k_dim >> 7) + (col >> 7)))
+                    s = as_f32(ldg_stream_u32(scales, rt * (k_dim >> 7) + (col0 >> 7)))
+                    zf = float32(0.0)
                 else:
-                    si = (rt * ng + (col >> gshift)) * 8 + g
+                    si = (rt * ng + (col0 >> gshift)) * 8 + g
                     s0, s1 = f16x2_to_f32(ldg_stream_u32(scales, si))
-                    s = s1 if rl >= 8 else s0
+                    s = s1 if hr == 1 else s0
                     zf = float32(8.0 if kind == 0 else 128.0)
                     if zp != 0:
                         zw = ldg_stream_u32(zeros, si)
-                        zh = (zw >> SH16) if rl >= 8 else (zw & LO16)
-                        if kind == 0:                       # bf16 -(128 + zero)
+                        zh = (zw >> SH16) if hr == 1 else (zw & LO16)
+                        if kind == 0:               # bf16 -(128 + zero)
                             zf = -as_f32(uint32(zh) << SH16) - float32(128.0)
                         else:
                             zf = float32(zh)
-                    w = s * (float32(v) - zf)
-                out[row, col] = f32_to_bf16(w)
+                for ee in range(8):                 # column col0 + ee
+                    j = 2 * h + (ee >> 2) if kind == 0 else (ee >> 2)
+                    e = ee & 3
+                    r = 2 * (e >> 1) + hr
+                    hi = e & 1
+                    if kind == 0:
+                        c = int32((w[j] >> uint32(4 * (r + 4 * hi))) & uint32(15))
+                    else:
+                        c = int32((w[2 * j + (r >> 1)] >> uint32(8 * (2 * (r & 1) + hi))) & uint32(255))
+                    if kind == 2:
+                        f = as_f32(uint32((c & 0x80) << 24) | uint32((c & 0x7F) << 20)) * float32(2.0 ** 120)
+                        val = f * s
+                    else:
+                        val = s * (float32(c) - zf)
+                    v[ee] = f32_to_bf16(val)
+                st_v4_u32(out, row * k_dim + col0, uint32(v[0]) | (uint32(v[1]) << SH16),
+                          uint32(v[2]) | (uint32(v[3]) << SH16), uint32(v[4]) | (uint32(v[5]) << SH16),
+                          uint32(v[6]) | (uint32(v[7]) << SH16))
 
 
 def dequant_grid(n_bytes: int) -> int:
-    return max(1, min(4096, (n_bytes + DEQUANT_THREADS - 1) // DEQUANT_THREADS))
+    """Blocks of dequant_tiled_bf16_kernel for n_bytes of codes (a warp per 512-byte K-tile)."""
+    return max(1, min(4096, -(-n_bytes // (TILE_WORDS * 4 * (DEQUANT_THREADS // 32)))))
 
 
 @kernel((u32_1,), sim=True)

@@ -221,7 +221,7 @@ class QuantLinearOps(NormOps):
             scales = q.arrays["scales"].reshape(-1).view(np.uint32)
             zeros = q.arrays["zeros"].reshape(-1) if zp else scales
             self._go(K_t.dequant_tiled_bf16_kernel, K_t.dequant_grid(codes.size), K_t.DEQUANT_THREADS,
-                     codes.reshape(-1), scales, zeros, np.int32(K_t.KINDS.index(kind)), np.int32(zp),
+                     codes.reshape(-1).view(np.uint32), scales, zeros, np.int32(K_t.KINDS.index(kind)), np.int32(zp),
                      np.int32(fmt.group_size.bit_length() - 1), wb)
             return wb
         zeros = q.arrays["zeros"] if fmt.zero_points else codes
