@@ -148,7 +148,7 @@ def ring_llm(monkeypatch: pytest.MonkeyPatch, **engine: Any) -> Any:
     import ninfer_nb.llm as llm_module
 
     monkeypatch.setattr(llm_module, "create_backend", lambda device, **kw: RingBackend())
-    llm = twin_llm(monkeypatch, "hybrid", "cpu", max_context=256, **engine)
+    llm = twin_llm(monkeypatch, "small", "cpu", max_context=256, **engine)
     monkeypatch.undo()
     assert isinstance(llm.backend, RingBackend) and llm.engine.picks_on_device
     return llm
@@ -157,7 +157,7 @@ def ring_llm(monkeypatch: pytest.MonkeyPatch, **engine: Any) -> Any:
 @pytest.fixture()
 def plain(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The reference: the CPU backend, logits rows to the host sampler, nothing queued."""
-    return twin_llm(monkeypatch, "hybrid", "cpu", max_context=256)
+    return twin_llm(monkeypatch, "small", "cpu", max_context=256)
 
 
 def _ids(seed: int, n: int) -> list[int]:

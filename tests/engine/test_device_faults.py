@@ -39,9 +39,9 @@ def _tight_memory(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_out_of_memory_ends_one_request_and_the_other_streams_on(monkeypatch: pytest.MonkeyPatch) -> None:
     short, long, after = _ids(80, 12), _ids(81, 200), _ids(82, 12)
-    solo = twin_llm(monkeypatch, "hybrid", "cpu", max_context=512)
+    solo = twin_llm(monkeypatch, "small", "cpu", max_context=512)
     want, want_after = solo.generate(short, GREEDY).token_ids, solo.generate(after, GREEDY).token_ids
-    llm = twin_llm(monkeypatch, "hybrid", "cpu", max_context=512, max_concurrency=2)
+    llm = twin_llm(monkeypatch, "small", "cpu", max_context=512, max_concurrency=2)
     _tight_memory(monkeypatch)
     a = llm.stream(short, GREEDY)
     got = [next(a).token_id]                       # the short request is decoding

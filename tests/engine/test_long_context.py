@@ -28,7 +28,7 @@ CHUNK, FEED = 17, 2
 
 @pytest.mark.parametrize("offset", [32_768, 131_072, 262_000])
 def test_rope_stays_relative_at_long_positions(offset: int) -> None:
-    cfg = twin_config("hybrid")
+    cfg = twin_config("small")
     table = rope_table(cfg)
     rng = np.random.default_rng(70)
     q = rng.standard_normal((16, 1, cfg.head_dim)).astype(np.float32)
@@ -65,7 +65,7 @@ def _fake_prefix(llm, prefix: int, rng: np.random.Generator) -> None:
     not LONG, reason="NINFER_LONG=1: the 128K case (0.5 GB of cache)"))])
 def test_chunk_equals_decode_steps_past_32k(prefix: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(71)
-    llm = twin_llm(monkeypatch, "hybrid", "cpu", max_context=prefix + CHUNK + FEED + 8)
+    llm = twin_llm(monkeypatch, "small", "cpu", max_context=prefix + CHUNK + FEED + 8)
     gen = llm.engine.generator
     _fake_prefix(llm, prefix, rng)
     start = [(layer.conv[0].copy(), layer.recurrent[0].copy()) for layer in gen.state.gdn_layers()]

@@ -8,8 +8,8 @@ backend, the upload policy, the decoder, the generator, the sampler. Weights are
 fixed seed (NumPy PCG64, replayable): matrices and expert stacks rounded to bfloat16 values,
 as in the bf16 checkpoints users load, so the CUDA upload keeps them bf16 and the default
 tensor-core paths run; norms, conv taps and the GDN decay vectors random around their usual
-values. The configs have the real models' head dims (attention 256, GDN 128) and a long
-`max_position_embeddings` (262144, the Qwen3.6 models'). Token ids only: no tokenizer.
+values. The GPU configs have the real models' head dims (attention 256, GDN 128; "small" is for CPU
+tests) and a long `max_position_embeddings` (262144, the Qwen3.6 models'). Token ids only: no tokenizer.
 
 `cpu_reference(...)`: the CPU logits with the rounding the GPU's prefill GEMMs make (their
 input rows in bf16), the reference the default GPU path is measured against.
@@ -43,6 +43,10 @@ TWINS: dict[str, dict[str, Any]] = {
     # MoE as the 35B lays it out: the shared expert as wide as the routed ones (a slot)
     "moe": dict(_COMMON, model_type="qwen3_5_moe_text", num_experts=16, num_experts_per_tok=4,
                 moe_intermediate_size=64, shared_expert_intermediate_size=64),
+    # CPU-only tests (engine logic, long positions): small heads, so each step is cheap
+    "small": dict(_COMMON, model_type="qwen3_5_text", hidden_size=128, intermediate_size=256,
+                  num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+                  linear_key_head_dim=32, linear_value_head_dim=32),
 }
 
 
