@@ -30,7 +30,7 @@ def test_roundtrip_pinned_and_events(env) -> None:
     from ninfer_nb.runtime.pinned import PinnedStaging
 
     env.fresh()
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(101)
     a = rnd(rng, 1000, 333)
     t = env.arena.empty(a.shape, np.float32)
     st = PinnedStaging(1 << 16)                   # forces many chunks
@@ -48,7 +48,7 @@ def test_upload_weights(env) -> None:
     from tests.support.cuda_helpers import upload_weights
 
     env.fresh()
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(102)
     w = {"a.weight": rnd(rng, 64, 32), "a.norm": rnd(rng, 32), "x.conv1d.weight": rnd(rng, 16, 4)}
     seen = []
     out = upload_weights(w, arena=env.arena, stream=env.stream, progress=lambda d, t, n: seen.append(n))
@@ -61,7 +61,7 @@ def test_graph_capture_replay_matches_eager(env) -> None:
     from ninfer_nb.runtime.graph import CudaGraph
 
     ops = env.fresh()
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(103)
     h, hq, hkv, d, s = 2048, 8, 2, 128, 512
     w = rnd_bf16(rng, hq * d, h)
     nw = rnd(rng, h)
@@ -123,7 +123,7 @@ def test_direct_launch_matches_numba_dispatch(env) -> None:
     from ninfer_nb.runtime.tensor import bfloat16
 
     ops = env.fresh()
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(104)
     x, r, w = rnd(rng, 37, 1000), rnd(rng, 37, 1000), rnd(rng, 1000)
     X, Rr, W = env.up(x), env.up(r), env.up(w)
     outs = []
