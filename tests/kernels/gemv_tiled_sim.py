@@ -240,3 +240,13 @@ def test_cuda_moe_experts_on_tiled_stacks(ops):
         want = cpu.moe_experts(x, ids, w, dequantize(gu), dequantize(dn), r.copy())
         got = ops.moe_experts(x, ids, w, tile(gu), tile(dn), r.copy())
         close(np.asarray(got) - r, want - r)
+
+
+@pytest.mark.parametrize("fmt", [groupwise(4, 32, True), groupwise(8, 128), FP8_BLOCK], ids=lambda f: f.name)
+def test_embedding_rows_of_a_tiled_table(ops, fmt):
+    """CudaOps.embedding on a tiled quantized table: the dequantized rows, exactly."""
+    rng = np.random.default_rng(fmt.group_size + fmt.bits)
+    q = quantize(rnd(rng, 40, 256), fmt)
+    ids = np.array([0, 39, 17, 8, 17], np.int32)
+    got = ops.embedding(tile(q), ids)
+    assert np.array_equal(np.asarray(got), dequantize(q)[ids])

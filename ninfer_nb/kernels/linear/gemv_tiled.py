@@ -43,7 +43,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint16, uint32
 
 from ninfer_nb.kernels.common.bf16 import f32_to_bf16
-from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, i32, i32_2, u16_2, u32
+from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, i32, i32_1, i32_2, u16_2, u32
 from ninfer_nb.kernels.common.ptx import (
     as_f32,
     f16x2_to_f32,
@@ -692,3 +692,64 @@ BUILDS = (tuple(("i4", False, False, "plain", 1, ways, 4, 3) for ways in (1, 2, 
              ("i4", False, False, "swiglu", 1, 4, 4, 3, "gate_up"), ("i4", False, False, "plain", 1, 8, 8, 1, "down")))
 for _build in BUILDS:
     gemv_tiled(*_build)
+
+
+EMBED_THREADS = 256
+
+
+@kernel((u32_1, u32_1, u32_1, i32, i32, i32, i32, i32_1, f32_2), sim=True, launch_bounds=(EMBED_THREADS, 4))
+def embedding_tiled_kernel(codes, scales, zeros, kind, zp, gshift, n_rows, ids, out):
+    """out[t, c] = W[ids[t], c] of a tiled weight [N, K] (the embedding lookup of a quantized
+    table; out [T, K] fp32). grid (ceil(K / 256), T), block 256: a thread per column, which
+    finds its code in the row's K-tile through quant/tiled.py's lane map."""
+    t_i = cuda.blockIdx.y
+    c = cuda.blockIdx.x * EMBED_THREADS + cuda.threadIdx.x
+    k_dim = out.shape[1]
+    if c >= k_dim:
+        return
+    r = ids[t_i]
+    ktw = 64 if kind == 0 else 32
+    kts = k_dim // ktw
+    rt = r >> 4
+    rl = r & 15
+    g = rl & 7
+    hr = rl >> 3
+    kt = c // ktw
+    ci = c - kt * ktw
+    if kind == 0:
+        h = ci >> 5
+        rem = ci & 31
+        t = rem >> 3
+        q = rem & 7
+        j = 2 * h + (q >> 2)
+    else:
+        t = ci >> 3
+        q = ci & 7
+        j = q >> 2
+    e = q & 3
+    rr = 2 * (e >> 1) + hr
+    hi = e & 1
+    lane = 4 * g + t
+    base = (rt * kts + kt) * TILE_WORDS + lane * 4
+    if kind == 0:
+        word = codes[base + j]
+        v = int32((word >> uint32(4 * (rr + 4 * hi))) & uint32(15))
+    else:
+        word = codes[base + 2 * j + (rr >> 1)]
+        v = int32((word >> uint32(8 * (2 * (rr & 1) + hi))) & uint32(255))
+    if kind == 2:
+        f = as_f32(uint32((v & 0x80) << 24) | uint32((v & 0x7F) << 20)) * float32(2.0 ** 120)
+        out[t_i, c] = f * as_f32(scales[rt * (k_dim >> 7) + (c >> 7)])
+    else:
+        si = (rt * (k_dim >> gshift) + (c >> gshift)) * 8 + g
+        s0, s1 = f16x2_to_f32(scales[si])
+        s = s1 if hr == 1 else s0
+        zf = float32(8.0 if kind == 0 else 128.0)
+        if zp != 0:
+            zw = zeros[si]
+            zh = (zw >> SH16) if hr == 1 else (zw & LO16)
+            if kind == 0:
+                zf = -as_f32(uint32(zh) << SH16) - float32(128.0)
+            else:
+                zf = float32(zh)
+        out[t_i, c] = s * (float32(v) - zf)

@@ -113,6 +113,24 @@ def tiled_build(mode: str, tokens: int, n: int, k: int, kind: str, sm_count: int
 
 
 class QuantLinearOps(NormOps):
+    def embedding(self, table: Any, ids: Any) -> Any:
+        """NormOps.embedding, and the rows of a tiled quantized table (a GGUF / converted
+        checkpoint's quantized embedding stays quantized on the GPU): [T, H] fp32."""
+        if not (isinstance(table, QuantizedWeight) and is_tiled(table.format)):
+            return super().embedding(table, ids)
+        _need(ids.dtype == np.int32, "embedding: ids must be int32")
+        kind, zp, _ = tiled_kind(table)
+        t, h = ids.shape[0], table.shape[1]
+        out = self.empty((t, h))                                            # [T, H] fp32
+        if t:
+            scales = table.arrays["scales"].reshape(-1).view(np.uint32)
+            zeros = table.arrays["zeros"].reshape(-1) if zp else scales
+            self._go(K_t.embedding_tiled_kernel, (-(-h // K_t.EMBED_THREADS), t), K_t.EMBED_THREADS,
+                     table.arrays["codes"].reshape(-1).view(np.uint32), scales, zeros,
+                     np.int32(K_t.KINDS.index(kind)), np.int32(zp), np.int32(table.format.group_size.bit_length() - 1),
+                     np.int32(table.shape[0]), ids.reshape(-1), out)
+        return out
+
     def _linear_into(self, x: Any, w: Any, bias: Any, out2: Any) -> None:
         raise NotImplementedError            # LinearOps' dense path (the prefill fallback)
 
