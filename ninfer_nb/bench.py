@@ -327,6 +327,8 @@ def main(argv: Sequence[str]) -> int:
                         "greedy continuation (100 %% acceptance: the verify machinery's upper bound; "
                         "random weights work; prompt length: the first --prompt-len)")
     p.add_argument("--draft-tokens", default="3", help="comma-separated draft counts K (--spec)")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="--spec mtp: draft over the LM head's first N rows only (a shortlist head)")
     p.add_argument("--concurrency", default=None, metavar="C[,C]",
                    help="requests at once, e.g. 1,2,4,8: per level C requests of the first --prompt-len "
                         "start together (bench_concurrency.py: aggregate and per-request decode tok/s, "
@@ -376,6 +378,12 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if args.spec != "off":
         from .engine.spec.bench import run_spec_bench
+
+        if args.draft_vocab is not None:
+            set_vocab = getattr(llm.engine.proposer, "set_draft_vocab", None)
+            if set_vocab is None:
+                raise SystemExit("bench: --draft-vocab needs --spec mtp")
+            set_vocab(args.draft_vocab)
 
         spec_rows = run_spec_bench(llm, args.spec, [int(k) for k in args.draft_tokens.split(",")], args.gen,
                                    lens[0])

@@ -17,7 +17,7 @@ from typing import Any
 from ..config import ModelConfig
 from .layers import attention_block, mlp_block, moe_block
 from .state import KVCache
-from .weights import AttentionWeights, MLPWeights, ModelWeights, MTPWeights
+from .weights import AttentionWeights, DenseWeight, LinearWeight, MLPWeights, ModelWeights, MTPWeights
 
 
 class MTPHead:
@@ -47,6 +47,16 @@ class MTPHead:
                 moe_block(ops, layer.ffn, n, x)
         return ops.rms_norm(x, w.norm, eps)
 
-    def logits(self, ops: Any, draft_hidden: Any) -> Any:
-        """draft hiddens [T, H] -> logits [T, V] through the target's LM head."""
-        return ops.linear(draft_hidden, self.lm_head)
+    def logits(self, ops: Any, draft_hidden: Any, head: LinearWeight | None = None) -> Any:
+        """draft hiddens [T, H] -> logits [T, V] through the target's LM head (or `head`: a
+        shortlist of its rows, `shortlist_head`)."""
+        return ops.linear(draft_hidden, self.lm_head if head is None else head)
+
+    def shortlist_head(self, rows: int) -> LinearWeight:
+        """The LM head's first `rows` rows (ids < rows: BPE vocabularies put the frequent tokens
+        first), a view: the full head's read dominates a draft step's cost. A quantized head
+        keeps all its rows."""
+        h = self.lm_head
+        if isinstance(h, DenseWeight) and 0 < rows < h.shape[0]:
+            return DenseWeight(h.data[:rows], h.dtype)
+        return h

@@ -57,6 +57,7 @@ class MTPProposer:
         self.head = MTPHead(cfg, decoder.weights)
         self.backend, self.ops = backend, backend.ops
         self.valid_vocab = valid_vocab
+        self._shortlist: tuple[int, Any] | None = None   # (rows, head view), set_draft_vocab
         shape = (max_context, cfg.num_kv_heads, cfg.head_dim)
         self.cache = KVCache(k=backend.zeros(shape), v=backend.zeros(shape))      # the MTP's own KV
         self.hiddens = np.zeros((max_context, cfg.hidden_size), np.float32)       # h_t by position t
@@ -66,6 +67,10 @@ class MTPProposer:
         # replays of a verify round (or its rollback) rewrite them; `settle` reads them back
         self._graph_rows: dict[tuple[int, bool], Any] = {}
         self._last_eager: tuple[int, int] | None = None   # positions [a, b) of the last eager tap
+
+    def set_draft_vocab(self, rows: int | None) -> None:
+        """Draft over ids < rows only (a shortlist of the LM head's first rows; None: all ids)."""
+        self._shortlist = None if rows is None else (rows, self.head.shortlist_head(rows))
 
     def tapped(self, positions: Any, hidden: Any, all_logits: bool) -> None:
         """A target forward's final-normed hiddens [T, H] at positions [T] (HiddenTap). Eager:
@@ -121,9 +126,10 @@ class MTPProposer:
         self.filled = end
         last = hidden[hidden.shape[0] - 1 :]                                      # [1, H]
         drafts: list[int] = []
+        vocab, shortlist = (self.valid_vocab, None) if self._shortlist is None else self._shortlist
         for j in range(k):
-            row = np.asarray(b.to_host(head.logits(ops, last)), dtype=np.float32).reshape(-1)
-            drafts.append(int(np.argmax(row[: self.valid_vocab])))
+            row = np.asarray(b.to_host(head.logits(ops, last, shortlist)), dtype=np.float32).reshape(-1)
+            drafts.append(int(np.argmax(row[: min(vocab, self.valid_vocab)])))
             if j + 1 < k:                  # (d_j, its draft hidden) at the next position
                 ids, pos = b.ids(drafts[-1:], end + j)
                 last = head.hidden(ops, ids, last, pos, self.cache)
