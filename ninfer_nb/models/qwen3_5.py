@@ -58,7 +58,8 @@ def _mtp(cfg: ModelConfig, t: NamedTensors, table: np.ndarray) -> MTPWeights | N
     """The MTP head (`mtp.*`) when the checkpoint has a whole one (`fc` of [H, 2H] and its
     layer); None otherwise (HF transformers and many quantized exports drop it)."""
     fc, h = t.get("mtp.fc.weight"), cfg.hidden_size
-    if fc is None or tuple(fc.shape) != (h, 2 * h) or t.get("mtp.layers.0.input_layernorm.weight") is None:
+    if (not isinstance(fc, np.ndarray) or tuple(fc.shape) != (h, 2 * h)   # absent, malformed, or quantized
+            or t.get("mtp.layers.0.input_layernorm.weight") is None):
         return None
     p = "mtp.layers.0."
     layer = LayerWeights(
@@ -66,9 +67,9 @@ def _mtp(cfg: ModelConfig, t: NamedTensors, table: np.ndarray) -> MTPWeights | N
         post_norm=1.0 + f32(t(p + "post_attention_layernorm.weight")),
         mixer=_attention(cfg, t, p + "self_attn.", table),
         ffn=_moe(cfg, t, p + "mlp.") if cfg.is_moe else mlp_weights(t, p + "mlp."))
-    fc = np.asarray(fc)
-    return MTPWeights(fc_embedding=dense(np.ascontiguousarray(fc[:, :h])),
-                      fc_hidden=dense(np.ascontiguousarray(fc[:, h:])), norm_embedding=1.0 + f32(t("mtp.pre_fc_norm_embedding.weight")),
+    return MTPWeights(fc_embedding=dense(np.ascontiguousarray(fc[:, :h])),      # fc's column halves
+                      fc_hidden=dense(np.ascontiguousarray(fc[:, h:])),
+                      norm_embedding=1.0 + f32(t("mtp.pre_fc_norm_embedding.weight")),
                       norm_hidden=1.0 + f32(t("mtp.pre_fc_norm_hidden.weight")), layer=layer,
                       norm=1.0 + f32(t("mtp.norm.weight")))
 
