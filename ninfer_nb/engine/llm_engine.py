@@ -56,6 +56,7 @@ from .request import Request, RequestOutput, RequestStatus
 from .sampler import gumbel_max_pick
 from .scheduler import Run, Scheduler
 from .spec import Proposer
+from .spec.adaptive import AdaptiveK
 from .spec.mtp import mtp_drafting
 from .spec.ngram import NgramProposer
 from .spec.stats import SpecStats
@@ -93,6 +94,8 @@ class LLMEngine:
         if spec == "mtp":            # the checkpoint's MTP head; the decoder gains its hidden tap
             decoder, self.proposer = mtp_drafting(cfg, decoder, backend, max_context, valid_vocab)
         self.draft_tokens = draft_tokens
+        # K from the measured acceptance, up to draft_tokens (engine/spec/adaptive.py); None: fixed K
+        self.adaptive: AdaptiveK | None = None
         self.spec_stats = SpecStats()
         if max_concurrency < 1:
             raise InvalidRequestError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -346,7 +349,7 @@ class LLMEngine:
         req, gen = run.request, run.lane
         assert gen is not None
         room = min(run.budget - len(req.output_ids), self.max_context - len(gen.tokens)) - 1
-        k = min(self.draft_tokens, room)
+        k = min(self.adaptive.next_k() if self.adaptive is not None else self.draft_tokens, room)
         drafts = self.proposer.propose(req.prompt_ids + req.output_ids, k) if k > 0 else []
         if not drafts:
             return []
@@ -362,6 +365,8 @@ class LLMEngine:
         if settle is not None:                # the MTP reads the kept positions' hiddens back
             settle(len(gen.tokens) - len(tokens), len(tokens))
         self.spec_stats.record(len(drafts), len(tokens) - 1)
+        if self.adaptive is not None:
+            self.adaptive.record(len(drafts), len(tokens) - 1)
         return tokens
 
     def _next_token(self, run: _Run) -> int | None:

@@ -247,3 +247,29 @@ def test_a_request_can_opt_out_of_speculation(tiny_qwen35_dir: Path) -> None:
     plain = _generate(llm, PROMPT, _greedy(12).replace(speculative=False))
     assert llm.engine.spec_stats.rounds == 0
     assert _generate(llm, PROMPT, _greedy(12)) == plain and llm.engine.spec_stats.rounds > 0
+
+
+def test_adaptive_k_follows_the_acceptance() -> None:
+    from ninfer_nb.engine.spec.adaptive import AdaptiveK
+
+    a = AdaptiveK(max_k=5)
+    assert a.next_k() == 5
+    for _ in range(6):
+        a.record(a.next_k(), 0)              # nothing kept: down to one draft
+    assert a.next_k() == 1
+    for _ in range(12):
+        a.record(a.next_k(), a.next_k())     # everything kept: back up to the maximum
+    assert a.next_k() == 5
+
+
+def test_adaptive_k_keeps_the_plain_output(tiny_qwen35_dir: Path) -> None:
+    from ninfer_nb.engine.spec.adaptive import AdaptiveK
+
+    plain = _generate(LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16,
+                          max_concurrency=1), PROMPT, _greedy(20))
+    llm = LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16, spec="ngram",
+              draft_tokens=4, max_concurrency=1)
+    llm.engine.proposer, llm.engine.adaptive = _CorruptedOracle(PROMPT, plain, every=4), AdaptiveK(4)
+    assert _generate(llm, PROMPT, _greedy(20)) == plain
+    s = llm.engine.spec_stats
+    assert s.rounds > 0 and s.drafted < 4 * s.rounds            # K went below the maximum
