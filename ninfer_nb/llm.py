@@ -208,6 +208,8 @@ class LLM:
                         finish, timings = "stop", (final or out).timings
                         break
                 if finish is None and out.finished:
+                    if out.error is not None:           # a step of another stream's turn ended it
+                        raise out.error
                     finish, timings = out.finish_reason, out.timings
         finally:
             self._outputs.pop(rid, None)

@@ -214,11 +214,13 @@ class LLMEngine:
         """A model call of `runs` failed: they end FINISHED_ERROR (their caches dropped: they
         may be half-written; the other requests keep running, told at the next step) and the
         error is raised, typed when it is a device fault of the request (engine/faults.py)."""
+        typed = request_error(exc)
         for run in runs:
             if run.lane is not None:
                 run.lane.forget()
-            self._errors.append(self._finish(run, RequestStatus.FINISHED_ERROR))
-        typed = request_error(exc)
+            out = self._finish(run, RequestStatus.FINISHED_ERROR)
+            out.error = typed or exc
+            self._errors.append(out)
         if typed is not None:
             raise typed from exc
         raise exc

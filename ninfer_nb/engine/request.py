@@ -86,3 +86,6 @@ class RequestOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     timings: Timings | None = None         # on the finishing output
+    # finish_reason "error": what ended it (raised to whichever caller ran that step, and to
+    # this request's own stream; engine/faults.py types a device out-of-memory)
+    error: BaseException | None = None
