@@ -688,7 +688,7 @@ BUILDS = (tuple(("i4", False, False, "plain", 1, ways, 4, 3) for ways in (1, 2, 
           + tuple((kind, False, False, mode, 1, 1, 4, 3, "", 64 if kind == "i4" else 128) for kind in KINDS
                   for mode in ("normed", "normed_swiglu", "swiglu"))
           + tuple((kind, False, False, "plain", 1, 2, 4, 3, "", 128) for kind in ("i8", "fp8"))
-          + (("i4", False, False, "plain", 2, 1, 4, 2), ("i4", True, True, "plain", 1, 1, 4, 3, "", 32),
+          + (("i4", False, False, "plain", 2, 1, 4, 2), ("i4", True, True, "plain", 1, 1, 4, 2, "", 32),
              ("i4", False, False, "swiglu", 1, 4, 4, 3, "gate_up"), ("i4", False, False, "plain", 1, 8, 8, 1, "down")))
 for _build in BUILDS:
     gemv_tiled(*_build)

@@ -88,14 +88,16 @@ def moe_build(experts: str, n: int, k_all: int, kind: str, slots: int, sm_count:
     return 8, 8, 1
 
 
-def tiled_build(mode: str, tokens: int, n: int, k: int, kind: str, sm_count: int = 132) -> tuple[int, int, int]:
+def tiled_build(mode: str, tokens: int, n: int, k: int, kind: str, sm_count: int = 132,
+                heavy: bool = False) -> tuple[int, int, int]:
     """(K slices, warps per block, blocks per SM) of the gemv_tiled build for an [n, k] weight:
     blocks of 4 warps (150-160 registers with the next pass's loads in flight: 3 blocks per SM
     for up to 8 tokens, 2 for 16); the
     number of K slices (1, 2, 4; each at least one pass of K-tiles) whose tile-pair tasks fill
     the resident warps in the fewest waves of a whole row's time (a few-row weight such as the
-    27B's 5120 x 17408 has 160 tile pairs for 2112 resident warps: 4 slices)."""
-    warps, blocks = 4, (3 if tokens <= 8 else 2)
+    27B's 5120 x 17408 has 160 tile pairs for 2112 resident warps: 4 slices). `heavy` (zero
+    points or int4 groups of 32: more words per K-tile in flight) takes 2 blocks (no spills)."""
+    warps, blocks = 4, (3 if tokens <= 8 and not heavy else 2)
     nt = -(-n // TILE_ROWS)
     pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
     kts = k // tile_cols(4 if kind == "i4" else 8)
@@ -206,7 +208,7 @@ class QuantLinearOps(NormOps):
         if experts:
             ways, warps, blocks = moe_build(experts, n, x2.shape[1], kind, grid_y, self.sm_count)
         else:
-            ways, warps, blocks = tiled_build(mode, t, n, k, kind, self.sm_count)
+            ways, warps, blocks = tiled_build(mode, t, n, k, kind, self.sm_count, zp or split)
         nt = -(-n // TILE_ROWS)
         pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
         codes = q.arrays["codes"].reshape(-1).view(np.uint32)
