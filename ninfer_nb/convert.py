@@ -19,6 +19,7 @@ import argparse
 import json
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -91,7 +92,8 @@ def target_format(name: str, shape: tuple[int, ...], default: str, overrides: Se
 GGUF_TYPES = {"int4-g32": "Q4_0", "int8-g32": "Q8_0"}
 
 
-def quantize_values(w: np.ndarray, fmt: QuantFormat, method: str) -> QuantizedWeight:
+def quantize_values(w: np.ndarray, fmt: QuantFormat, method: str,
+                    importance: np.ndarray | None = None) -> QuantizedWeight:
     """`w` [..., N, K] in `fmt`: rtn (round to nearest), mse (scale search) or gguf (the `gguf`
     package's own Q4_0 / Q8_0 quantizer, repacked losslessly: int4-g32 / int8-g32 only)."""
     from .quant.dequant import quantize
@@ -106,7 +108,16 @@ def quantize_values(w: np.ndarray, fmt: QuantFormat, method: str) -> QuantizedWe
         kind = GGUF_TYPES[fmt.name]
         blocks = gguf_quantize(np.ascontiguousarray(w, dtype=np.float32), GGMLQuantizationType[kind])
         return repack(blocks, kind)
-    return quantize_mse(w, fmt) if method == "mse" else quantize(w, fmt)
+    if method == "gptq" and importance is not None and importance.ndim == 2 and w.ndim == 2 \
+            and fmt.layout == "groupwise" and not fmt.zero_points:
+        from .quant.gptq import quantize_gptq
+
+        return quantize_gptq(w, fmt, importance)
+    if method in ("mse", "gptq"):
+        if importance is not None and importance.ndim == 2:
+            importance = np.diag(importance).astype(np.float32)
+        return quantize_mse(w, fmt, importance=importance if w.ndim == 2 else None)
+    return quantize(w, fmt)
 
 
 def _stored(x: Any) -> np.ndarray:
@@ -120,9 +131,11 @@ def _stored(x: Any) -> np.ndarray:
 
 def convert(src: LoadedCheckpoint, dest: Path, weights: str, *, overrides: Sequence[Override] = (),
             method: str = "rtn", show_progress: bool = False,
-            quantizer: Callable[[np.ndarray, QuantFormat], QuantizedWeight] | None = None) -> Path:
+            quantizer: Callable[[np.ndarray, QuantFormat], QuantizedWeight] | None = None,
+            importance: Mapping[str, np.ndarray] | None = None) -> Path:
     """Write `src` to the new directory `dest` with its linear weights in `weights`.
-    `quantizer` replaces the quantization (tests, GGUF's own quantizer for comparisons)."""
+    `quantizer` replaces the quantization (tests); `importance`: E[x^2] per input column by
+    tensor name (quant/calibrate.py) weights the `mse` search."""
     if dest.exists():
         raise InvalidRequestError(f"{dest} exists: convert never overwrites (remove it or pick another name)")
     default = _checked_format(weights)
@@ -142,7 +155,8 @@ def convert(src: LoadedCheckpoint, dest: Path, weights: str, *, overrides: Seque
     shards = _split(plan)
     dest.mkdir(parents=True)
     try:
-        _write(src, dest, shards, shapes, method, quantizer, show_progress, weights, overrides)
+        _write(src, dest, shards, shapes, method, quantizer, show_progress, weights, overrides,
+               importance or {})
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
@@ -182,7 +196,8 @@ def _split(plan: list[tuple[str, QuantFormat | None, list[PlannedTensor]]]
 
 def _write(src: LoadedCheckpoint, dest: Path, shards: list, shapes: dict[str, tuple[int, ...]], method: str,
            quantizer: Callable[[np.ndarray, QuantFormat], QuantizedWeight] | None,
-           show_progress: bool, weights: str, overrides: Sequence[Override]) -> None:
+           show_progress: bool, weights: str, overrides: Sequence[Override],
+           importance: Mapping[str, np.ndarray]) -> None:
     total = sum(1 for shard in shards for _ in shard)
     bar = Progress(f"converting {src.name} to {weights}", total, enabled=show_progress)
     files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1
@@ -202,7 +217,8 @@ def _write(src: LoadedCheckpoint, dest: Path, shards: list, shapes: dict[str, tu
                 counts["as stored"] = counts.get("as stored", 0) + 1
             else:
                 w = values(x)
-                q = quantizer(w, fmt) if quantizer is not None else quantize_values(w, fmt, method)
+                q = (quantizer(w, fmt) if quantizer is not None
+                     else quantize_values(w, fmt, method, importance.get(name)))
                 for t in planned:
                     writer.write(t.name, np.asarray(q.arrays[t.name.rsplit(".", 1)[1]]))
                 counts[fmt.name] = counts.get(fmt.name, 0) + 1
@@ -212,7 +228,7 @@ def _write(src: LoadedCheckpoint, dest: Path, shards: list, shapes: dict[str, tu
         writer.close()
     if len(shards) > 1:
         (dest / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    _write_config(src, dest, weights, overrides, method, counts)
+    _write_config(src, dest, weights, overrides, method + ("+calibrated" if importance else ""), counts)
     _write_tokenizer(src, dest)
     bar.close(f"wrote {dest} ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))})")
 
@@ -263,9 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--override", action="append", default=[], metavar="PATTERN=FORMAT",
                    help="per-tensor format (regex on the tensor name; FORMAT or 'keep'), "
                         "e.g. lm_head=int8-g128; later ones win")
-    p.add_argument("--method", choices=["rtn", "mse", "gguf"], default="mse",
-                   help="rtn: round to nearest; mse: per-group scale search (default); gguf: the gguf "
-                        "package's Q4_0 / Q8_0 quantizer (--weights int4-g32 / int8-g32; for comparisons)")
+    p.add_argument("--method", choices=["rtn", "mse", "gptq", "gguf"], default="mse",
+                   help="rtn: round to nearest; mse: per-group scale search (default); gptq: GPTQ "
+                        "rounding with --calibrate statistics; gguf: the gguf package's Q4_0 / Q8_0 "
+                        "quantizer (--weights int4-g32 / int8-g32; for comparisons)")
+    p.add_argument("--calibrate", type=int, default=0, metavar="TOKENS",
+                   help="weight the mse search by the source model's input statistics over this many "
+                        "tokens of the pydoc_data topics' end (default 0: unweighted)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     return p
 
@@ -278,8 +298,23 @@ def main(argv: Sequence[str]) -> int:
     if args.dest.exists():
         raise InvalidRequestError(f"{args.dest} exists: convert never overwrites (remove it or pick another name)")
     src = load_checkpoint(None if args.src == "default" else args.src, show_progress=not args.quiet)
+    importance = None
+    if args.method == "gptq" and args.calibrate <= 0:
+        raise InvalidRequestError("--method gptq needs --calibrate TOKENS")
+    if args.calibrate > 0:
+        if args.method not in ("mse", "gptq") or src.tokenizer is None:
+            raise InvalidRequestError("--calibrate needs --method mse or gptq and a model with a tokenizer")
+        from .perplexity import default_text
+        from .progress import Progress
+        from .quant.calibrate import activation_importance, calibration_windows
+
+        bar = Progress("calibrating", 1, enabled=not args.quiet)
+        windows = calibration_windows(src.tokenizer, default_text(), args.calibrate, 512)
+        importance = activation_importance(None if args.src == "default" else args.src, windows,
+                                           context=512, full=args.method == "gptq")
+        bar.close(f"calibrated on {sum(len(w) for w in windows)} tokens ({len(importance)} tensors)")
     convert(src, args.dest, args.weights, overrides=overrides, method=args.method,
-            show_progress=not args.quiet)
+            show_progress=not args.quiet, importance=importance)
     print(args.dest)
     return 0
 

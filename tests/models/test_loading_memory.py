@@ -43,8 +43,12 @@ PROBE = textwrap.dedent("""
         return part
 
     ckpt = load_checkpoint(sys.argv[1])
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")                                   # VmHWM := VmRSS
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                               # VmHWM := VmRSS
+    except OSError:
+        print(json.dumps({"peak": None}))
+        sys.exit(0)
     base = status("VmRSS")
     build_weights(ckpt.config, ckpt.weights, ckpt.source, place=sink if sys.argv[2] == "device" else keep)
     print(json.dumps({"peak": status("VmHWM") - base,
@@ -62,7 +66,10 @@ def _probe(path: Path, mode: str) -> dict:
     proc = subprocess.run([sys.executable, "-c", PROBE, str(path), mode], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    out = json.loads(proc.stdout)
+    if out["peak"] is None:
+        pytest.skip("/proc/self/clear_refs is not writable here: the peak cannot be reset")
+    return out
 
 
 def test_device_load_holds_about_one_layer(sharded: tuple[Path, list[Path]]) -> None:
