@@ -48,6 +48,10 @@ from .sse import SSEWriter
 from .state import STATE, ServerState, new_id, trace_of
 
 DEFAULT_MAX_TOKENS = 16          # OpenAI's default for completions
+MAX_CHOICES = 256                # prompts x n in one request
+# echo + logprobs holds the logits of every prompt position on the host at once ([T, V] fp32):
+# a prompt is refused past this many bytes of them (248K vocabulary: ~2160 tokens)
+MAX_PROMPT_LOGITS_BYTES = 2 << 30
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "cancelled": "stop"}
 
 
@@ -196,9 +200,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
     engine: Any = state.engine
     if not hasattr(engine, "stream") or not hasattr(engine, "logits"):
         raise BadRequest("this engine serves chat only", param="prompt")
+    if len(req.prompts) * req.n > MAX_CHOICES:
+        raise BadRequest(f"{len(req.prompts)} prompts x n={req.n} exceeds {MAX_CHOICES} choices",
+                         param="prompt")
     prompts = await state.prompts.run(_encode, engine, req.prompts)
+    vocab = int(getattr(engine, "valid_vocab", 0) or 0)
     for ids in prompts:
         check_context(engine, Prompt("", ids))
+        if req.echo and req.logprobs is not None and len(ids) * vocab * 4 > MAX_PROMPT_LOGITS_BYTES:
+            raise BadRequest(f"echo with logprobs takes prompts of at most "
+                             f"{MAX_PROMPT_LOGITS_BYTES // (4 * vocab)} tokens here; this one has "
+                             f"{len(ids)}", param="prompt")
     texts = TokenTexts(engine.tokenizer)
     echoes = [p if isinstance(p, str) else await state.prompts.run(engine.tokenizer.decode, p)
               for p in req.prompts] if req.echo else []

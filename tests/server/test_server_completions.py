@@ -84,7 +84,8 @@ def test_completion_refusals(real_server: LiveServer) -> None:
     base = {"model": MODEL_ID, "prompt": "x"}
     for extra, param in [({"suffix": "y"}, "suffix"), ({"best_of": 3}, "best_of"),
                          ({"max_tokens": 0}, "max_tokens"), ({"logprobs": 21}, "logprobs"),
-                         ({"prompt": [1, "a"]}, "prompt"), ({"prompt": [10**9]}, "prompt")]:
+                         ({"prompt": [1, "a"]}, "prompt"), ({"prompt": [10**9]}, "prompt"),
+                         ({"prompt": ["a"] * 20, "n": 16}, "prompt")]:
         r = post(real_server, "/v1/completions", {**base, **extra})
         assert r.status_code == 400, (extra, r.text)
         assert r.json()["error"]["param"] == param
