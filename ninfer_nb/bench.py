@@ -368,7 +368,8 @@ def main(argv: Sequence[str]) -> int:
         from .bench_concurrency import print_rows, run_concurrency_bench
 
         llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))   # warm
-        conc_rows = run_concurrency_bench(llm, levels, lens[0], args.gen)
+        sampled = {"temperature": args.temperature, **sampling_fields(args)} if args.temperature > 0 else None
+        conc_rows = run_concurrency_bench(llm, levels, lens[0], args.gen, sampled)
         print_rows(conc_rows, f"{llm.model_id} on {llm.device_name}: {lens[0]}-token prompts, {args.gen} "
                               f"tokens each, C requests started together")
         if args.json:

@@ -19,14 +19,17 @@ from .engine.request import Request
 from .params import SamplingParams
 
 
-def run_level(llm: Any, concurrency: int, prompt_len: int, gen: int, seed: int = 0) -> dict[str, Any]:
-    """One level: `concurrency` requests of prompt_len tokens, gen tokens each."""
+def run_level(llm: Any, concurrency: int, prompt_len: int, gen: int, seed: int = 0,
+              sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One level: `concurrency` requests of prompt_len tokens, gen tokens each (greedy, or
+    sampled with `sampling`'s SamplingParams fields, each request its own seed)."""
     engine = llm.engine
     engine.forget()
     rng = np.random.default_rng([seed, concurrency])
     vocab = min(llm.valid_vocab, 32000)
-    params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
-    reqs = [Request(f"bench-c{concurrency}-{i}", [int(t) for t in rng.integers(100, vocab, prompt_len)], params)
+    params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True).replace(**(sampling or {}))
+    reqs = [Request(f"bench-c{concurrency}-{i}", [int(t) for t in rng.integers(100, vocab, prompt_len)],
+                    params.replace(seed=i) if sampling else params)
             for i in range(concurrency)]
     engine.batch_sizes.clear()
     t0 = time.perf_counter()
@@ -54,9 +57,18 @@ def run_level(llm: Any, concurrency: int, prompt_len: int, gen: int, seed: int =
             "max_batch": max(engine.batch_sizes, default=1)}
 
 
-def run_concurrency_bench(llm: Any, levels: list[int], prompt_len: int, gen: int) -> list[dict[str, Any]]:
-    """Every level in order; each row also gets its aggregate relative to the first level's."""
-    rows = [run_level(llm, c, prompt_len, gen) for c in levels]
+def run_concurrency_bench(llm: Any, levels: list[int], prompt_len: int, gen: int,
+                          sampling: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every level in order; each row also gets its aggregate relative to the first level's.
+    sampling: each level also runs sampled right after greedy (a row "sampled" with its
+    aggregate as a share of greedy's at that level)."""
+    rows = []
+    for c in levels:
+        rows.append(run_level(llm, c, prompt_len, gen))
+        if sampling:
+            s = run_level(llm, c, prompt_len, gen, sampling=sampling)
+            s["sampled_vs_greedy"] = s["aggregate_decode_tok_s"] / (rows[-1]["aggregate_decode_tok_s"] or 1.0)
+            rows.append(s)
     base = rows[0]["aggregate_decode_tok_s"] or 1.0
     for row in rows:
         row["vs_first"] = row["aggregate_decode_tok_s"] / base
@@ -68,6 +80,8 @@ def print_rows(rows: list[dict[str, Any]], title: str) -> None:
     print(f"{'C':>4}{'aggregate t/s':>15}{'x C1':>7}{'per-req t/s':>13}{'TTFT mean ms':>14}"
           f"{'TTFT max ms':>13}{'mean batch':>12}{'wall s':>8}")
     for r in rows:
+        share = r.get("sampled_vs_greedy")
         print(f"{r['concurrency']:>4}{r['aggregate_decode_tok_s']:>15.1f}{r['vs_first']:>7.2f}"
               f"{r['per_request_decode_tok_s']:>13.1f}{r['ttft_mean_s'] * 1e3:>14.0f}"
-              f"{r['ttft_max_s'] * 1e3:>13.0f}{r['mean_batch']:>12.2f}{r['wall_s']:>8.1f}")
+              f"{r['ttft_max_s'] * 1e3:>13.0f}{r['mean_batch']:>12.2f}{r['wall_s']:>8.1f}"
+              + (f"  sampled: {share:.1%} of greedy" if share is not None else ""))
