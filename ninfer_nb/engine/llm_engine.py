@@ -57,7 +57,7 @@ from .sampler import gumbel_max_pick
 from .scheduler import Run, Scheduler
 from .spec import Proposer
 from .spec.adaptive import AdaptiveK
-from .spec.mtp import mtp_drafting
+from .spec.mtp import MTPProposer, mtp_drafting
 from .spec.ngram import NgramProposer
 from .spec.stats import SpecStats
 from .spec.verify import accept_greedy, verify_drafts
@@ -363,9 +363,8 @@ class LLMEngine:
         else:
             tokens = verify_drafts(drafts, gen.verify([req.output_ids[-1]] + drafts), run.sampler)
         gen.rollback(len(tokens))             # the last token and the accepted drafts
-        settle = getattr(self.proposer, "settle", None)
-        if settle is not None:                # the MTP reads the kept positions' hiddens back
-            settle(len(gen.tokens) - len(tokens), len(tokens))
+        if isinstance(self.proposer, MTPProposer):     # it reads the kept positions' hiddens back
+            self.proposer.settle(len(gen.tokens) - len(tokens), len(tokens))
         self.spec_stats.record(len(drafts), len(tokens) - 1)
         if self.adaptive is not None:
             self.adaptive.record(len(drafts), len(tokens) - 1)
