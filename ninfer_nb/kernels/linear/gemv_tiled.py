@@ -4,18 +4,20 @@ points) or fp8 e4m3 with 128 x 128 block scales.
 
 A warp owns a pair of 16-row tiles (plain / normed: rows 32p .. 32p + 31; swiglu: the gate
 tile p and the up tile p + NT / 2) and streams its K-tiles (512 bytes each: one 16-byte
-`ldg_stream_v4_u32` per lane and tile) `UNROLL` K-tiles a pass, all code and scale loads of a
-pass issued before any math and, in self_sync builds, before `grid_dependency_sync()` (the
-codes and scales depend on no kernel; x does). Each lane's 16 bytes are the A fragments of 4
-(4-bit) or 2 (8-bit) `mma.m16n8k16` sub-blocks: codes become exact bf16 values in registers
-(int4: two nibbles OR-ed into the mantissa of bf16 128.0, then one fma.bf16x2 subtracting 128 +
-zero; int8: the fp32 magic number, then one cvt to bf16x2; fp8: the e4m3 bits shifted into a
-bf16 with its exponent 120 short, then one fma.bf16x2 by 2^120), x (fp32, times the norm weight
-in "normed") becomes the bf16 B fragment (token g of lane 4g + t; 8 tokens per mma, a second
-mma set for tokens 8..15), and the fp32 accumulators of each group (or K-tile) are scaled by
-the group's scale after its mmas (rows g and g + 8 of a lane: one 32-bit word of two fp16
-scales). So a byte of codes costs about 1.5 instructions (int4) instead of 4 per weight, and x
-is read once per tile pair (32 rows) instead of once per row pair.
+`ldg_stream_v4_u32` per lane and tile) in passes of `UNROLL` K-tiles, software-pipelined: the
+next pass's code and scale loads (two register buffers) are issued before this pass's math,
+the first pass's before `grid_dependency_sync()` in self_sync builds (codes and scales depend
+on no kernel; x does). Each lane's 16 bytes are the A fragments of 4 (4-bit) or 2 (8-bit)
+`mma.m16n8k16` sub-blocks: codes become exact bf16 values in registers (int4: two nibbles
+OR-ed into the mantissa of bf16 128.0, one LOP3 per register; symmetric formats subtract
+136 * sum(x) from constant-A mmas shared by the tile pair, zero points by one fma.bf16x2 per
+register; int8: the fp32 magic number, then one cvt to bf16x2; fp8: the e4m3 bits shifted
+into a bf16 with its exponent 120 short, then one fma.bf16x2 by 2^120), x (fp32, times the
+norm weight in "normed") becomes the bf16 B fragment (token g of lane 4g + t; 8 tokens per
+mma, a second mma set for tokens 8..15), and the fp32 accumulators of each group (int4 g32:
+each 32-column half) or K-tile are scaled by its scale after the mmas (rows g and g + 8 of a
+lane: one 32-bit word of two fp16 scales; fp8: one fp32 per tile and 128 columns). x is read
+once per tile pair (32 rows), not once per row pair.
 
 `ways` warps of a block split a pair's K-tiles; their sums meet in shared memory in a fixed
 order (deterministic), and the slice-0 warp's lanes store: lane 4g + t holds rows g, g + 8 of
@@ -409,14 +411,15 @@ def gemv_tiled(kind: str, zp: bool, split: bool, mode: str, ntg: int, ways: int,
                experts: str = "", group: int = 64) -> Any:
     """The build (registered on first use). kind "i4" / "i8" / "fp8"; zp: zero points (int);
     split: int4 groups of 32 (two scales per K-tile; must match group); group: the format's group
-    size (fp8: 128; the kernel's gshift argument must equal log2(group)); mode "plain" / "normed" / "swiglu"; ntg:
-    token groups of 8 (T <= 8 * ntg; normed: T = 1); `ways` K slices per tile pair; experts ""
-    / "gate_up" (mode swiglu) / "down" (mode plain).
+    size (fp8: 128; the kernel's gshift argument must equal log2(group)); mode "plain" /
+    "normed" / "swiglu" / "normed_swiglu"; ntg: token groups of 8 (T <= 8 * ntg; normed: T =
+    1); `ways` K slices per tile pair; experts "" / "gate_up" (mode swiglu) / "down" (plain).
     One signature: (x [T, K] fp32, nw [K], eps, codes u32 [...], scales u32 [...] (fp8: fp32
     bits), zeros u32 [...] (dummy without zero points), gshift = log2(group), n_rows (logical
     N), k_exp (an expert's K; = K for dense), bias [N], out [T, N] ([T, N / 2] swiglu;
-    gate_up: [slots, I]), has_bias, ids [1, slots] int32, ew [1, slots] fp32 (MoE; dummies
-    otherwise)). Grid (ceil(pairs / (warps / ways)), slots or 1), block 32 * warps."""
+    gate_up: [T * k, I]), has_bias, ids [T, k] int32, ew [T, k] fp32 (MoE; dummies
+    otherwise)). Grid (ceil(pairs / (warps / ways)), T * k (gate_up) / T (down) / 1), block
+    32 * warps."""
     if kind == "fp8":
         group = 128
     key = (kind, zp, split, mode, ntg, ways, warps, min_blocks, experts, group)
