@@ -127,7 +127,7 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
         seed=f.integer("seed", minimum=0, maximum=MAX_SEED),
         ignore_eos=f.boolean("ignore_eos"),
         logprobs=logprobs,
-        **penalty_fields(f),
+        **penalty_fields(f, getattr(state.engine, "valid_vocab", None)),
     )
     if max_tokens == 0:
         params = params.replace(max_tokens=0)        # echo only: no engine request

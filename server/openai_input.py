@@ -165,7 +165,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJo
         seed=f.integer("seed", minimum=0, maximum=MAX_SEED),
         ignore_eos=f.boolean("ignore_eos"),
         logprobs=chat_logprobs(f),
-        **penalty_fields(f),
+        **penalty_fields(f, getattr(state.engine, "valid_vocab", None)),
     )
     effort_thinking, budget = effort_budget(f.raw("reasoning_effort"), "reasoning_effort")
     thinking = f.boolean("enable_thinking")
@@ -189,9 +189,9 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> tuple[ChatJo
     return ChatJob(messages, tools, params, thinking, output, n=n, thinking_budget=budget), options
 
 
-def penalty_fields(f: Fields) -> dict[str, Any]:
-    """`repetition_penalty` (vLLM's, (0, 2]) and `logit_bias` ({token id: bias in [-100,
-    100]}, OpenAI's), as SamplingParams fields (absent: the server's defaults)."""
+def penalty_fields(f: Fields, vocab: int | None) -> dict[str, Any]:
+    """`repetition_penalty` (vLLM's, (0, 2]) and `logit_bias` ({token id below `vocab`: bias
+    in [-100, 100]}, OpenAI's), as SamplingParams fields (absent: the server's defaults)."""
     out: dict[str, Any] = {}
     rep = f.number("repetition_penalty", lo=0.0, hi=2.0)
     if rep is not None:
@@ -206,6 +206,9 @@ def penalty_fields(f: Fields) -> dict[str, Any]:
                     or not -100 <= value <= 100:
                 raise BadRequest("logit_bias maps token ids (strings of digits) to numbers in "
                                  f"[-100, 100]; got {key!r}: {value!r}", param="logit_bias")
+            if vocab is not None and int(key) >= vocab:
+                raise BadRequest(f"logit_bias: token id {key} is outside the vocabulary "
+                                 f"(< {vocab})", param="logit_bias")
             pairs.append((int(key), float(value)))
         out["logit_bias"] = tuple(sorted(pairs))
     return out

@@ -85,7 +85,9 @@ def test_completion_refusals(real_server: LiveServer) -> None:
     for extra, param in [({"suffix": "y"}, "suffix"), ({"best_of": 3}, "best_of"),
                          ({"max_tokens": 0}, "max_tokens"), ({"logprobs": 21}, "logprobs"),
                          ({"prompt": [1, "a"]}, "prompt"), ({"prompt": [10**9]}, "prompt"),
-                         ({"prompt": ["a"] * 20, "n": 16}, "prompt")]:
+                         ({"prompt": ["a"] * 20, "n": 16}, "prompt"),
+                         ({"logit_bias": {"99999999999999999999": 1}}, "logit_bias"),
+                         ({"logit_bias": {"248077": 1}}, "logit_bias")]:
         r = post(real_server, "/v1/completions", {**base, **extra})
         assert r.status_code == 400, (extra, r.text)
         assert r.json()["error"]["param"] == param
