@@ -5,8 +5,8 @@ thinking budget, a `HookedSampler`: it samples like its base class, then (budget
 token by the forced closing sequence once the request has thought for `thinking_budget` tokens
 without closing, then (logprobs) records the chosen token's logprob and its top alternatives
 from the raw row into `request.logprobs`. Both need the logits row and may change the token,
-so these requests never take the device pick (`device_pick` -> None) nor speculation (the
-engine asks `needs_rows`). Knows nothing about text: the front door gives the forced ids
+so these requests never take the device pick (`needs_rows`: `Sampler.device_sample` -> None)
+nor speculation (`LLMEngine._can_speculate`). Knows nothing about text: the front door gives the forced ids
 (`SamplingParams.thinking_end_ids`, ending with the `</think>` id).
 """
 from __future__ import annotations
