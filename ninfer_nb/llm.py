@@ -310,13 +310,21 @@ class LLM:
         state = self.engine.generator.state
         kv_total = state.kv_bytes()
         ctx = self.engine.context_tokens
+        sched = self.engine.scheduler
+        # a page pool: the pages held (running requests and idle lanes' cached prefixes)
+        kv_used = (int(kv_total * sched.usage()) if sched.allocator is not None
+                   else int(kv_total * ctx / max(self.max_context, 1)))
         return {
             "context_tokens": ctx,
             "max_context": self.max_context,
             "kv_cache": self.kv_cache,
             "kv_cache_bytes": kv_total,
-            "kv_cache_used_bytes": int(kv_total * ctx / max(self.max_context, 1)),
-            "state_bytes": kv_total + state.gdn_slot_bytes(),       # one sequence's caches
+            "kv_cache_used_bytes": kv_used,
+            "state_bytes": kv_total + state.gdn_slot_bytes(),       # the KV cache + one GDN slot
+            "max_concurrency": self.max_concurrency,
+            "num_requests_running": self.engine.num_running,
+            "num_requests_waiting": self.engine.num_waiting,
+            "num_preemptions": sched.preemptions,
             "device": self.device_name,
             "device_memory_used": used,
             "device_memory_total": total,
