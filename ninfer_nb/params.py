@@ -83,10 +83,11 @@ class SamplingParams:
         seen: set[int] = set()
         for entry in self.logit_bias:
             if (not isinstance(entry, tuple) or len(entry) != 2 or isinstance(entry[0], bool)
-                    or not isinstance(entry[0], int) or entry[0] < 0 or entry[0] in seen
+                    or not isinstance(entry[0], int) or not 0 <= entry[0] < 2**31 or entry[0] in seen
                     or isinstance(entry[1], bool) or not isinstance(entry[1], (int, float))
                     or not -100.0 <= entry[1] <= 100.0):
-                raise bad(f"logit_bias entries must be distinct (token id >= 0, bias in [-100, 100]), got {entry!r}")
+                raise bad(f"logit_bias entries must be distinct (token id in [0, 2^31), bias in [-100, 100]), "
+                          f"got {entry!r}")
             seen.add(entry[0])
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise bad(f"seed must be an integer, got {self.seed!r}")

@@ -175,3 +175,13 @@ def test_gumbel_max_pick_with_filters_draws_the_host_distribution() -> None:
     big = want >= 5
     chi2 = float(((got[big] - want[big]) ** 2 / want[big]).sum())
     assert chi2 < 3 * big.sum() + 30, chi2
+
+
+@pytest.mark.parametrize("bad", [dict(repetition_penalty=0.0), dict(repetition_penalty=2.5),
+                                 dict(logit_bias=((3, 1.0), (3, 2.0))), dict(logit_bias=((3, 101.0),)),
+                                 dict(logit_bias=((10**20, 1.0),)), dict(logit_bias=((-1, 1.0),))])
+def test_repetition_penalty_and_logit_bias_are_validated(bad: dict) -> None:
+    from ninfer_nb.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(**bad).validate()
