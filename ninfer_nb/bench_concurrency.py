@@ -4,7 +4,8 @@ Each level submits C requests with distinct random prompts of the same length (n
 prefix) to the engine at one instant, steps it until all finish, and reports: aggregate
 decode tok/s (tokens after each request's first, over the window from the first request's
 first token to the last request's end), the mean per-request decode tok/s, TTFT (mean and
-max: the last request's first token waits for the others' prefill chunks) and the wall time.
+max: the last request's first token waits for the others' prefill chunks), the wall time and
+the tokens per CPU-second of this process (steadier than wall figures on a shared host).
 The caches are dropped between levels. Greedy, ignore_eos. Knows nothing about HTTP (`bench
 serve` drives a server).
 """
@@ -32,7 +33,7 @@ def run_level(llm: Any, concurrency: int, prompt_len: int, gen: int, seed: int =
                     params.replace(seed=i) if sampling else params)
             for i in range(concurrency)]
     engine.batch_sizes.clear()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for req in reqs:
         req.arrival_time = t0
         engine.add_request(req)
@@ -41,7 +42,7 @@ def run_level(llm: Any, concurrency: int, prompt_len: int, gen: int, seed: int =
         for out in engine.step():
             if out.finished:
                 ends[out.request_id] = time.perf_counter()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     firsts = [r.first_token_time or t0 for r in reqs]
     decoded = sum(max(len(r.output_ids) - 1, 0) for r in reqs)
     window = max(ends.values()) - min(firsts)
@@ -54,7 +55,9 @@ def run_level(llm: Any, concurrency: int, prompt_len: int, gen: int, seed: int =
             "per_request_decode_tok_s": float(np.mean(per_req)) if per_req else 0.0,
             "ttft_mean_s": float(np.mean(ttft)), "ttft_max_s": float(np.max(ttft)), "wall_s": wall,
             "mean_batch": (sum(b * n for b, n in engine.batch_sizes.items()) / rounds) if rounds else 1.0,
-            "max_batch": max(engine.batch_sizes, default=1)}
+            "max_batch": max(engine.batch_sizes, default=1),
+            # this process's CPU time (all threads): on a shared host, a figure other load moves less
+            "cpu_s": cpu, "tok_per_cpu_s": sum(len(r.output_ids) for r in reqs) / cpu if cpu > 0 else 0.0}
 
 
 def run_concurrency_bench(llm: Any, levels: list[int], prompt_len: int, gen: int,
@@ -78,10 +81,10 @@ def run_concurrency_bench(llm: Any, levels: list[int], prompt_len: int, gen: int
 def print_rows(rows: list[dict[str, Any]], title: str) -> None:
     print(title)
     print(f"{'C':>4}{'aggregate t/s':>15}{'x C1':>7}{'per-req t/s':>13}{'TTFT mean ms':>14}"
-          f"{'TTFT max ms':>13}{'mean batch':>12}{'wall s':>8}")
+          f"{'TTFT max ms':>13}{'mean batch':>12}{'wall s':>8}{'tok/cpu-s':>11}")
     for r in rows:
         share = r.get("sampled_vs_greedy")
         print(f"{r['concurrency']:>4}{r['aggregate_decode_tok_s']:>15.1f}{r['vs_first']:>7.2f}"
               f"{r['per_request_decode_tok_s']:>13.1f}{r['ttft_mean_s'] * 1e3:>14.0f}"
-              f"{r['ttft_max_s'] * 1e3:>13.0f}{r['mean_batch']:>12.2f}{r['wall_s']:>8.1f}"
+              f"{r['ttft_max_s'] * 1e3:>13.0f}{r['mean_batch']:>12.2f}{r['wall_s']:>8.1f}{r['tok_per_cpu_s']:>11.1f}"
               + (f"  sampled: {share:.1%} of greedy" if share is not None else ""))
