@@ -20,7 +20,7 @@ SPECS = all_specs()
 NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_kernel", "gemv_bf16_swiglu_kernel", "gemm_mma_kernel", "gemm_wgmma_kernel",
             "attn_split_kernel", "attn_split_mma_d64_kernel", "attn_split_mma_d256_kernel", "attn_combine_kernel", "moe_gate_up_unrolled_kernel",
             "attn_split_paged_kernel", "attn_split_mma_paged_d64_kernel", "attn_split_mma_paged_d256_kernel",
-            "gemv_mma_kernel", "gemv_mma_reduce_kernel",
+            "gemv_mma_kernel",
             "moe_gate_up_wide_kernel", "moe_down_wide_kernel",
             "moe_grouped_gate_up_kernel", "moe_grouped_down_kernel", "moe_mma_grouped_kernel", "moe_router_fused_kernel",
             "moe_router_cluster_kernel",

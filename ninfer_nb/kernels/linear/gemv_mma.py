@@ -7,28 +7,25 @@ and does T fp32 FMAs per weight. Here a warp's mma.sync m16n8k16 multiplies 16 w
 kernel stays bound by one pass over the weights whatever T <= 16 is.
 
 `gemv_mma_kernel`: x [T, K] fp32 (T <= 16), w [N, K] bf16 bits (K % 32 == 0, 16-byte aligned
-rows), out [T, N] fp32 (+ bias [N] when has_bias). grid (ceil(N / 128), KS), block 256: warp w
-of block (i, s) owns the 16 rows 128 i + 16 w .. and the s-th of KS slices of the K dimension
-(32-column blocks), so the block's 8 warps read x's slice once for 128 rows (the x bytes a
-block reads are T / 64 of its weight bytes). KS > 1 (few rows: 5120-row weights
-would be 40 blocks) writes partial sums part [KS, T, N] that `gemv_mma_reduce_kernel` adds in
-a fixed order (deterministic); KS == 1 writes out directly. Per 32-column block, lane l = 4g +
-t (g = l >> 2, t = l & 3) loads 16 bytes of rows g and g + 8 at columns 8t..8t+7 (streaming)
-and the same 8 columns of x for tokens g and g + 8; the dot product's order is free, so k slots
-2t, 2t + 1 / 2t + 8, 2t + 9 of the first mma are columns 8t + 0, 1 / 8t + 2, 3 and of the
-second 8t + 4, 5 / 8t + 6, 7 (one 16-byte load feeds two mma, no shuffles; the decode
-attention's trick). Tokens past T multiply zeros. UNROLL blocks' weight loads are issued
-before any math. x enters as two bf16 operands, its high part and the remainder (x = hi + lo
-to ~2^-16 relative: twice the mma, which the tensor cores have to spare), so the result keeps
-the SIMT GEMVs' fp32-input accuracy; products and sums are fp32. Simulator-safe (ptx_sim.py
-emulates the mma and the 16-byte loads).
+rows), out [T, N] fp32 (+ bias [N] when has_bias). grid ceil(N / 16), block 256: a block owns 16
+rows; its 8 warps split the K dimension into 8 slices of 32-column blocks. Per 32-column block,
+lane l = 4g + t (g = l >> 2, t = l & 3) loads 16 bytes of rows g and g + 8 at columns 8t..8t+7
+(streaming loads) and the same 8 columns of x for tokens g and g + 8 (rounded to bf16); the
+dot product's order is free, so k slots 2t, 2t + 1 / 2t + 8, 2t + 9 of the first mma are
+columns 8t + 0, 1 / 8t + 2, 3 and of the second 8t + 4, 5 / 8t + 6, 7 (one 16-byte load feeds
+two mma, no shuffles; the decode attention's trick). Tokens past T multiply zeros. UNROLL
+blocks' loads are issued before any math. The warps' 16 x 16 partial tiles meet in shared
+memory and are summed in a fixed order (deterministic). x enters as two bf16 operands, its
+high part and the remainder (x = hi + lo to ~2^-16 relative: twice the mma, which the tensor
+cores have to spare), so the result keeps the SIMT GEMVs' fp32-input accuracy; products and
+sums are fp32. Simulator-safe (ptx_sim.py emulates the mma and the 16-byte loads).
 """
 from __future__ import annotations
 
 from numba import cuda, float32, uint32
 
 from ninfer_nb.kernels.common.bf16 import bits_f32, f32_bits
-from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, f32_3, i32, u16_2
+from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, i32, u16_2
 from ninfer_nb.kernels.common.ptx import (
     grid_dependency_sync,
     ldg_stream_v4_u32,
@@ -40,11 +37,10 @@ from ninfer_nb.kernels.common.registry import kernel
 
 WARPS = 8
 THREADS = 32 * WARPS
-ROWS = 16 * WARPS        # weight rows per block: a 16-row mma tile per warp
+ROWS = 16                # weight rows per block (the mma's M)
 MAX_T = 16               # tokens: two n8 column tiles
 UNROLL = 4               # 32-column blocks whose loads a lane issues together
 K_ALIGN = 32
-MAX_KS = 8
 
 
 def supported(t: int, k: int) -> bool:
@@ -53,11 +49,6 @@ def supported(t: int, k: int) -> bool:
 
 def grid(n: int) -> int:
     return (n + ROWS - 1) // ROWS
-
-
-def k_splits(n: int, k: int, sm_count: int) -> int:
-    """K slices: enough blocks for two per SM, each slice at least 8 column blocks."""
-    return max(1, min(MAX_KS, -(-2 * sm_count // grid(n)), k // (8 * K_ALIGN)))
 
 
 @cuda.jit(device=True, inline=True)
@@ -70,7 +61,8 @@ def _split(v):
 @cuda.jit(device=True, inline=True)
 def _x_words(x, xi, ok):
     """8 fp32 of x at flat xi as bf16x2 words (element 2j low): 4 words of the high parts and 4
-    of the remainders; zeros when not ok."""
+    of the remainders (x = hi + lo to ~2^-16 relative, so two mma keep fp32-like inputs);
+    zeros when not ok."""
     z = uint32(0)
     if not ok:
         return (z, z, z, z), (z, z, z, z)
@@ -88,21 +80,11 @@ def _x_words(x, xi, ok):
             (pack_bf16x2(l1, l0), pack_bf16x2(l3, l2), pack_bf16x2(l5, l4), pack_bf16x2(l7, l6)))
 
 
-@cuda.jit(device=True, inline=True)
-def _put(out, part, bias, has_bias, ks, n_ks, tok, row, n_tok, n_rows, v):
-    if tok < n_tok and row < n_rows:
-        if n_ks == 1:
-            out[tok, row] = v + bias[row] if has_bias != 0 else v
-        else:
-            part[ks, tok, row] = v
-
-
-@kernel((f32_2, u16_2, f32_1, f32_2, f32_3, i32), sim=True, fastmath=True, launch_bounds=(THREADS, 2),
-        self_sync=True)
-def gemv_mma_kernel(x, w, bias, out, part, has_bias):
-    """See the module docstring; part [KS, T, N] (KS = gridDim.y; unused when 1). The weight
-    loads of a warp's first blocks go out before the grid-dependency wait (weights depend on no
-    kernel); x is read after it."""
+@kernel((f32_2, u16_2, f32_1, f32_2, i32), sim=True, fastmath=True, launch_bounds=(THREADS, 2), self_sync=True)
+def gemv_mma_kernel(x, w, bias, out, has_bias):
+    """See the module docstring. The weight loads of a warp's first blocks go out before the
+    grid-dependency wait (weights depend on no kernel); x is read after it."""
+    red = cuda.shared.array((WARPS, ROWS, MAX_T), float32)
     wa = cuda.local.array((UNROLL, 4), uint32)      # row g: 4 words (8 bf16) per block
     wb = cuda.local.array((UNROLL, 4), uint32)      # row g + 8
     lane = cuda.threadIdx.x & 31
@@ -112,16 +94,12 @@ def gemv_mma_kernel(x, w, bias, out, part, has_bias):
     n_rows = w.shape[0]
     k_dim = w.shape[1]
     n_tok = x.shape[0]
-    n0 = cuda.blockIdx.x * ROWS + 16 * warp
-    if n0 >= n_rows:
-        return
-    ks = cuda.blockIdx.y
-    n_ks = cuda.gridDim.y
+    n0 = cuda.blockIdx.x * ROWS
     ra = min(n0 + g, n_rows - 1)                     # rows past N load the last row, store nothing
     rb = min(n0 + g + 8, n_rows - 1)
     n_kb = k_dim // K_ALIGN
-    kb = ks * n_kb // n_ks                           # this slice's 32-column blocks [kb, kb_end)
-    kb_end = (ks + 1) * n_kb // n_ks
+    kb = warp * n_kb // WARPS                        # this warp's 32-column blocks [kb, kb_end)
+    kb_end = (warp + 1) * n_kb // WARPS
     wa_base = ra * k_dim + 8 * t4
     wb_base = rb * k_dim + 8 * t4
     ok_lo = g < n_tok                                # token g, token g + 8
@@ -159,25 +137,23 @@ def gemv_mma_kernel(x, w, bias, out, part, has_bias):
         kb += UNROLL
     grid_dependency_sync()                           # a warp with no blocks has waited too
     # C fragments: (row g, tokens 2t, 2t + 1), (row g + 8, tokens 2t, 2t + 1)
-    _put(out, part, bias, has_bias, ks, n_ks, 2 * t4, n0 + g, n_tok, n_rows, c_lo[0])
-    _put(out, part, bias, has_bias, ks, n_ks, 2 * t4 + 1, n0 + g, n_tok, n_rows, c_lo[1])
-    _put(out, part, bias, has_bias, ks, n_ks, 2 * t4, n0 + g + 8, n_tok, n_rows, c_lo[2])
-    _put(out, part, bias, has_bias, ks, n_ks, 2 * t4 + 1, n0 + g + 8, n_tok, n_rows, c_lo[3])
-    if two:
-        _put(out, part, bias, has_bias, ks, n_ks, 8 + 2 * t4, n0 + g, n_tok, n_rows, c_hi[0])
-        _put(out, part, bias, has_bias, ks, n_ks, 8 + 2 * t4 + 1, n0 + g, n_tok, n_rows, c_hi[1])
-        _put(out, part, bias, has_bias, ks, n_ks, 8 + 2 * t4, n0 + g + 8, n_tok, n_rows, c_hi[2])
-        _put(out, part, bias, has_bias, ks, n_ks, 8 + 2 * t4 + 1, n0 + g + 8, n_tok, n_rows, c_hi[3])
-
-
-@kernel((f32_3, f32_1, f32_2, i32), sim=True)
-def gemv_mma_reduce_kernel(part, bias, out, has_bias):
-    """grid-stride, block 256: out[t, n] = sum over s of part[s, t, n] (in order) + bias[n]."""
-    n_ks, n_tok, n_rows = part.shape[0], part.shape[1], part.shape[2]
-    for i in range(cuda.grid(1), n_tok * n_rows, cuda.gridsize(1)):
-        t = i // n_rows
-        n = i - t * n_rows
+    red[warp, g, 2 * t4] = c_lo[0]
+    red[warp, g, 2 * t4 + 1] = c_lo[1]
+    red[warp, g + 8, 2 * t4] = c_lo[2]
+    red[warp, g + 8, 2 * t4 + 1] = c_lo[3]
+    red[warp, g, 8 + 2 * t4] = c_hi[0]
+    red[warp, g, 8 + 2 * t4 + 1] = c_hi[1]
+    red[warp, g + 8, 8 + 2 * t4] = c_hi[2]
+    red[warp, g + 8, 8 + 2 * t4 + 1] = c_hi[3]
+    cuda.syncthreads()
+    tid = cuda.threadIdx.x
+    row = tid >> 4
+    tok = tid & 15
+    n = n0 + row
+    if tok < n_tok and n < n_rows:
         s = float32(0.0)
-        for k in range(n_ks):
-            s += part[k, t, n]
-        out[t, n] = s + bias[n] if has_bias != 0 else s
+        for w_ in range(WARPS):
+            s += red[w_, row, tok]
+        if has_bias != 0:
+            s += bias[n]
+        out[tok, n] = s

@@ -24,9 +24,11 @@ SPLITK_MIN_K = 12288
 # The 2-slice variant (8 rows per block) for K from SPLITK2_MIN_K up to SPLITK_MIN_K.
 SPLITK2_MIN_K = 4096
 NO_BIAS = np.int32(0)     # the GEMMs' has_bias flag without a bias
-# 2..16 tokens (a decode round of B sequences, a verify): the tensor-core GEMV (gemv_mma.py,
-# cc >= 8.0), which reads the weights once for all tokens; the SIMT GEMVs re-read them per 4.
+# 3..16 tokens (a decode round of B sequences, a verify): the tensor-core GEMV (gemv_mma.py,
+# cc >= 8.0), which reads the weights once for all tokens; the SIMT GEMVs stream them again per
+# 4 tokens with per-token work on every weight (two tokens: the SIMT GEMV, measured faster).
 GEMV_MMA = True
+GEMV_MMA_MIN_T = 3
 
 
 def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str, int, int, int]:
@@ -203,20 +205,14 @@ class LinearOps(QuantLinearOps):
     def _gemv_mma(self, t: int, k: int) -> bool:
         """Whether T tokens x K columns take the tensor-core GEMV (the caller checked bf16 and
         16-byte alignment)."""
-        return (GEMV_MMA and not SIM and K_gm.supported(t, k) and self.arch is not None
+        return (GEMV_MMA and not SIM and t >= GEMV_MMA_MIN_T and K_gm.supported(t, k) and self.arch is not None
                 and tuple(self.arch) >= (8, 0))
 
     def _gemv_mma_into(self, x2: Any, weight: Any, b: Any, out2: Any, has_bias: Any) -> None:
-        """out2 [T, N] = x2 [T, K] @ weight^T (+ b) by gemv_mma_kernel: K split over
-        K_gm.k_splits blocks (partials [KS, T, N] in scratch, then the ordered reduce) where N
-        alone gives too few blocks."""
-        t, k = x2.shape
+        """out2 [T, N] = x2 [T, K] @ weight^T (+ b) by gemv_mma_kernel (16 rows per block, its 8
+        warps over K)."""
         n = weight.shape[0]
-        ks = K_gm.k_splits(n, k, self.sm_count)
-        part = self.empty((ks, t, n) if ks > 1 else (1, 1, 1))               # [KS, T, N] partials
-        self._go(K_gm.gemv_mma_kernel, (K_gm.grid(n), ks), K_gm.THREADS, x2, weight, b, out2, part, has_bias)
-        if ks > 1:
-            self._go(K_gm.gemv_mma_reduce_kernel, min(-(-t * n // 256), 1024), 256, part, b, out2, has_bias)
+        self._go(K_gm.gemv_mma_kernel, K_gm.grid(n), K_gm.THREADS, x2, weight, b, out2, has_bias)
 
     def _one_token(self, mode: str, x: Any, nw: Any, eps: float, weight: Any, out: Any, bias: Any,
                    has_bias: bool) -> None:
