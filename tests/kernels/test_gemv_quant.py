@@ -173,16 +173,14 @@ def test_random_quantized_weights_name_the_projections_and_run_on_the_cpu() -> N
     """`bench --random PRESET --weights FMT`: the preset's projections, LM head and expert
     stacks take the format, the embedding and the MoE routers stay dense; a tiny random model
     in int4 generates on the CPU backend (ops.cpu dequantizes)."""
+    from types import SimpleNamespace
+
     from ninfer_nb.config import EngineConfig
     from ninfer_nb.llm import LLM
-    from ninfer_nb.models.presets import preset_config
+    from ninfer_nb.models.presets import preset_config, random_weights
     from ninfer_nb.models.weights import DenseWeight, QuantizedWeight
     from ninfer_nb.params import SamplingParams
     from ninfer_nb.quant.random import quantized_calls
-
-    from types import SimpleNamespace
-
-    from ninfer_nb.models.presets import random_weights
 
     for preset in ("qwen3.6-27b", "qwen3.6-35b-a3b"):
         calls: list[SimpleNamespace] = []
