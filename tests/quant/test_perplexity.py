@@ -2,9 +2,15 @@
 default corpus."""
 from __future__ import annotations
 
-import numpy as np
+import json
+from pathlib import Path
 
+import numpy as np
+import pytest
+
+from ninfer_nb import cli
 from ninfer_nb.perplexity import default_text, evaluate, evaluate_many, windows
+from tests.support.sharded import write_sharded
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -55,3 +61,19 @@ def test_ppl_kl_and_same_top_match_their_formulas() -> None:
 def test_default_corpus_is_the_standard_library_topics() -> None:
     text = default_text()
     assert len(text) > 100_000 and "for" in text
+
+
+def test_cli_model_against_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "m"
+    write_sharded(d, layers_per_shard=2, hidden=64, inter=128, layers=2, vocab=64)
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(np.random.default_rng(0).choice(["a", "b", "c"], 80)))
+    code = cli.main(["perplexity", str(d), str(d), "--reference", str(d), "--text", str(text),
+                     "--context", "16", "--chunks", "3", "--json", "-q"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and len(out) == 2
+    for line in out:
+        rep = json.loads(line)
+        assert rep["windows"] == 3 and rep["scored_tokens"] == 3 * 7
+        assert rep["kl_mean"] < 1e-9 and rep["same_top"] == 1.0
+        assert np.isclose(rep["ppl"], rep["ppl_reference"]) and rep["ppl"] > 1

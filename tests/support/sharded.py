@@ -13,8 +13,11 @@ HIDDEN, INTER, LAYERS, VOCAB = 1024, 2816, 8, 8192
 
 def tiny_tokenizer(d: Path) -> None:
     from tokenizers import Tokenizer, models
+    from tokenizers.pre_tokenizers import Whitespace
 
-    Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "</s>": 2}, unk_token="<unk>")).save(str(d / "tokenizer.json"))
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "</s>": 2, "b": 3, "c": 4}, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
 
 
