@@ -54,27 +54,30 @@ def test_out_of_memory_ends_one_request_and_the_other_streams_on(monkeypatch: py
 
 
 def test_a_failed_decode_round_ends_its_requests_with_the_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both requests decode in one batched round; the round runs out of memory: it ends both.
-    The stream whose turn ran the round gets the error raised, the other gets the same typed
-    error from its own final output (not a bare finish_reason "error"); the engine goes on."""
-    first, second, after = _ids(83, 12), _ids(84, 12), _ids(85, 12)
+    """Three requests decode in one batched round; the round runs out of memory: it ends all.
+    The stream whose turn ran the round gets the error raised, the others get the same typed
+    error from their own final outputs (not a bare finish_reason "error"); the engine goes on.
+    (Three: the CPU backend runs rounds of one or two rows row by row.)"""
+    first, second, third, after = _ids(83, 12), _ids(84, 12), _ids(86, 12), _ids(85, 12)
     want_after = twin_llm(monkeypatch, "small", "cpu", max_context=512).generate(after, GREEDY).token_ids
-    llm = twin_llm(monkeypatch, "small", "cpu", max_context=512, max_concurrency=2)
+    llm = twin_llm(monkeypatch, "small", "cpu", max_context=512, max_concurrency=3)
     exact, armed = cpu.linear, [False]
 
     def linear(x: np.ndarray, weight, bias=None):
-        if armed[0] and x.size // x.shape[-1] == 2:          # the two-row decode round
+        if armed[0] and x.size // x.shape[-1] == 3:          # the three-row decode round
             raise ArenaFull("scratch: need 2 MiB at offset 0, capacity 1 MiB")
         return exact(x, weight, bias)
 
     monkeypatch.setattr(cpu, "linear", linear)
-    a, b = llm.stream(first, GREEDY), llm.stream(second, GREEDY)
-    next(a), next(b)                                           # both decoding
+    a, b, c = llm.stream(first, GREEDY), llm.stream(second, GREEDY), llm.stream(third, GREEDY)
+    next(a), next(b), next(c)                                  # all decoding
     armed[0] = True
     with pytest.raises(DeviceOutOfMemoryError):
         for _ in range(GREEDY.max_tokens):
             next(a)
     with pytest.raises(DeviceOutOfMemoryError):
         list(b)
+    with pytest.raises(DeviceOutOfMemoryError):
+        list(c)
     armed[0] = False
     assert llm.generate(after, GREEDY).token_ids == want_after
