@@ -289,9 +289,11 @@ class LLMEngine:
         return lambda ids, pos, slots, table: decoder.forward(ops, ForwardBatch.rows(ids, pos, slots, table), state)
 
     def _can_speculate(self, run: _Run) -> bool:
-        # logprobs / a thinking budget (a hooked sampler) need every row: no speculation
+        # logprobs / a thinking budget (a hooked sampler) need every row: no speculation; nor
+        # paged lanes on a backend with graphs (the verify graph would keep its capture's page table)
         return (self.proposer is not None and bool(run.request.output_ids) and run.sampler.matcher is None
-                and not isinstance(run.sampler, HookedSampler) and run.request.params.speculative)
+                and not isinstance(run.sampler, HookedSampler) and run.request.params.speculative
+                and not (self.paged and self.backend.decode_graphs))
 
     def _verify_round(self, run: _Run) -> list[int] | None:
         """A paged lane's speculative round (pages for the drafts reserved first), or a plain
