@@ -6,7 +6,7 @@
 - the simulator cases (tests/kernels/gemv_tiled_sim.py, run by the session's simulator pool,
   tests/support/sim_runner.py) against quant/dequant.py + NumPy on fresh random data;
 - every registered build compiles to PTX without float64 instructions and assembles for
-  sm_90a with ptxas without register spills (3-block builds: at most 64 bytes);
+  sm_90a with ptxas without register spills (3-block builds: at most 96 bytes);
 - on the GPU (`-m gpu`): CudaOps' linear ops on uploaded (tiled) records vs the NumPy
   reference at the 27B / 35B-A3B shapes, for int4-g64, int8-g128 and fp8, 1 / 4 / 11 tokens,
   the fused modes, and the MoE experts on an int4 stack.
@@ -79,7 +79,7 @@ def test_ptx_has_no_float64_and_assembles_without_spills(name: str, tmp_path: Pa
     assert spills, r.stderr
     # 3 blocks of 4 warps (168 registers) spill a few words of the two load buffers; on the H200
     # they still beat 2 blocks on many-row weights (gate_up, LM head), so a little is allowed
-    allowed = 64 if re.search(r"_b3_x4_", name) else 0
+    allowed = 96 if re.search(r"_b3_x4_", name) else 0
     print(f"\n{name}: spills {spills.group(1)}/{spills.group(2)} B")
     assert int(spills.group(1)) <= allowed and int(spills.group(2)) <= allowed, r.stderr
 
