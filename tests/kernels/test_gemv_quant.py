@@ -2,13 +2,15 @@
 
 - the simulator cases (tests/kernels/gemv_quant_sim.py, run by the session's simulator pool,
   tests/support/sim_runner.py) against quant/dequant.py + NumPy on fresh random data;
-- every registered build compiles to PTX without float64 instructions and assembles for
-  sm_90a with ptxas without register spills (prints registers / spills per build);
+- with NINFER_SLOW_SIM=1, every build compiles to PTX without float64 instructions and
+  assembles for sm_90a with ptxas without register spills (these SIMT builds are the fallback of
+  the tiled GEMVs; test_compile_sm90 compiles them in every run);
 - on the GPU (`-m gpu`): CudaOps' quantized linear ops vs the NumPy reference at the 27B and
   35B-A3B shapes, printing GB/s of the quantized bytes from a CUDA graph of the GEMV.
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -28,6 +30,8 @@ def _spec(name: str):
 
 
 @pytest.mark.usefixtures("pretend_cc90_device")
+@pytest.mark.skipif(os.environ.get("NINFER_SLOW_SIM") != "1",
+                    reason="the SIMT fallback's builds (test_compile_sm90 compiles them); ptxas with NINFER_SLOW_SIM=1")
 @pytest.mark.parametrize("name", BUILD_NAMES)
 def test_ptx_has_no_float64_and_assembles_without_spills(name: str, tmp_path: Path) -> None:
     from numba import cuda
