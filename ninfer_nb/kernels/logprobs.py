@@ -20,6 +20,7 @@ from numba import cuda, float32, int32, uint64
 from ninfer_nb.kernels.common.nbtypes import f32_2, i32_1, i32_2
 from ninfer_nb.kernels.common.registry import kernel
 from ninfer_nb.kernels.sample_pick import U0, _comp, _comp_id, _comp_z
+from ninfer_nb.kernels.sampling import _bsum
 
 LP_THREADS = 256
 LP_PER = 8                         # ids per thread of a partial block
@@ -40,22 +41,6 @@ def _bmax_f32(red, v):
     while st > 0:
         if tid < st:
             red[tid] = max(red[tid], red[tid + st])
-        cuda.syncthreads()
-        st //= 2
-    out = red[0]
-    cuda.syncthreads()
-    return out
-
-
-@cuda.jit(device=True)
-def _bsum_f32(red, v):
-    tid = cuda.threadIdx.x
-    red[tid] = v
-    cuda.syncthreads()
-    st = cuda.blockDim.x // 2
-    while st > 0:
-        if tid < st:
-            red[tid] += red[tid + st]
         cuda.syncthreads()
         st //= 2
     out = red[0]
@@ -100,7 +85,7 @@ def logprob_partial_kernel(logits, n_voc, n_top, part, cand):
         v = base + j * nt + tid
         if v < n_voc:
             s += float32(math.exp(logits[b, v] - m))
-    s = _bsum_f32(red, s)
+    s = _bsum(red, s)
     if tid == 0:
         part[b, 2 * blk] = m
         part[b, 2 * blk + 1] = s
@@ -133,7 +118,7 @@ def logprob_final_kernel(logits, n_voc, tokens, n_top, n_blocks, part, cand, out
     s = float32(0.0)
     for i in range(tid, n_blocks, nt):
         s += part[b, 2 * i + 1] * float32(math.exp(part[b, 2 * i] - m))
-    lse = m + float32(math.log(_bsum_f32(red, s)))
+    lse = m + float32(math.log(_bsum(red, s)))
     n_c = n_blocks * n_top
     for i in range(tid, n_c, nt):
         sc[i] = cand[b, (i // n_top) * MAX_TOP + i % n_top]
