@@ -24,6 +24,7 @@ ARENA_FRACTION = 0.90
 SCRATCH_FRACTION = 0.25
 SCRATCH_MAX = 24 << 30
 TOKEN_RING = 4                 # token slots of the steps queued ahead (2 are ever in flight)
+LP_SLOT = 4 * (1 + 2 * 20)     # bytes of a slot's logprobs: [21] fp32 and [20] int32 (device_pick.LOGPROBS_TOP)
 
 
 def _on_calling_thread(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -84,7 +85,11 @@ class CudaBackend:
         self.pdl = self.ops.choices.pdl   # decode graph with programmatic dependent launch (cc >= 9.0)
         self._inputs: tuple[Any, Any] | None = None
         self._graph: Any = None
-        self._graph_out: tuple[Any, Any] = (None, None)   # the captured step's (logits, argmax)
+        self._graph_out: tuple[Any, ...] = (None, None)   # the captured step's (logits, pick[, logprobs, ids])
+        # the decode graph's two builds, without and with logprobs (ops.token_logprobs after the
+        # pick): (graph, outputs) each; _graph / _graph_out are the build the last step took
+        self._graphs: dict[bool, tuple[Any, tuple[Any, ...]]] = {}
+        self._lp_warmed = False
         # > 0: the decode graph ends with the token pick over the first pick_vocab logits
         # (launch_token_step); set by enable_token_pick before the first decode step
         self._pick_vocab = 0
@@ -96,6 +101,9 @@ class CudaBackend:
         # comes back through its own slot of a pinned ring, signalled by that slot's event.
         self._ring: Any = None          # PinnedBuffer of TOKEN_RING int32 slots
         self._ring_events: list[Any] = []
+        self._lp_ring: Any = None       # PinnedBuffer: per slot the step's logprobs and their ids
+        self._ring_picks: list[Any] = [None] * TOKEN_RING   # per slot: the Pick whose logprobs came back
+        self._lp_pick: Any = None       # the last host-fed Pick when it asks for logprobs
         self._pending: collections.deque[int] = collections.deque()   # launched, uncollected slots
         self._launches = 0
         # multi-token forwards (speculative verify rounds): one graph per (tokens, argmax) key
@@ -133,11 +141,13 @@ class CudaBackend:
         logits, _ = self._step(forward, token, position)
         return self.to_host(logits)[-1]
 
-    def _step(self, forward: Forward, token: int, position: int, pick: Pick = ARGMAX) -> tuple[Any, Any]:
-        """(logits [1, V], the picked token [1] int32 or None) of one decode step on the device,
-        its inputs written by the host: token, position and (pick_vocab > 0) the pick's
-        (temperature, seed, offset); temperature 0 is the argmax."""
+    def _step(self, forward: Forward, token: int, position: int, pick: Pick = ARGMAX) -> tuple[Any, ...]:
+        """(logits [1, V], the picked token [1] int32 or None[, logprobs [1, 21], ids [1, 20]])
+        of one decode step on the device, its inputs written by the host: token, position and
+        (pick_vocab > 0) the pick's (temperature, seed, offset, filters); temperature 0 is the
+        argmax. A pick that asks for logprobs takes the graph's build that computes them."""
         from ..runtime.graph import CudaGraph
+        from .device_pick import wants_logprobs
 
         if self._inputs is None:
             self._inputs = (self.ops.zeros((1,), np.int32, persistent=True),
@@ -145,17 +155,21 @@ class CudaBackend:
         ids, pos = self._inputs
         ids.copy_from_numpy(np.array([token], np.int32), self.stream)
         pos.copy_from_numpy(np.array([position], np.int32), self.stream)
+        lp = False
         if self._pick_vocab:
             self._device_picker().write([pick])
+            lp = wants_logprobs([pick])
         self.scratch.reset()
-        if not self._warmed:
+        if not self._warmed or (lp and not self._lp_warmed):
             self._warmed = True
-            return self._forward_argmax(forward, ids, pos)()
-        if self._graph is None:
+            self._lp_warmed |= lp
+            return self._forward_argmax(forward, ids, pos, lp)()
+        if lp not in self._graphs:
             graph = CudaGraph(self.stream)
             with self.ops.programmatic_launches(self.pdl):
-                self._graph_out = graph.capture(self._forward_argmax(forward, ids, pos))
-            self._graph = graph
+                out = graph.capture(self._forward_argmax(forward, ids, pos, lp))
+            self._graphs[lp] = (graph, out)
+        self._graph, self._graph_out = self._graphs[lp]
         self._graph.replay()
         return self._graph_out
 
@@ -166,19 +180,24 @@ class CudaBackend:
             self._picker = DevicePicker(self.ops, 1, self._pick_vocab)
         return self._picker
 
-    def _forward_argmax(self, forward: Forward, ids: Any, pos: Any) -> Callable[[], tuple[Any, Any]]:
+    def _forward_argmax(self, forward: Forward, ids: Any, pos: Any, lp: bool = False) -> Callable[[], tuple[Any, ...]]:
         """forward, then (pick_vocab > 0) the token the graph's sampler picks from the last
         row's first pick_vocab logits with the pick's parameters (ops.sample_pick: argmax, or a
         sample with the pick's temperature, filters and penalties), fed back into ids / pos
-        for a replay the host has not fed."""
+        for a replay the host has not fed; lp: then its logprobs (ops.token_logprobs)."""
+        from .device_pick import LOGPROBS_TOP
+
         vocab = self._pick_vocab
 
-        def step() -> tuple[Any, Any]:
+        def step() -> tuple[Any, ...]:
             logits = forward(ids, pos)
             if not vocab:
                 return logits, None
             row = logits[logits.shape[0] - 1:]                          # [1, V]
-            return logits, self.ops.sample_pick(row, vocab, self._device_picker().bufs, ids, pos)
+            top = self.ops.sample_pick(row, vocab, self._device_picker().bufs, ids, pos)
+            if not lp:
+                return logits, top
+            return (logits, top, *self.ops.token_logprobs(row, vocab, top, LOGPROBS_TOP))
 
         return step
 
@@ -211,6 +230,7 @@ class CudaBackend:
         from ..runtime._drv import check, driver
         from ..runtime.events import Event
         from ..runtime.pinned import PinnedBuffer
+        from .device_pick import wants_logprobs
 
         if self._ring is None:
             self._ring = PinnedBuffer(4 * TOKEN_RING)
@@ -222,23 +242,43 @@ class CudaBackend:
                 raise RuntimeError("launch_token_step: a device-fed step needs the captured decode graph")
             self._graph.replay()
             self._device_picker().stepped(1)
-            top = self._graph_out[1]
+            out = self._graph_out
         else:
-            _, top = self._step(forward, token, position, pick)
-            if top is None:
+            out = self._step(forward, token, position, pick)
+            if out[1] is None:
                 raise RuntimeError("launch_token_step: enable_token_pick was not called before the first decode step")
+            self._lp_pick = pick if wants_logprobs([pick]) else None
+        top = out[1]
         slot = self._launches % TOKEN_RING
         self._launches += 1
         check(driver().cuMemcpyDtoHAsync(self._ring.ptr + 4 * slot, top.ptr, 4, self.stream.cu))
+        self._ring_picks[slot] = None
+        if len(out) > 2 and self._lp_pick is not None:       # the build with logprobs: bring them too
+            values, ids = out[2], out[3]
+            if self._lp_ring is None:
+                self._lp_ring = PinnedBuffer(TOKEN_RING * LP_SLOT)
+            base = self._lp_ring.ptr + slot * LP_SLOT
+            check(driver().cuMemcpyDtoHAsync(base, values.ptr, values.nbytes, self.stream.cu))
+            check(driver().cuMemcpyDtoHAsync(base + values.nbytes, ids.ptr, ids.nbytes, self.stream.cu))
+            self._ring_picks[slot] = self._lp_pick
         self._ring_events[slot].record(self.stream)
         self._pending.append(slot)
 
     @_on_calling_thread
     def collect_token(self) -> int:
         """The token of the oldest uncollected launch_token_step (waits for that step alone)."""
+        from .device_pick import LOGPROBS_TOP, deliver_logprobs
+
         slot = self._pending.popleft()
         self._ring_events[slot].synchronize()
-        return int(self._ring.array(4 * TOKEN_RING).view(np.int32)[slot])
+        token = int(self._ring.array(4 * TOKEN_RING).view(np.int32)[slot])
+        pick = self._ring_picks[slot]
+        if pick is not None:                  # its logprobs: [1 + top] fp32, then [top] int32
+            raw = self._lp_ring.array(TOKEN_RING * LP_SLOT)[slot * LP_SLOT:(slot + 1) * LP_SLOT]
+            values = raw[: 4 * (1 + LOGPROBS_TOP)].view(np.float32).reshape(1, -1)
+            ids = raw[4 * (1 + LOGPROBS_TOP):].view(np.int32).reshape(1, -1)
+            deliver_logprobs([pick], np.array([token]), values, ids)
+        return token
 
     def discard_tokens(self) -> None:
         """Forget uncollected launches (a run that stopped with a step ahead in flight: its

@@ -6,6 +6,11 @@ Penalties need the request's token counts on the device: a row's counts are uplo
 that request's counts at the pick's offset; the sampler counts every token it picks, so a
 request decoding step after step uploads them once. Knows nothing about models or requests
 beyond the Pick.
+
+A pick that asks for logprobs (PickFilters.logprobs >= 0) makes the step also run
+ops.token_logprobs on the raw rows: each row's chosen token's logprob and its LOGPROBS_TOP
+most likely alternatives come back ([B, 1 + 20] fp32 and [B, 20] int32, not the rows), and
+`deliver_logprobs` hands each row its first `logprobs` of them (PickFilters.logprobs_out).
 """
 from __future__ import annotations
 
@@ -14,7 +19,26 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..kernels.sample_pick import COUNT_MASK, PROMPT_BIT
+from .logprobs import MAX_TOP_LOGPROBS, TokenLogprobs
 from .pick import Pick, PickFilters
+
+LOGPROBS_TOP = MAX_TOP_LOGPROBS      # alternatives a step with logprobs computes per row (one graph for any k)
+
+
+def wants_logprobs(picks: Sequence[Pick]) -> bool:
+    """Some pick asks for logprobs (the step computes them for every row)."""
+    return any(p[3] is not None and p[3].logprobs >= 0 for p in picks)
+
+
+def deliver_logprobs(picks: Sequence[Pick], tokens: np.ndarray, values: np.ndarray, ids: np.ndarray) -> None:
+    """Each pick that asks for logprobs gets its row's: tokens [B] the picked ids, values
+    [B, 1 + LOGPROBS_TOP] (the token's logprob, then the alternatives'), ids [B, LOGPROBS_TOP]."""
+    for b, pick in enumerate(picks):
+        f = pick[3]
+        if f is None or f.logprobs < 0:
+            continue
+        top = tuple((int(ids[b, j]), float(values[b, 1 + j])) for j in range(f.logprobs))
+        f.logprobs_out[:] = [TokenLogprobs(int(tokens[b]), float(values[b, 0]), top)]
 
 
 def counts_row(filters: PickFilters, vocab: int) -> np.ndarray:

@@ -4,10 +4,12 @@
 thinking budget, a `HookedSampler`: it samples like its base class, then (budget) replaces the
 token by the forced closing sequence once the request has thought for `thinking_budget` tokens
 without closing, then (logprobs) records the chosen token's logprob and its top alternatives
-from the raw row into `request.logprobs`. Both need the logits row and may change the token,
-so these requests never take the device pick (`needs_rows`: `Sampler.device_sample` -> None)
-nor speculation (`LLMEngine._can_speculate`). Knows nothing about text: the front door gives the forced ids
-(`SamplingParams.thinking_end_ids`, ending with the `</think>` id).
+from the raw row into `request.logprobs`. A budget may change the token, so it needs the
+logits row on the host (`needs_rows`: `Sampler.device_sample` -> None); logprobs alone do
+not: the device pick computes them (PickFilters.logprobs) and `observe` records what it left
+in `logprobs_out`. Neither speculates (`LLMEngine._can_speculate`). Knows nothing about text:
+the front door gives the forced ids (`SamplingParams.thinking_end_ids`, ending with the
+`</think>` id).
 """
 from __future__ import annotations
 
@@ -50,8 +52,6 @@ class ThinkingBudget:
 
 
 class HookedSampler(Sampler):
-    needs_rows = True
-
     def __init__(self, request: Request, params: SamplingParams, valid_vocab: int,
                  seed: int | None = None, matcher: Matcher | None = None, **kw: Any) -> None:
         super().__init__(params, valid_vocab, seed=seed, matcher=matcher, **kw)
@@ -59,8 +59,9 @@ class HookedSampler(Sampler):
         self.budget = (ThinkingBudget(params.thinking_budget, params.thinking_end_ids)
                        if params.thinking_budget is not None else None)
 
-    def device_pick(self) -> tuple[float, int] | None:
-        return None
+    @property
+    def needs_rows(self) -> bool:        # type: ignore[override]
+        return self.budget is not None
 
     def sample(self, logits: np.ndarray) -> int:
         token = super().sample(logits)
@@ -73,6 +74,19 @@ class HookedSampler(Sampler):
             del req.logprobs[generated:]         # a step retried after an error records once
             req.logprobs.append(token_logprobs(logits, token, k, self.valid_vocab))
         return token
+
+    def observe(self, token: int) -> None:
+        """Count `token`; a pick that computed its logprobs elsewhere (the decode graph, or
+        gumbel_max_pick) left them in logprobs_out: recorded here, once per output position."""
+        out = self.logprobs_out
+        if out:
+            lp = out[0]
+            out.clear()
+            if self.params.logprobs is not None and lp.token_id == token:
+                generated = len(self.request.output_ids)
+                del self.request.logprobs[generated:]
+                self.request.logprobs.append(lp)
+        super().observe(token)
 
 
 def sampler_for(request: Request, params: SamplingParams, valid_vocab: int, seed: int | None = None,

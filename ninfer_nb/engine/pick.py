@@ -15,7 +15,12 @@ class PickFilters:
     decode graph's sampler, kernels/sample_pick.py, computes the same): top-k (0: off), top-p
     (1: off), min-p (0: off), the penalties, a sparse logit bias; and, for the penalties, the
     request's live token history (the prompt ids and the generated tokens' counts), which the
-    backend uploads when its device copy is not that request's (`key`) at the pick's offset."""
+    backend uploads when its device copy is not that request's (`key`) at the pick's offset.
+
+    logprobs >= 0: whoever takes the pick (the decode graph, or `gumbel_max_pick` on the host)
+    also computes the chosen token's logprob and its `logprobs` most likely alternatives under
+    the raw row (engine/logprobs.py TokenLogprobs) and leaves it in `logprobs_out` (a live
+    one-entry list the request's sampler takes it from when it observes the token)."""
 
     top_k: int = 0
     top_p: float = 1.0
@@ -27,6 +32,8 @@ class PickFilters:
     key: int = 0
     prompt_ids: Any = field(default=(), compare=False)                    # int array / sequence
     counts: dict[int, int] = field(default_factory=dict, compare=False)    # token -> times generated
+    logprobs: int = -1                                                     # -1: none; else top-k (<= 20)
+    logprobs_out: list[Any] = field(default_factory=list, compare=False)   # [TokenLogprobs] of the last pick
 
     @property
     def penalized(self) -> bool:

@@ -1,6 +1,7 @@
 """Decode rounds of B sequences on the GPU by CUDA-graph replay (CudaBackend.decode_rows /
-pick_rows): one graph per (batch size B, table width P, picked or not), captured once and
-replayed for any set of requests.
+pick_rows): one graph per (batch size B, table width P, picked or not, logprobs or not),
+captured once and replayed for any set of requests. A picked round whose picks ask for
+logprobs also computes them on the device (engine/device_pick.py deliver_logprobs).
 
 A graph bakes in addresses, so everything a round varies lives in fixed device buffers that
 the host fills before the replay: one int32 block per graph holding ids [B] | positions [B] |
@@ -29,7 +30,8 @@ class _Round:
     table: Any                 # [B, P]
     warmed: bool = False
     graph: Any = None
-    out: Any = None            # the captured round's output: logits [B, V] or picks [B] int32
+    out: Any = None            # the captured round's output: logits [B, V], or picks [B] int32
+                               # (and logprobs [B, 21] fp32, their ids [B, 20] int32)
 
 
 class RowsGraphs:
@@ -37,13 +39,13 @@ class RowsGraphs:
 
     def __init__(self, ops: Any, stream: Any, scratch: Any, pdl: bool) -> None:
         self.ops, self.stream, self.scratch, self.pdl = ops, stream, scratch, pdl
-        self._rounds: dict[tuple[int, int, bool], _Round] = {}
+        self._rounds: dict[tuple[int, int, bool, bool], _Round] = {}
         self._picker: Any = None
 
-    def _round(self, key: tuple[int, int, bool]) -> _Round:
+    def _round(self, key: tuple[int, int, bool, bool]) -> _Round:
         r = self._rounds.get(key)
         if r is None:
-            b, p, _ = key
+            b, p = key[:2]
             flat = self.ops.zeros((3 * b + b * p,), np.int32, persistent=True)
             r = self._rounds[key] = _Round(flat, flat[:b], flat[b:2 * b], flat[2 * b:3 * b],
                                            flat[3 * b:].reshape(b, p))
@@ -65,7 +67,9 @@ class RowsGraphs:
     def run(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int],
             page_table: np.ndarray, picks: Sequence[Pick] | None = None, vocab: int = 0) -> np.ndarray:
         """One round: logits [B, V] fp32 (picks None) or the B picked ids [B] int32 (picks[b]
-        for row b over ids < vocab), on the host."""
+        for row b over ids < vocab; the logprobs its filters ask for delivered), on the host."""
+        from .device_pick import LOGPROBS_TOP, deliver_logprobs, wants_logprobs
+
         table = np.asarray(page_table, dtype=np.int32)
         b = len(tokens)
         if not (b == len(positions) == len(slots) == table.shape[0]) or table.ndim != 2:
@@ -73,7 +77,8 @@ class RowsGraphs:
                              f"page table {table.shape}")
         picked = picks is not None
         picker = self._device_picker(b, vocab) if picked else None   # before _round: it may drop graphs
-        r = self._round((b, table.shape[1], picked))
+        lp = picked and wants_logprobs(picks or ())
+        r = self._round((b, table.shape[1], picked, lp))
         host = np.concatenate([np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
                                np.asarray(slots, np.int32), table.reshape(-1)])
         r.inputs.copy_from_numpy(host, self.stream)
@@ -84,10 +89,17 @@ class RowsGraphs:
             logits = forward(r.ids, r.pos, r.slots, r.table)                 # [B, V]
             if picker is None:
                 return logits
-            return self.ops.sample_pick(logits, vocab, picker.bufs, r.ids, r.pos)   # [B] int32
+            out = self.ops.sample_pick(logits, vocab, picker.bufs, r.ids, r.pos)   # [B] int32
+            if not lp:
+                return out
+            return (out, *self.ops.token_logprobs(logits, vocab, out, LOGPROBS_TOP))
 
         out = self._replay(r, round_)
-        return np.asarray(self.ops.to_numpy(out))
+        if not lp:
+            return np.asarray(self.ops.to_numpy(out))
+        picked_ids, values, ids = (np.asarray(self.ops.to_numpy(x)) for x in out)
+        deliver_logprobs(list(picks or ()), picked_ids, values, ids)
+        return picked_ids
 
     def _replay(self, r: _Round, fn: Callable[[], Any]) -> Any:
         from ..runtime.graph import CudaGraph
@@ -109,7 +121,7 @@ class RowsGraphs:
         inputs (each replay rewrites the caches at those positions); None if not captured."""
         from ..runtime.events import Event
 
-        r = next((v for k, v in self._rounds.items() if k[0] == b and k[2] == picked and v.graph), None)
+        r = next((v for k, v in self._rounds.items() if k[0] == b and k[2] == picked and not k[3] and v.graph), None)
         if r is None:
             return None
         r.graph.replay()

@@ -15,12 +15,13 @@ partitions before it sorts, the nucleus is searched on a prefix widened until it
 
 A `Sampler` is made per request (it owns the seeded RNG and the counts of generated tokens).
 `device_sample` says whether the decode graph's sampler can serve the request (no constraint,
-no per-row hooks) and with which `Pick` parameters; `device_pick` is its subset without
-filters (greedy, or temperature alone). Knows nothing about models or tokenizers.
+no per-row hooks) and with which `Pick` parameters (logprobs too: the graph computes them);
+`device_pick` is its subset without filters (greedy, or temperature alone). Knows nothing
+about models or tokenizers.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -56,9 +57,12 @@ class Sampler:
         self.seed = params.seed if params.seed is not None else seed
         self.rng = np.random.default_rng(self.seed)
         self.counts: dict[int, int] = {}
+        self.logprobs_out: list[Any] = []  # a device pick's TokenLogprobs of its token (PickFilters)
         # the prompt's ids (the repetition penalty's "seen" set; only kept when it is on)
         self.prompt_ids = (np.unique(np.asarray(prompt_ids, dtype=np.int64))
                            if params.repetition_penalty != 1.0 and len(prompt_ids) else np.zeros(0, np.int64))
+
+    needs_rows = False         # a per-row hook needs every logits row on the host
 
     def device_sample(self) -> DevicePick | None:
         """How the decode graph's sampler picks this request's tokens, or None (a constraint or
@@ -67,12 +71,12 @@ class Sampler:
         from the request's (or the engine's) seed, so a seed reproduces the tokens; random
         without one. filters: None when there are none (top-k, top-p, min-p, penalties, bias).
         The host generator is left untouched."""
-        if self.matcher is not None or getattr(self, "needs_rows", False):
+        if self.matcher is not None or self.needs_rows:
             return None
         p = self.params
         filters = pick_filters(p, self)
         if p.greedy:
-            if filters is not None and not (filters.penalized or filters.logit_bias):
+            if filters is not None and not (filters.penalized or filters.logit_bias or filters.logprobs >= 0):
                 filters = None
             return DevicePick(0.0, 0, filters)
         key = np.random.default_rng(None if self.seed is None else [self.seed, DEVICE_SEED_SALT])
@@ -130,17 +134,19 @@ class Sampler:
 
 
 def pick_filters(p: SamplingParams, sampler: Sampler) -> PickFilters | None:
-    """The filters and penalties of p as a Pick's (None: none apply); the penalties read the
-    sampler's live token history."""
+    """The filters and penalties of p as a Pick's (None: none apply), and its logprobs; the
+    penalties read the sampler's live token history, the logprobs go to its `logprobs_out`."""
     top_k = p.top_k if 1 < p.top_k < sampler.valid_vocab else 0
+    logprobs = -1 if p.logprobs is None else int(p.logprobs)
     if not (top_k or p.top_p < 1.0 or p.min_p > 0.0 or p.presence_penalty or p.frequency_penalty
-            or p.repetition_penalty != 1.0 or p.logit_bias):
+            or p.repetition_penalty != 1.0 or p.logit_bias or logprobs >= 0):
         return None
     return PickFilters(top_k=top_k, top_p=float(p.top_p), min_p=float(p.min_p),
                        presence_penalty=float(p.presence_penalty), frequency_penalty=float(p.frequency_penalty),
                        repetition_penalty=float(p.repetition_penalty),
                        logit_bias=tuple((int(t), float(b)) for t, b in p.logit_bias),
-                       key=id(sampler), prompt_ids=sampler.prompt_ids, counts=sampler.counts)
+                       key=id(sampler), prompt_ids=sampler.prompt_ids, counts=sampler.counts,
+                       logprobs=logprobs, logprobs_out=sampler.logprobs_out)
 
 
 def penalize(logits: np.ndarray, logit_bias: Sequence[tuple[int, float]], repetition: float, frequency: float,
@@ -213,7 +219,18 @@ def gumbel_max_pick(row: np.ndarray, temperature: float, seed: int, offset: int,
     the argmax at temperature 0 (lowest id on ties), else a sample from softmax(row / T) on
     the kept ids (filters: the Sampler's semantics) by the Gumbel-max trick with noise keyed
     by (seed, offset). The CPU backend's token ring; the decode graph's sampler
-    (kernels/sample_pick.py) draws its noise from Philox instead."""
+    (kernels/sample_pick.py) draws its noise from Philox instead. filters.logprobs >= 0: the
+    token's logprobs under the raw row go to filters.logprobs_out, as the graph's do."""
+    token = _gumbel_max_token(row, temperature, seed, offset, filters)
+    if filters is not None and filters.logprobs >= 0:
+        from .logprobs import token_logprobs
+
+        filters.logprobs_out[:] = [token_logprobs(np.asarray(row), token, filters.logprobs, row.shape[0])]
+    return token
+
+
+def _gumbel_max_token(row: np.ndarray, temperature: float, seed: int, offset: int,
+                      filters: PickFilters | None) -> int:
     x = np.asarray(row, dtype=np.float32)
     if filters is not None:
         x = penalize(x, filters.logit_bias, filters.repetition_penalty, filters.frequency_penalty,
