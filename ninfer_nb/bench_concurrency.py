@@ -11,6 +11,7 @@ serve` drives a server).
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -68,14 +69,24 @@ def run_concurrency_bench(llm: Any, levels: list[int], prompt_len: int, gen: int
     rows = []
     for c in levels:
         rows.append(run_level(llm, c, prompt_len, gen))
+        _progress(rows[-1], "greedy")
         if sampling:
             s = run_level(llm, c, prompt_len, gen, sampling=sampling)
             s["sampled_vs_greedy"] = s["aggregate_decode_tok_s"] / (rows[-1]["aggregate_decode_tok_s"] or 1.0)
             rows.append(s)
+            _progress(s, f"sampled ({s['sampled_vs_greedy']:.1%} of greedy)")
     base = rows[0]["aggregate_decode_tok_s"] or 1.0
     for row in rows:
         row["vs_first"] = row["aggregate_decode_tok_s"] / base
     return rows
+
+
+def _progress(row: dict[str, Any], what: str) -> None:
+    """One line on stderr as each level ends (a run cut short still reports what it measured)."""
+    sys.stderr.write(f"bench: C={row['concurrency']} {what}: {row['aggregate_decode_tok_s']:.1f} tok/s aggregate, "
+                     f"{row['per_request_decode_tok_s']:.1f} per request, mean batch {row['mean_batch']:.2f}, "
+                     f"wall {row['wall_s']:.1f} s\n")
+    sys.stderr.flush()
 
 
 def print_rows(rows: list[dict[str, Any]], title: str) -> None:
