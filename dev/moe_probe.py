@@ -1,7 +1,12 @@
 """Where the 35B decode MoE block's time goes (GPU, not a test): graph-timed sequences of its
 kernels over L layers with distinct weights (no L2 reuse between layers, as in the model), each
 sequence with and without programmatic dependent launch. Differences between sequences give
-the exposed cost of each stage. Usage: python3 dev/moe_probe.py [--layers 8] [--reps 4]"""
+the exposed cost of each stage. Usage: python3 dev/moe_probe.py [--layers 8] [--reps 4]
+
+--rows T1,T2,..: the experts alone (moe_experts, fixed random routing per layer: k distinct
+experts + the shared slot per token) for T tokens, the per-pair kernels vs kernels/moe/moe_rows.py
+(MOE_ROWS), us per layer and GB/s of the distinct experts' bytes, the new path's kernels one by
+one, and the largest relative difference between the two paths' outputs."""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +32,11 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--eager", action="store_true", help="run each layer's MoE block once, no graph (for ncu)")
+    ap.add_argument("--rows", default="", help="token counts for the few-token experts probe, e.g. 1,4,8,16")
     args = ap.parse_args()
+    if args.rows:
+        rows_probe(args)
+        return
     env = GpuEnv(arena_bytes=(1600 << 20) * args.layers + (4 << 30), scratch_bytes=1 << 30)
     ops = env.fresh()
     rng = np.random.default_rng(0)
@@ -134,6 +143,108 @@ def main() -> None:
         us = {pdl: env.graph_us(each(step), n, pdl) for pdl in (True, False)}
         bw = f"{mb[name] / us[True] * 1e3:7.0f}" if name in mb else ""
         print(f"{name:40s} {us[True]:8.2f} {us[False]:9.2f}  {bw}")
+
+
+def rows_probe(args: argparse.Namespace) -> None:
+    from ninfer_nb.kernels.moe import moe_rows as R
+    from ninfer_nb.ops.cuda import moe as M
+
+    n_l = args.layers
+    env = GpuEnv(arena_bytes=(1700 << 20) * n_l + (2 << 30), scratch_bytes=1 << 30)
+    ops = env.fresh()
+    rng = np.random.default_rng(0)
+    seed = [100]
+
+    def weight(*shape: int) -> Any:
+        t = env.arena.empty(shape, bfloat16)
+        seed[0] += 1
+        fill_uniform_bf16_kernel[1024, 256, env.stream.numba](t.reshape(-1), np.int64(seed[0]),
+                                                              np.float32(0.05), np.float32(0.0))
+        return t
+
+    layers = [(weight(E + 1, 2 * I, H), weight(E + 1, H, I)) for _ in range(n_l)]
+    env.stream.synchronize()
+    expert_mb = 3 * I * H * 2 / 1e6
+    print(f"{'T':>3s} {'experts':>7s} {'old us':>8s} {'new us':>8s} {'x':>5s} {'old GB/s':>8s} {'new GB/s':>8s} "
+          f"{'maxdiff':>8s}  new: prep / gate_up / down / combine us")
+    for t in [int(v) for v in args.rows.split(",")]:
+        ids_h = [np.stack([np.r_[rng.permutation(E)[:K], E] for _ in range(t)]).astype(np.int32) for _ in layers]
+        ids = [env.up(a) for a in ids_h]
+        ws = [env.up(rng.uniform(0.05, 0.3, (t, K + 1)).astype(np.float32)) for _ in layers]
+        x = env.up(rnd(rng, t, H))
+        res = env.up(rnd(rng, t, H))
+        distinct = float(np.mean([len(np.unique(a)) for a in ids_h]))
+        us = {}
+        outs = {}
+        for mode in (False, True):
+            if mode and t < 2:
+                continue
+            M.MOE_ROWS = mode
+
+            def run() -> None:
+                for _ in range(args.reps):
+                    for (gu, dn), i_, w_ in zip(layers, ids, ws):
+                        ops.moe_experts(x, i_, w_, gu, dn, residual=res)
+            us[mode] = env.graph_us(run, n_l * args.reps)
+            env.scratch.reset()
+            outs[mode] = env.host(ops.moe_experts(x, ids[0], ws[0], layers[0][0], layers[0][1]))
+        M.MOE_ROWS = False
+        mb = distinct * expert_mb
+        if True not in us:
+            print(f"{t:3d} {distinct:7.1f} {us[False]:8.1f} {'-':>8s} {'-':>5s} {mb / us[False] * 1e3:8.0f}")
+            continue
+        ref = outs[False]
+        diff = float(np.abs(outs[True] - ref).max() / np.abs(ref).max())
+        parts = rows_parts(env, ops, R, layers, ids, ws, x, t, args.reps)
+        print(f"{t:3d} {distinct:7.1f} {us[False]:8.1f} {us[True]:8.1f} {us[False] / us[True]:5.2f} "
+              f"{mb / us[False] * 1e3:8.0f} {mb / us[True] * 1e3:8.0f} {diff:8.1e}  "
+              + " / ".join(f"{v:.1f}" for v in parts))
+
+
+def rows_parts(env: Any, ops: Any, R: Any, layers: list, ids: list, ws: list, x: Any, t: int, reps: int) -> list[float]:
+    """us per layer of each moe_rows kernel alone (the other kernels' outputs precomputed per layer)."""
+    n_slots = K + 1
+    n_pairs = t * n_slots
+    n_it = R.max_items(n_pairs, E + 1)
+    w = 8
+    bufs = []
+    for _ in layers:
+        b = {"items": env.up(np.zeros((n_it, 3), np.int32)), "order": env.up(np.zeros(n_pairs, np.int32)),
+             "n": env.up(np.zeros(1, np.int32)), "xhi": env.up(np.zeros((t, H), np.uint16)),
+             "xlo": env.up(np.zeros((t, H), np.uint16)), "hhi": env.up(np.zeros((n_pairs, I), np.uint16)),
+             "hlo": env.up(np.zeros((n_pairs, I), np.uint16)), "y": env.up(np.zeros((n_pairs, H), np.float32)),
+             "out": env.up(np.zeros((t, H), np.float32))}
+        bufs.append(b)
+    pt = R.PREP_THREADS
+
+    def prep(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
+        ops._go(R.moe_rows_prep_kernel, 1 + (t * H // 8 + pt - 1) // pt, pt, i_, x, np.int32(E + 1),
+                b["items"], b["order"], b["n"], b["xhi"], b["xlo"])
+
+    def gate_up(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
+        ops._go(R.moe_rows_gate_up_kernel, (I // 16, n_it), 32 * w, b["xhi"], b["xlo"], gu, b["items"], b["order"],
+                b["n"], np.int32(n_slots), b["hhi"], b["hlo"])
+
+    def down(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
+        ops._go(R.moe_rows_down_kernel, (H // (16 * w), n_it), 32 * w, b["hhi"], b["hlo"], dn, b["items"],
+                b["order"], b["n"], w_.reshape(-1), b["y"])
+
+    def combine(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
+        ct = R.COMBINE_THREADS
+        ops._go(R.moe_rows_combine_kernel, ((H + ct - 1) // ct, t), ct, b["y"], i_, np.int32(E + 1), b["out"],
+                np.int32(1))
+
+    res = []
+    for step in (prep, gate_up, down, combine):
+        for b, (gu, dn), i_, w_ in zip(bufs, layers, ids, ws):     # the inputs of the later steps
+            step(b, gu, dn, i_, w_)
+
+        def run(step: Any = step) -> None:
+            for _ in range(reps):
+                for b, (gu, dn), i_, w_ in zip(bufs, layers, ids, ws):
+                    step(b, gu, dn, i_, w_)
+        res.append(env.graph_us(run, len(layers) * reps))
+    return res
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ninfer_nb.ops import cpu
+from ninfer_nb.runtime.tensor import bfloat16
 from tests.kernels.device import DEVICE_MARKS, shapes
 from tests.kernels.gpu_util import close, rnd
 
@@ -45,3 +46,36 @@ def test_moe_route_ties(dev):
         np.testing.assert_array_equal(dev.host(ids), ir)
         close(dev.host(w), wr, TOL32)
     np.testing.assert_array_equal(dev.host(ids)[1], [3, 40, 65, 0, 1])
+
+
+@pytest.mark.parametrize("t,e,k,h,i,hot", shapes(
+    sim=[(9, 4, 3, 64, 128, 1)],
+    gpu=[(2, 33, 9, 2048, 512, 0), (8, 33, 9, 2048, 512, 0), (16, 33, 9, 2048, 512, 1),
+         (63, 33, 9, 2048, 512, 0)]))
+def test_moe_experts_rows(dev, rng, t, e, k, h, i, hot):
+    """kernels/moe/moe_rows.py (experts grouped by expert for a few tokens) vs ops.cpu.moe_experts:
+    random routing with distinct experts per token, the last expert in every row (a shared slot,
+    > 8 and > 16 rows on the GPU), a dropped id (-1), hot = 1: expert 0 in every row too; once
+    plain, once added into a residual. x and h enter the MMAs as bf16 hi + lo halves (fp32-like)."""
+    ops = dev.fresh()
+    ids = np.stack([np.r_[rng.permutation(e - 1)[:k - 1], e - 1] for _ in range(t)]).astype(np.int32)
+    if hot:
+        ids[:, 0] = np.where((ids[:, 1:] == 0).any(1), ids[:, 0], 0)
+    ids[t // 2, 1] = -1
+    w = rng.uniform(0.1, 1.0, (t, k)).astype(np.float32)
+    x = rnd(rng, t, h)
+    gu = (rnd(rng, e, 2 * i, h) * 0.05).astype(bfloat16)
+    dn = (rnd(rng, e, h, i) * 0.05).astype(bfloat16)
+    res = rnd(rng, t, h)
+    ids_c = np.where(ids < 0, e, ids)             # the reference: the dropped slot's weight 0
+    w_c = np.where(ids < 0, 0.0, w).astype(np.float32)
+    gu_c = np.concatenate([gu.astype(np.float32), np.zeros((1, 2 * i, h), np.float32)])
+    dn_c = np.concatenate([dn.astype(np.float32), np.zeros((1, h, i), np.float32)])
+    ref = cpu.moe_experts(x, ids_c, w_c, gu_c, dn_c)
+    gu_d, dn_d = dev.up(gu), dev.up(dn)
+    if dev.on_gpu:                                # (the simulator: the residual case only)
+        got = ops._moe_experts_rows(dev.up(x), dev.up(ids), dev.up(w), gu_d, dn_d, None)
+        close(dev.host(got), ref, 1e-4)
+    r = dev.up(res)
+    ops._moe_experts_rows(dev.up(x), dev.up(ids), dev.up(w), gu_d, dn_d, r)
+    close(dev.host(r), res + ref, 1e-4)

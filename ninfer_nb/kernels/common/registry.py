@@ -32,7 +32,7 @@ MODULES = ("elementwise", "embedding", "norm", "sampling", "sample_pick", "logpr
            "attention.attention_flash", "attention.rope", "attention.paging",
            "gdn.conv1d", "gdn.gdn", "gdn.gdn_decode", "gdn.gdn_chunked", "gdn.gdn_chunked_mma",
            "gdn.gdn_prepare_mma",
-           "moe.moe", "moe.moe_grouped", "moe.moe_pipelined", "moe.moe_wgmma")
+           "moe.moe", "moe.moe_grouped", "moe.moe_pipelined", "moe.moe_wgmma", "moe.moe_rows")
 
 _SPECS: dict[str, "KernelSpec"] = {}
 

@@ -11,6 +11,7 @@ from ninfer_nb.kernels.linear import gemm_mma as K_mma
 from ninfer_nb.kernels.moe import moe as K_moe
 from ninfer_nb.kernels.moe import moe_grouped as K_moeg
 from ninfer_nb.kernels.moe import moe_pipelined as K_moep
+from ninfer_nb.kernels.moe import moe_rows as K_moer
 from ninfer_nb.kernels.moe import moe_wgmma as K_moew
 from ninfer_nb.models.weights import DenseWeight, QuantizedWeight
 from ninfer_nb.quant.tiled import TILE_ROWS, is_tiled
@@ -28,6 +29,10 @@ MOE_PIPELINED_MIN_PAIRS = 1024
 # MoE decode expert kernels with more loads in flight per lane (kernels/moe/moe.py), for up
 # to this many tokens; batches keep the plain pair (faster there).
 MOE_UNROLLED_MAX_T = 1
+# MoE for 2 .. GROUPED_MIN_T - 1 tokens grouped by expert on the tensor cores (kernels/moe/moe_rows.py)
+# instead of the per-pair kernels.
+MOE_ROWS = False
+MOE_ROWS_WARPS = 8        # warps per block of its gate_up / down kernels (2 in the simulator)
 # The decode router as one thread-block cluster (kernels/moe/moe.py moe_router_cluster_kernel,
 # cc >= 9.0, up to 256 routed experts) instead of the arrival-counter kernel.
 ROUTER_CLUSTER = True
@@ -184,6 +189,8 @@ class MoeOps(LinearOps):
             out = self.empty((t, hid))
             self._moe_experts_grouped(x, ids, weights, gate_up, down, out)
             return out if residual is None else self.add_into(residual, out)
+        if MOE_ROWS and t >= 2 and self._rows_fit(x, ids, gate_up, down):
+            return self._moe_experts_rows(x, ids, weights, gate_up, down, residual)
         h = self.empty((t * top_k, inter))                               # [T*k, I]
         vec = np.int32(hid % 8 == 0 and inter % 8 == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down, h)))
         w8 = K_moe.MOE_WARPS
@@ -224,6 +231,49 @@ class MoeOps(LinearOps):
                 bias = out_c.reshape(-1) if residual is not None else None
                 self._tiled_gemv("plain", h.reshape(n, top_k * inter), h.reshape(-1), 1.0, down, bias, out_c,
                                  ids=ids_c, ew=w_c, experts="down", grid_y=n)
+        return out if residual is None else residual
+
+    def _rows_fit(self, x: Any, ids: Any, gate_up: Any, down: Any) -> bool:
+        """Whether kernels/moe/moe_rows.py takes these shapes."""
+        hid = x.shape[1]
+        n_exp, two_i, _ = gate_up.shape
+        inter = two_i // 2
+        w = 1 if SIM else MOE_ROWS_WARPS
+        return (x.shape[0] * ids.shape[1] <= K_moer.MAX_PAIRS and n_exp <= K_moer.MAX_EXPERTS
+                and hid % (32 * K_moer.GU_UNROLL * w) == 0 and hid % 16 == 0 and inter % 16 == 0
+                and inter % (32 * K_moer.DN_UNROLL) == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down)))
+
+    def _moe_experts_rows(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, residual: Any) -> Any:
+        """Routed experts grouped by expert for a few tokens (kernels/moe/moe_rows.py): the sort
+        and x's bf16 hi / lo halves, gate_up + SwiGLU and down MMAs over each touched expert's
+        rows, the slot-ordered combine (+= residual)."""
+        t, hid = x.shape
+        n_slots = ids.shape[1]
+        n_exp = gate_up.shape[0]
+        inter = gate_up.shape[1] // 2
+        n_pairs = t * n_slots
+        n_it = K_moer.max_items(n_pairs, n_exp)
+        w = 1 if SIM else MOE_ROWS_WARPS
+        out = self.empty((t, hid)) if residual is None else _rows(residual, hid)
+        with self.scope():
+            items = self.empty((n_it, 3), np.int32)                      # [items, (expert, row, rows)]
+            order = self.empty((n_pairs,), np.int32)                     # [P] pair ids, expert-sorted
+            n_items = self.empty((1,), np.int32)
+            xhi = self.empty((t, hid), np.uint16)                        # [T, H] bf16 hi / lo of x
+            xlo = self.empty((t, hid), np.uint16)
+            hhi = self.empty((n_pairs, inter), np.uint16)                # [P, I] bf16 hi / lo of h, sorted
+            hlo = self.empty((n_pairs, inter), np.uint16)
+            y = self.empty((n_pairs, hid))                               # [P, H] weighted rows, pair order
+            pt = K_moer.PREP_THREADS
+            self._go(K_moer.moe_rows_prep_kernel, 1 + (t * hid // 8 + pt - 1) // pt, pt, ids, x, np.int32(n_exp),
+                     items, order, n_items, xhi, xlo)
+            self._go(K_moer.moe_rows_gate_up_kernel, (inter // 16, n_it), 32 * w, xhi, xlo, gate_up, items, order,
+                     n_items, np.int32(n_slots), hhi, hlo)
+            self._go(K_moer.moe_rows_down_kernel, ((hid + 16 * w - 1) // (16 * w), n_it), 32 * w, hhi, hlo, down,
+                     items, order, n_items, weights.reshape(-1), y)
+            ct = K_moer.COMBINE_THREADS
+            self._go(K_moer.moe_rows_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids, np.int32(n_exp), out,
+                     np.int32(residual is not None))
         return out if residual is None else residual
 
     def _moe_down_wide(self, h: Any, ids: Any, weights: Any, down: Any, t: int, hid: int, residual: Any) -> Any:
