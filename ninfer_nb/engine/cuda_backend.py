@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import threading
 from typing import Any, Callable, Sequence
 
@@ -21,6 +22,18 @@ from .backends.base import ARGMAX, Forward, Pick, RowsForward
 
 # Share of the free device memory taken at start, and the part of it kept for per-step scratch.
 ARENA_FRACTION = 0.90
+
+
+def arena_fraction() -> float:
+    """The share of free device memory the arena takes: NINFER_ARENA_FRACTION (0 < f <= 1) lets
+    several processes share one GPU (e.g. GPU tests under pytest-xdist), else ARENA_FRACTION."""
+    raw = os.environ.get("NINFER_ARENA_FRACTION", "")
+    if not raw:
+        return ARENA_FRACTION
+    value = float(raw)
+    if not 0 < value <= 1:
+        raise ValueError(f"NINFER_ARENA_FRACTION must be in (0, 1], got {raw}")
+    return value
 SCRATCH_FRACTION = 0.25
 SCRATCH_MAX = 24 << 30
 TOKEN_RING = 4                 # token slots of the steps queued ahead (2 are ever in flight)
@@ -76,7 +89,7 @@ class CudaBackend:
         self.device_name = info.name
         self.stream = Stream()
         free, _ = dev.mem_info()
-        size = arena_bytes or int(free * ARENA_FRACTION)
+        size = arena_bytes or int(free * arena_fraction())
         self.arena = DeviceArena(size)
         self.scratch = self.arena.carve(min(int(size * SCRATCH_FRACTION), SCRATCH_MAX))
         self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena,
