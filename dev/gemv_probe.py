@@ -5,7 +5,13 @@ bandwidth. The builds: what ops/cuda.py launches by default, and kernels/linear.
 gemv_one_token with 1-8 K slices per row pair, blocks of 8 warps (2-4 per SM) or 4 warps (4-6
 per SM). A shape's GEMV repeated is not the model's sequence of different GEMVs: for that, see
 dev/chain_probe.py.
-Usage: python3 dev/gemv_probe.py [--min-mb 600] [--reps 2]"""
+Usage: python3 dev/gemv_probe.py [--min-mb 600] [--reps 2]
+--mma: the multi-token GEMVs (T = 2..16) instead: per 27B shape and T, the one-token GEMV, the
+default path before gemv_mma3 ("old": SIMT / gemv_mma v1, + the separate add / SwiGLU
+launch), what ops picks with GEMV_MMA3 on ("plan") and the best gemv_mma3 build x K split of a
+sweep, with a check of each build against NumPy. `--precompile BUILD` (mode,warps,tiles,unroll,
+min_blocks) compiles one gemv_mma3 build into numba's disk cache (run several at once first).
+Usage: python3 dev/gemv_probe.py --mma [--tokens 2,4,8,16] [--full FILE]"""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -56,12 +63,165 @@ def one_token_launch(ops: Any, mode: str, ways: int, blocks: int, warps: int, x:
     return launch
 
 
+MMA_SHAPES = [("17408x5120", 17408, 5120, "plain"), ("GDN in", 16480, 5120, "plain"),
+              ("down +res", 5120, 17408, "add"), ("out_proj +res", 5120, 6144, "add"),
+              ("gate_up swiglu", 34816, 5120, "swiglu"), ("lm_head", 248320, 5120, "plain")]
+MMA_BUILDS = [(8, 1, 4, 2, 0), (8, 2, 2, 2, 0), (4, 1, 4, 4, 0), (4, 2, 2, 4, 0), (8, 1, 2, 2, 1), (8, 1, 4, 2, 1)]
+SWIGLU_BUILDS = [(8, 2, 2, 2, 0), (4, 2, 2, 4, 0), (8, 2, 1, 2, 1), (8, 2, 2, 2, 1)]
+
+
+def mma_splits(n: int, mode: str) -> tuple[int, ...]:
+    if n >= 100000:
+        return (1,)
+    return (1, 2, 3, 4) if n >= 12288 else (4, 6, 8, 12, 16)
+
+
+def mma_builds(mode: str) -> list[tuple[str, int, int, int, int]]:
+    m = "swiglu" if mode == "swiglu" else "plain"
+    return [(m, *b) for b in (SWIGLU_BUILDS if mode == "swiglu" else MMA_BUILDS)]
+
+
+def mma_main(args: Any) -> None:
+    from ninfer_nb.kernels.linear import gemv_mma as K_gm
+    from ninfer_nb.ops.cuda import linear as L
+    from tests.kernels.gpu_util import close
+
+    env = GpuEnv(arena_bytes=8 << 30, scratch_bytes=512 << 20)
+    ops = env.fresh()
+    counter = ops.zeros((K_gm.MAX_GROUPS,), np.int32, persistent=True)
+    bw = copy_bandwidth("cuda")
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    pool = env.arena.empty((2700 << 20) // 2, bfloat16)
+    fill_uniform_bf16_kernel[4096, 256, env.stream.numba](pool, np.int64(7), np.float32(0.05), np.float32(0.0))
+    rng = np.random.default_rng(0)
+    full = open(args.full, "w") if args.full else None
+    tokens = [int(v) for v in args.tokens.split(",")]
+
+    def v3(build: Any, splits: int, x: Any, out: Any, acc: int) -> Callable[[Any], None]:
+        def launch(w: Any) -> None:
+            n = w.shape[0]
+            ws = ops.empty((splits, x.shape[0], n))
+            ops._go(K_gm.gemv_mma3(*build), K_gm.v3_grid(build[0], build[1], build[2], n, splits), 32 * build[1],
+                    x, w, out.reshape(-1), out, np.int32(0), np.int32(acc), ws, counter)
+        return launch
+
+    # correctness of every build against NumPy: T = 16 and 3, 3 K splits, a ragged last row group
+    for mode in ("plain", "swiglu"):
+        for build in mma_builds(mode):
+            n, k = 2 * 1000 + 8, 2048
+            w = rnd(rng, n, k).astype(ml_dtypes.bfloat16)
+            W = env.up(w.view(np.uint16))
+            errs = []
+            for t, splits, acc in ((16, 3, 1), (3, 1, 0)):
+                x = rnd(rng, t, k)
+                y = x @ w.astype(np.float32).T
+                o0 = rnd(rng, t, n // 2 if mode == "swiglu" else n)
+                want = (y[:, :n // 2] / (1 + np.exp(-y[:, :n // 2])) * y[:, n // 2:] if mode == "swiglu"
+                        else y + o0 * acc)
+                out = env.up(o0)
+                v3(build, splits, env.up(x), out, acc)(W)
+                got = env.host(out)
+                errs.append(float(np.abs(got - want).max() / np.abs(want).max()))
+                try:
+                    close(got, want, 2e-5)
+                except AssertionError:
+                    errs.append(float("inf"))
+            print(f"check {K_gm.v3_name(*build)}: {'ok' if max(errs) < 1 else 'FAIL'} (max rel err "
+                  f"{max(errs):.1e})", flush=True)
+            if any(env.host(counter)):
+                raise AssertionError("counters not reset")
+
+    print(f"{'shape':14s} {'T':>2s} {'1-tok us':>8s} {'old us':>7s} {'plan us':>7s} {'best us':>7s} "
+          f"{'GB/s':>5s} {'x1tok':>5s}  best build")
+    for label, n, k, mode in MMA_SHAPES:
+        if args.only and not any(o in label for o in args.only.split(",")):
+            continue
+        per = n * k
+        layers = max(2, int(np.ceil(args.min_mb * 1e6 / (2 * per))))
+        stride = (per + 4095) // 4096 * 4096
+        layers = max(1, min(layers, pool.shape[0] // stride))
+        ws_ = [pool[i * stride:i * stride + per].reshape(n, k).view(np.uint16) for i in range(layers)]
+        wb = [pool[i * stride:i * stride + per].reshape(n, k) for i in range(layers)]
+
+        def timed(launch: Callable[[Any], None], weights: list[Any]) -> float:
+            def body() -> None:
+                for _ in range(args.reps):
+                    for w in weights:
+                        launch(w)
+            return env.graph_us(body, layers * args.reps)
+
+        nw = env.up(rnd(rng, k))
+        x1 = env.up(rnd(rng, 1, k))
+        if mode == "swiglu":
+            one = timed(lambda w: ops.linear_swiglu(ops.normed(x1, nw, 1e-6), w), wb)
+        else:
+            res1 = env.up(rnd(rng, 1, n))
+            one = timed(lambda w: ops.linear_add(x1, w, res1), wb)
+        for t in tokens:
+            x = env.up(rnd(rng, t, k))
+            res = env.up(rnd(rng, t, n))
+
+            def default(w: Any) -> None:
+                if mode == "swiglu":
+                    ops.linear_swiglu(x, w)
+                elif mode == "add":
+                    ops.linear_add(x, w, res)
+                else:
+                    ops.linear(x, w)
+            L.GEMV_MMA3 = False
+            old = timed(default, wb)
+            L.GEMV_MMA3 = True
+            plan = timed(default, wb)
+            L.GEMV_MMA3 = False
+            best = (float("inf"), "")
+            out = env.up(rnd(rng, t, n // 2 if mode == "swiglu" else n))
+            for build in mma_builds(mode):
+                for splits in mma_splits(n, mode):
+                    us = timed(v3(build, splits, x, out, int(mode == "add")), ws_)
+                    name = f"x{build[1]} r{build[2]} u{build[3]} b{build[4]}{' p' if build[5] else ''} S{splits}"
+                    if full:
+                        full.write(f"{label} T={t} {name} {us:.2f} us {2 * per / us / 1e3:.0f} GB/s\n")
+                    best = min(best, (us, name))
+            pb = L.mma3_plan("swiglu" if mode == "swiglu" else "plain", t, n, k, ops.sm_count)
+            print(f"{label:14s} {t:2d} {one:8.2f} {old:7.2f} {plan:7.2f} {best[0]:7.2f} {2 * per / best[0] / 1e3:5.0f} "
+                  f"{best[0] / one:5.2f}  {best[1]} (plan {pb[0][1:]} S{pb[1]})", flush=True)
+    if full:
+        full.close()
+
+
+def precompile(names: str) -> None:
+    """Compile kernels into numba's disk cache: gemv_mma3 builds as mode,warps,tiles,unroll,blocks
+    or registered kernel names, separated by ';'."""
+    from ninfer_nb.kernels.common.registry import all_specs
+    from ninfer_nb.kernels.linear import gemv_mma as K_gm
+    from ninfer_nb.runtime import device
+
+    device.select("cuda:0")
+    specs = all_specs()
+    for name in names.split(";"):
+        if "," in name:
+            mode, *rest = name.split(",")
+            K_gm.gemv_mma3(mode, *(int(v) for v in rest)).get()
+        else:
+            specs[name].get()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--mma", action="store_true", help="the multi-token GEMVs (see the module doc)")
+    ap.add_argument("--tokens", default="2,4,8,16")
+    ap.add_argument("--full", default="", help="--mma: every build's time into this file")
+    ap.add_argument("--precompile", default="", help="compile one gemv_mma3 build (mode,warps,tiles,unroll,blocks)")
     ap.add_argument("--min-mb", type=float, default=600.0, help="weight bytes per graph, at least")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-separated substrings of the shape labels to run")
     args = ap.parse_args()
+    if args.precompile:
+        precompile(args.precompile)
+        return
+    if args.mma:
+        mma_main(args)
+        return
     env = GpuEnv(arena_bytes=6 << 30, scratch_bytes=256 << 20)
     ops = env.fresh()
     bw = copy_bandwidth("cuda")

@@ -22,11 +22,15 @@ sums are fp32. Simulator-safe (ptx_sim.py emulates the mma and the 16-byte loads
 """
 from __future__ import annotations
 
-from numba import cuda, float32, uint32
+import math
+from typing import Any
+
+from numba import config, cuda, float32, int32, uint32
 
 from ninfer_nb.kernels.common.bf16 import bits_f32, f32_bits
-from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, i32, u16_2
+from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, f32_3, i32, i32_1, u16_2
 from ninfer_nb.kernels.common.ptx import (
+    fence_acq_rel_gpu,
     grid_dependency_sync,
     ldg_stream_v4_u32,
     ldg_v4_f32,
@@ -157,3 +161,224 @@ def gemv_mma_kernel(x, w, bias, out, has_bias):
         if has_bias != 0:
             s += bias[n]
         out[tok, n] = s
+
+
+# ---- v3: warps over rows, x shared through L1, K split over blocks (grid.y) ------------------
+# v1's 8 warps split K, so every block (16 rows) reads all of x: T * K * 4 bytes per 16 rows,
+# as much as the weight itself at T = 8 and twice at T = 16 (x of 8-16 tokens outgrows L1, so
+# it comes from L2). Here a warp owns R row tiles (16 R rows) that share its x fragments, and
+# the block's warps walk the same columns together, so x comes from L2 about once per block
+# (WARPS * 16 R rows). Weights with few rows split K over gridDim.y blocks: each writes its
+# partial tile to ws [S, T, N], and the last block of a row group to arrive (a per-row-group
+# counter, reset by that block) sums the S partials in slice order (deterministic) and applies
+# the epilogue. Epilogues: "plain" (out = acc + bias, + out when accumulate: the residual add)
+# and "swiglu" (R = 2: tile 0 gate rows j, tile 1 up rows I + j; out [T, I] = silu(g) * u).
+V3_MODES = ("plain", "swiglu")
+MAX_GROUPS = 4096          # row groups of a K-split launch (the counter's length)
+# the simulator runs the blocks one after another on coherent host memory: no fence needed
+_fence = grid_dependency_sync if config.ENABLE_CUDASIM else fence_acq_rel_gpu
+_V3: dict[tuple[str, int, int, int, int, int], Any] = {}
+
+
+def v3_rows(warps: int, tiles: int) -> int:
+    """Weight rows per block of a v3 build (swiglu: gate rows; the block also reads their up rows)."""
+    return warps * 16 * tiles
+
+
+def v3_grid(mode: str, warps: int, tiles: int, n: int, splits: int) -> tuple[int, int]:
+    """(row groups, K splits) of a v3 launch for an [n, K] weight (swiglu: n = 2I)."""
+    rows = v3_rows(warps, tiles) // (2 if mode == "swiglu" else 1)
+    return (n // (2 if mode == "swiglu" else 1) + rows - 1) // rows, splits
+
+
+def v3_name(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pipe: int = 0) -> str:
+    return f"gemv_mma3_{mode}_x{warps}_r{tiles}_u{unroll}_b{min_blocks}{'_p' if pipe else ''}_kernel"
+
+
+def gemv_mma3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pipe: int = 0) -> Any:
+    """The v3 tensor-core GEMV build: `warps` warps per block, `tiles` 16-row tiles per warp,
+    `unroll` 32-column blocks of loads issued together, launch bounds (32 warps, min_blocks);
+    pipe: two register buffers, the next `unroll` blocks' loads issued before this one's math.
+    Signature (x [T, K] f32, w [N, K] bf16 bits, bias [N], out [T, N] ([T, N / 2] swiglu),
+    has_bias, accumulate, ws [S, T, N] f32 (S = gridDim.y; unused when 1), counter [>= groups]
+    int32 kept 0 between launches). Grid v3_grid(...), block 32 * warps."""
+    key = (mode, warps, tiles, unroll, min_blocks, pipe)
+    if key not in _V3:
+        if mode not in V3_MODES or warps not in (2, 4, 8) or tiles not in (1, 2, 4) or unroll not in (1, 2, 4) \
+                or (mode == "swiglu" and tiles != 2) or not 1 <= warps * min_blocks <= 64:
+            raise ValueError(f"gemv_mma3: no build {key}")
+        _V3[key] = _make_v3(*key)
+    return _V3[key]
+
+
+def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pipe: int) -> Any:
+    PIPE = pipe != 0
+    R = tiles
+    U = unroll
+    SWIGLU = mode == "swiglu"
+    RB = warps * 16 * tiles                     # w rows per block (swiglu: half gate, half up)
+
+    @cuda.jit(device=True, inline=True)
+    def _load(w, wr, kb, kb_end, j0, g, t4, inter, n_rows, k_dim):
+        """Issue the weight loads of 32-column blocks kb .. kb + U - 1 (past kb_end: its last
+        block again, unused) into wr[u, i]: row g words 0..3, row g + 8 words 4..7 of tile i."""
+        for u in range(U):
+            col = K_ALIGN * min(kb + u, kb_end - 1)
+            for i in range(R):
+                if SWIGLU:
+                    base = i * inter + min(j0 + g, inter - 1)
+                    base2 = i * inter + min(j0 + g + 8, inter - 1)
+                else:
+                    base = min(j0 + 16 * i + g, n_rows - 1)              # rows past N: the last row, unused
+                    base2 = min(j0 + 16 * i + g + 8, n_rows - 1)
+                p = ldg_stream_v4_u32(w, base * k_dim + 8 * t4 + col)
+                q = ldg_stream_v4_u32(w, base2 * k_dim + 8 * t4 + col)
+                for e in range(4):
+                    wr[u, i, e] = p[e]
+                    wr[u, i, 4 + e] = q[e]
+
+    @cuda.jit(device=True, inline=True)
+    def _mma(x, wr, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two):
+        """acc[i, h] += tile i of blocks kb.. (< kb_end) x tokens 8h..8h + 7 (x as hi + lo)."""
+        for u in range(U):
+            if kb + u < kb_end:
+                col = K_ALIGN * (kb + u)
+                for h in range(2):
+                    if h == 0 or two:
+                        xh, xl = _x_words(x, (xa_base if h == 0 else xb_base) + col, ok_lo if h == 0 else ok_hi)
+                        for i in range(R):
+                            a1 = (wr[u, i, 0], wr[u, i, 4], wr[u, i, 1], wr[u, i, 5])
+                            a2 = (wr[u, i, 2], wr[u, i, 6], wr[u, i, 3], wr[u, i, 7])
+                            c = (acc[i, h, 0], acc[i, h, 1], acc[i, h, 2], acc[i, h, 3])
+                            c = mma_bf16(a1, xh[0], xh[1], c)
+                            c = mma_bf16(a2, xh[2], xh[3], c)
+                            c = mma_bf16(a1, xl[0], xl[1], c)
+                            c = mma_bf16(a2, xl[2], xl[3], c)
+                            for e in range(4):
+                                acc[i, h, e] = c[e]
+
+    def gemv_mma3_kernel(x, w, bias, out, has_bias, accumulate, ws, counter):
+        wr = cuda.local.array((U, R, 8), uint32)       # per block u, tile i: row g words 0..3, row g + 8 words 4..7
+        acc = cuda.local.array((R, 2, 4), float32)     # per tile, token half (0..7, 8..15): the C fragment
+        last = cuda.shared.array(1, int32)
+        lane = cuda.threadIdx.x & 31
+        warp = cuda.threadIdx.x >> 5
+        g = lane >> 2
+        t4 = lane & 3
+        n_rows = w.shape[0]
+        k_dim = w.shape[1]
+        n_tok = x.shape[0]
+        n_split = cuda.gridDim.y
+        sp = cuda.blockIdx.y
+        if SWIGLU:
+            inter = out.shape[1]
+            j0 = cuda.blockIdx.x * (RB // 2) + warp * 16      # tile 0: gate rows j0.., tile 1: up rows inter + j0..
+        else:
+            inter = 0
+            j0 = cuda.blockIdx.x * RB + warp * 16 * R
+        n_kb = k_dim // K_ALIGN
+        kb = sp * n_kb // n_split
+        kb_end = (sp + 1) * n_kb // n_split
+        ok_lo = g < n_tok
+        ok_hi = g + 8 < n_tok
+        xa_base = min(g, n_tok - 1) * k_dim + 8 * t4
+        xb_base = min(g + 8, n_tok - 1) * k_dim + 8 * t4
+        two = n_tok > 8
+        for i in range(R):
+            for h in range(2):
+                for e in range(4):
+                    acc[i, h, e] = float32(0.0)
+        if PIPE:
+            wr2 = cuda.local.array((U, R, 8), uint32)
+            if kb < kb_end:
+                _load(w, wr, kb, kb_end, j0, g, t4, inter, n_rows, k_dim)
+            grid_dependency_sync()                          # x is the previous kernel's output
+            while kb < kb_end:                              # the next U blocks' loads in flight during the math
+                if kb + U < kb_end:
+                    _load(w, wr2, kb + U, kb_end, j0, g, t4, inter, n_rows, k_dim)
+                _mma(x, wr, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
+                kb += U
+                if kb >= kb_end:
+                    break
+                if kb + U < kb_end:
+                    _load(w, wr, kb + U, kb_end, j0, g, t4, inter, n_rows, k_dim)
+                _mma(x, wr2, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
+                kb += U
+        else:
+            while kb < kb_end:
+                _load(w, wr, kb, kb_end, j0, g, t4, inter, n_rows, k_dim)
+                grid_dependency_sync()                      # x is the previous kernel's output
+                _mma(x, wr, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
+                kb += U
+        grid_dependency_sync()                              # a warp with no blocks has waited too
+        # C fragment element e of tile i, half h: row (g if e < 2 else g + 8), token 8h + 2 t4 + (e & 1)
+        if n_split > 1:
+            for i in range(R):
+                for h in range(2):
+                    for e in range(4):
+                        tok = 8 * h + 2 * t4 + (e & 1)
+                        if SWIGLU:
+                            jj = j0 + g + 8 * (e >> 1)
+                            row = i * inter + jj
+                            ok = jj < inter
+                        else:
+                            row = j0 + 16 * i + g + 8 * (e >> 1)
+                            ok = row < n_rows
+                        if ok and tok < n_tok:
+                            ws[sp, tok, row] = acc[i, h, e]
+            _fence()                                        # this block's partials before its arrival
+            cuda.syncthreads()
+            if cuda.threadIdx.x == 0:
+                last[0] = int32(cuda.atomic.add(counter, cuda.blockIdx.x, 1) == n_split - 1)
+            cuda.syncthreads()
+            if last[0] == 0:
+                return
+            _fence()                                        # every block's partials after the last arrival
+            if cuda.threadIdx.x == 0:
+                counter[cuda.blockIdx.x] = 0
+            for i in range(R):
+                for h in range(2):
+                    for e in range(4):
+                        tok = 8 * h + 2 * t4 + (e & 1)
+                        if SWIGLU:
+                            jj = j0 + g + 8 * (e >> 1)
+                            row = i * inter + jj
+                            ok = jj < inter
+                        else:
+                            row = j0 + 16 * i + g + 8 * (e >> 1)
+                            ok = row < n_rows
+                        if ok and tok < n_tok:
+                            s = float32(0.0)
+                            for q_ in range(n_split):
+                                s += ws[q_, tok, row]
+                            acc[i, h, e] = s
+        for h in range(2):
+            for e in range(4):
+                tok = 8 * h + 2 * t4 + (e & 1)
+                if tok < n_tok:
+                    if SWIGLU:
+                        jj = j0 + g + 8 * (e >> 1)
+                        if jj < inter:
+                            gv = acc[0, h, e]
+                            out[tok, jj] = gv / (float32(1.0) + math.exp(-gv)) * acc[1, h, e]
+                    else:
+                        for i in range(R):
+                            row = j0 + 16 * i + g + 8 * (e >> 1)
+                            if row < n_rows:
+                                v = acc[i, h, e]
+                                if has_bias != 0:
+                                    v += bias[row]
+                                if accumulate != 0:
+                                    v += out[tok, row]
+                                out[tok, row] = v
+
+    gemv_mma3_kernel.__name__ = v3_name(mode, warps, tiles, unroll, min_blocks, pipe)
+    return kernel((f32_2, u16_2, f32_1, f32_2, i32, i32, f32_3, i32_1), sim=True, fastmath=True,
+                  launch_bounds=(32 * warps, min_blocks), self_sync=True)(gemv_mma3_kernel)
+
+
+# The v3 builds ops/cuda/linear.py may pick, registered at import for the compile tests; others
+# are built on first use (dev/gemv_probe.py --mma sweeps them).
+V3_BUILDS = (("plain", 8, 1, 4, 2), ("plain", 8, 2, 2, 2), ("swiglu", 8, 2, 2, 2), ("plain", 8, 1, 2, 2, 1))
+for _b in V3_BUILDS:
+    gemv_mma3(*_b)

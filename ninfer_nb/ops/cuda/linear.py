@@ -29,6 +29,24 @@ NO_BIAS = np.int32(0)     # the GEMMs' has_bias flag without a bias
 # 4 tokens with per-token work on every weight (two tokens: the SIMT GEMV, measured faster).
 GEMV_MMA = True
 GEMV_MMA_MIN_T = 3
+# v3 of the tensor-core GEMV (gemv_mma.py gemv_mma3: warps over row tiles, x shared through L1,
+# K split over blocks for weights with few rows) for 2..16 tokens, with the residual add and the
+# SwiGLU in its epilogue. Off until measured on the GPU.
+GEMV_MMA3 = False
+GEMV_MMA3_MIN_T = 2
+
+
+def mma3_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[str, int, int, int, int], int]:
+    """(build, K splits) of gemv_mma3 for T tokens x an [n, k] weight (swiglu: n = 2I): blocks
+    of 8 warps x 1 row tile (128 rows; swiglu 2 tiles: 64 gate + 64 up rows), 2 per SM; K
+    split so that the grid fills at least two waves."""
+    build = (mode, 8, 2, 2, 2) if mode == "swiglu" else (mode, 8, 1, 4, 2)
+    groups = K_gm.v3_grid(mode, build[1], build[2], n, 1)[0]
+    slots = 2 * sm_count
+    splits = 1
+    while groups * splits < 2 * slots and splits < 16 and k // K_gm.K_ALIGN >= 8 * (splits + 1):
+        splits += 1
+    return build, splits
 
 
 def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str, int, int, int]:
@@ -95,6 +113,11 @@ class LinearOps(QuantLinearOps):
             self._go(K_wg.gemm_wgmma_swiglu_kernel, K_wg.gemm_grid(t, two_i), K_wg.THREADS, xb, gate_up,
                      _rows(h, inter), smem=K_wg.SMEM_BYTES)
             return h
+        if (bf16 and x2.dtype == F32 and self._gemv_mma3(t, k, two_i) and _ptr(x2) % 16 == 0
+                and _ptr(gate_up) % 16 == 0):
+            out = self.empty(tuple(x.shape[:-1]) + (inter,))            # [T, I]
+            self._gemv_mma3_into("swiglu", x2, gate_up, out.reshape(-1), _rows(out, inter), NO_BIAS, 0)
+            return out
         if not (0 < t <= K_lin.GEMV_MAX_T and not SIM
                 and bf16 and k % 8 == 0 and _ptr(gate_up) % 16 == 0 and _ptr(x2) % 16 == 0) or self._gemv_mma(t, k):
             return self.swiglu(self.linear(x, w))       # (2..16 tokens: the tensor-core GEMV, then SwiGLU)
@@ -149,6 +172,11 @@ class LinearOps(QuantLinearOps):
         if residual.size == n:
             self._linear_into(x, w, residual.reshape(-1), _rows(residual, n))
             return residual
+        t = x.size // k
+        if (isinstance(w, DenseWeight) and w.dtype == "bf16" and not isinstance(x, Normed) and x.dtype == F32
+                and self._gemv_mma3(t, k, n) and _ptr(x) % 16 == 0 and _ptr(w.data) % 16 == 0):
+            self._gemv_mma3_into("plain", _rows(x, k), w.data, residual.reshape(-1), _rows(residual, n), NO_BIAS, 1)
+            return residual
         return self.add_into(residual, self.linear(x, w))
 
     def _linear_into(self, x: Any, w: DenseWeight | QuantizedWeight, bias: Any, out2: Any) -> None:
@@ -181,6 +209,8 @@ class LinearOps(QuantLinearOps):
             ways = 4 if k >= SPLITK_MIN_K else 2 if k >= SPLITK2_MIN_K else 0
             if vec and t == 1:
                 self._one_token("plain", x2, x2.reshape(-1), 1.0, weight, out2, b, bias is not None)
+            elif vec and self._gemv_mma3(t, k, n):
+                self._gemv_mma3_into("plain", x2, weight, b, out2, has_bias, 0)
             elif vec and self._gemv_mma(t, k):
                 self._gemv_mma_into(x2, weight, b, out2, has_bias)
             elif vec and n <= SPLITK_MAX_N and ways:
@@ -207,6 +237,26 @@ class LinearOps(QuantLinearOps):
         16-byte alignment)."""
         return (GEMV_MMA and not SIM and t >= GEMV_MMA_MIN_T and K_gm.supported(t, k) and self.arch is not None
                 and tuple(self.arch) >= (8, 0))
+
+    def _gemv_mma3(self, t: int, k: int, n: int) -> bool:
+        """Whether T tokens x an [n, K] weight take gemv_mma3 (bf16 and alignment checked by the caller)."""
+        return (GEMV_MMA3 and not SIM and GEMV_MMA3_MIN_T <= t <= K_gm.MAX_T and k % K_gm.K_ALIGN == 0
+                and self.arch is not None and tuple(self.arch) >= (8, 0)
+                and K_gm.v3_grid("plain", 8, 1, n, 1)[0] <= K_gm.MAX_GROUPS)
+
+    def _gemv_mma3_into(self, mode: str, x2: Any, weight: Any, b: Any, out2: Any, has_bias: Any,
+                        accumulate: int) -> None:
+        """out2 [T, N] (=/+=) x2 [T, K] @ weight^T (+ b), or out2 [T, I] = swiglu of it, by
+        gemv_mma3 (mma3_plan's build and K splits)."""
+        n, k = weight.shape
+        t = x2.shape[0]
+        build, splits = mma3_plan(mode, t, n, k, self.sm_count)
+        counter = getattr(self, "_mma3_counter", None)
+        if counter is None:                 # 0 between launches; each row group's last block resets it
+            counter = self._mma3_counter = self.zeros((K_gm.MAX_GROUPS,), np.int32, persistent=True)
+        ws = self.empty((splits, t, n))     # the K slices' partial sums (unused when splits == 1)
+        self._go(K_gm.gemv_mma3(*build), K_gm.v3_grid(mode, build[1], build[2], n, splits), 32 * build[1],
+                 x2, weight, b, out2, has_bias, np.int32(accumulate), ws, counter)
 
     def _gemv_mma_into(self, x2: Any, weight: Any, b: Any, out2: Any, has_bias: Any) -> None:
         """out2 [T, N] = x2 [T, K] @ weight^T (+ b) by gemv_mma_kernel (16 rows per block, its 8
