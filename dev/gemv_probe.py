@@ -189,6 +189,49 @@ def mma_main(args: Any) -> None:
         full.close()
 
 
+def rows_ab(preset: str, batches: list[int], ctx: int = 512) -> None:
+    """dev/rows_bench.py's B-row decode rounds with GEMV_MMA3 off, then on (graphs re-captured):
+    device time per round and the ratio to the one-sequence graph."""
+    from ninfer_nb.engine.batch import ForwardBatch
+    from ninfer_nb.engine.cuda_backend import CudaBackend
+    from ninfer_nb.models.decoder import Decoder
+    from ninfer_nb.models.presets import preset_config
+    from ninfer_nb.models.state import PAGE_SIZE, new_state
+    from ninfer_nb.ops.cuda import linear as L
+
+    be = CudaBackend()
+    cfg = preset_config(preset)
+    dec = Decoder(cfg, be.random_weights(cfg))
+    be.enable_token_pick(cfg.vocab_size)
+    pages = -(-(ctx + 64) // PAGE_SIZE)
+    one = new_state(cfg, pages * PAGE_SIZE, be.zeros, "bf16")
+    for _ in range(3):
+        be.launch_token_step(lambda ids, pos: dec.forward(be.ops, ForwardBatch.single(ids, pos), one), 1, ctx)
+        be.collect_token()
+    single = be.time_decode_steps(ctx)
+    print(f"{preset} ctx {ctx}: one-sequence graph {single:.1f} us", flush=True)
+    top = max(batches)
+    state = new_state(cfg, pages * PAGE_SIZE, be.zeros, "bf16", gdn_slots=top, num_pages=top * pages)
+
+    def forward_rows(ids: Any, pos: Any, slots: Any, table: Any) -> Any:
+        return dec.forward(be.ops, ForwardBatch.rows(ids, pos, slots, table), state)
+
+    for b in batches:
+        table = np.random.default_rng(b).permutation(top * pages)[: b * pages].reshape(b, pages).astype(np.int32)
+        res = []
+        for on in (False, True):
+            L.GEMV_MMA3 = on
+            be._rows = None                                   # new graphs for this setting
+            for _ in range(3):
+                be.pick_rows(forward_rows, [1] * b, [ctx] * b, list(range(b)), table, [(0.0, 0, 0)] * b)
+            us = be.time_decode_rounds(b)
+            assert us is not None
+            res.append(us)
+        print(f"{preset} B={b:2d}: round {res[0]:.1f} us (old) -> {res[1]:.1f} us (gemv_mma3) = "
+              f"{res[1] / single:.2f}x one step, aggregate {b * single / res[1]:.2f}x", flush=True)
+    L.GEMV_MMA3 = False
+
+
 def precompile(names: str) -> None:
     """Compile kernels into numba's disk cache: gemv_mma3 builds as mode,warps,tiles,unroll,blocks
     or registered kernel names, separated by ';'."""
@@ -210,6 +253,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mma", action="store_true", help="the multi-token GEMVs (see the module doc)")
     ap.add_argument("--tokens", default="2,4,8,16")
+    ap.add_argument("--rows", default="", help="PRESET:B1,B2: decode rounds with gemv_mma3 off / on")
     ap.add_argument("--full", default="", help="--mma: every build's time into this file")
     ap.add_argument("--precompile", default="", help="compile one gemv_mma3 build (mode,warps,tiles,unroll,blocks)")
     ap.add_argument("--min-mb", type=float, default=600.0, help="weight bytes per graph, at least")
@@ -221,6 +265,10 @@ def main() -> None:
         return
     if args.mma:
         mma_main(args)
+        return
+    if args.rows:
+        preset, bs = args.rows.split(":")
+        rows_ab(preset, [int(b) for b in bs.split(",")])
         return
     env = GpuEnv(arena_bytes=6 << 30, scratch_bytes=256 << 20)
     ops = env.fresh()

@@ -97,3 +97,24 @@ def test_gemv_mma3(dev, rng, build, t, n, k, splits, accumulate):
     out, counter = _gemv3(ops, build, X, W, B, dev.up(out0), splits, int(mode == "plain"), accumulate)
     close(dev.host(out), want, 2e-5)
     assert not dev.host(counter).any()
+
+
+@pytest.mark.skipif(not DEVICE_MARKS, reason="ops picks gemv_mma3 on the GPU only")
+@pytest.mark.parametrize("t,n,k", [(8, 17408, 5120), (4, 5120, 17408), (16, 5120, 6144), (2, 1000, 2048)])
+def test_ops_gemv_mma3(dev, rng, monkeypatch, t, n, k):
+    """ops.linear (+ bias), linear_add (the residual in place) and linear_swiglu on T rows with
+    GEMV_MMA3 on (mma3_plan's build and K splits) vs NumPy."""
+    from ninfer_nb.ops.cuda import linear as L
+
+    monkeypatch.setattr(L, "GEMV_MMA3", True)
+    ops = dev.fresh()
+    ops._mma3_counter = None                   # the persistent arena was reset
+    w = rnd(rng, n, k).astype(BF16)
+    x, bias, res = rnd(rng, t, k), rnd(rng, n), rnd(rng, t, n)
+    W, X = dev.up(w), dev.up(x)
+    y = cpu.linear(x, w.astype(np.float32))
+    close(dev.host(ops.linear(X, W, dev.up(bias))), y + bias, 2e-5)
+    R = dev.up(res)
+    ops.linear_add(X, W, R)
+    close(dev.host(R), y + res, 2e-5)
+    close(dev.host(ops.linear_swiglu(X, W)), cpu.swiglu(y), 2e-5)
