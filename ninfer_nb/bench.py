@@ -93,12 +93,13 @@ def decode_bytes(llm: Any, context: int) -> int:
 
 
 def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3, temperature: float = 0.0,
-             **sampling: Any) -> dict[str, Any]:
+             constraint: Any = None, **sampling: Any) -> dict[str, Any]:
     """Warm-up, then `repeat` cold prefills of prompts that differ in their first token (no
     prefix reuse), the last one followed by `gen` tokens (greedy, or sampled at `temperature`
-    with `sampling`'s SamplingParams fields: top-k, top-p, min-p, penalties). TTFT and prefill
-    tok/s are the medians over the prefills (single runs of the same code vary widely);
-    decode tok/s comes from the last run."""
+    with `sampling`'s SamplingParams fields: top-k, top-p, min-p, penalties; `constraint`: each
+    run under that grammar, which may end it early). TTFT and prefill tok/s are the medians
+    over the prefills (single runs of the same code vary widely); decode tok/s comes from the
+    last run."""
     rng = np.random.default_rng(prompt_len)
     vocab = llm.valid_vocab
     ids = [int(t) for t in rng.integers(100, vocab - 1, prompt_len)]
@@ -109,12 +110,12 @@ def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3, temperature: 
     warm = [int(t) for t in np.random.default_rng(prompt_len + 1).integers(100, vocab - 1, prompt_len)]
     if warm[0] == ids[0]:
         warm[0] = (warm[0] + 1) % vocab
-    llm.generate(warm, params.replace(max_tokens=4))
+    llm.generate(warm, params.replace(max_tokens=4), constraint=constraint)
     prefills = []
     for r in range(repeat - 1):
         other = [(ids[0] + 1 + r) % vocab] + ids[1:]
-        prefills.append(llm.generate(other, params.replace(max_tokens=1)).timings)
-    t = llm.generate(ids, params).timings
+        prefills.append(llm.generate(other, params.replace(max_tokens=1), constraint=constraint).timings)
+    t = llm.generate(ids, params, constraint=constraint).timings
     prefills.append(t)
     return {"prompt_tokens": prompt_len, "ttft_ms": float(np.median([p.ttft_s for p in prefills])) * 1e3,
             "prefill_tok_s": float(np.median([p.prefill_tok_s for p in prefills])),
@@ -245,6 +246,48 @@ def sampling_fields(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# bench --json-schema builtin: a tool-parameters-like schema (strings, enums, nested objects,
+# arrays, numbers), dev/structured_probe.py's
+BUILTIN_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"}, "summary": {"type": "string"},
+        "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
+        "assignees": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["name", "role"],
+            "properties": {"name": {"type": "string"}, "email": {"type": "string"},
+                           "role": {"type": "string", "enum": ["owner", "reviewer", "watcher"]}}}},
+        "due": {"type": "object", "additionalProperties": False, "required": ["year", "month", "day"],
+                "properties": {"year": {"type": "integer"}, "month": {"type": "integer"}, "day": {"type": "integer"}}},
+        "estimate_hours": {"type": "number"}, "labels": {"type": "array", "items": {"type": "string"}},
+        "blocking": {"type": "boolean"},
+    },
+    "required": ["title", "summary", "priority", "assignees", "due", "blocking"],
+    "additionalProperties": False,
+}
+
+
+def schema_constraint(llm: Any, spec: str, tokenizer_dir: str | None) -> tuple[Any, tuple[int, ...]]:
+    """(the compiled json_schema constraint of --json-schema FILE | builtin, the tokenizer's EOS
+    ids) for the model's tokenizer, or --tokenizer DIR's (random weights have none)."""
+    from .chat.tokenizer import Tokenizer
+    from .structured import compile_constraint
+
+    tok = Tokenizer.from_dir(tokenizer_dir) if tokenizer_dir else llm.tokenizer
+    if tok is None:
+        raise SystemExit("bench: --json-schema on random weights needs --tokenizer DIR (a tokenizer.json)")
+    if spec == "builtin":
+        schema = BUILTIN_SCHEMA
+    else:
+        with open(spec) as f:
+            schema = json.load(f)
+    t0 = time.perf_counter()
+    c = compile_constraint("json_schema", schema, tok, vocab_size=llm.model_config.vocab_size)
+    sys.stderr.write(f"bench: json_schema constraint ready in {time.perf_counter() - t0:.1f} s "
+                     f"(the grammar tokenizer at {c.vocab_size} ids, once per tokenizer)\n")
+    return c, tuple(tok.eos_token_ids)
+
+
 def _experimental_names(arg: str) -> frozenset[str]:
     """--experimental's names, each checked against ops/cuda.py EXPERIMENTAL (before the model
     loads; imports the CUDA ops module only when names are given)."""
@@ -300,6 +343,12 @@ def main(argv: Sequence[str]) -> int:
                         "--host-argmax samples on the host")
     for flag, kind, default, what in SAMPLING_FLAGS:
         p.add_argument(flag, type=kind, default=default, help=f"with --temperature: {what}")
+    p.add_argument("--json-schema", default=None, metavar="FILE|builtin",
+                   help="also decode under this JSON schema (structured output: each step's grammar mask), "
+                        "measured after the plain run in the same command; builtin: a tool-parameters schema")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="with --json-schema on --random weights: the tokenizer (a dir with tokenizer.json) "
+                        "whose vocabulary the grammar masks")
     p.add_argument("--no-decode-ahead", action="store_true",
                    help="greedy decode waits for each token on the host before queueing the next step "
                         "(the default queues it first: the graph's argmax feeds the next step)")
@@ -406,6 +455,7 @@ def main(argv: Sequence[str]) -> int:
     sampling = sampling_fields(args)
     if sampling and args.temperature <= 0:
         raise SystemExit("bench: --top-k / --top-p / --min-p / penalties need --temperature > 0")
+    schema, eos = schema_constraint(llm, args.json_schema, args.tokenizer) if args.json_schema else (None, ())
     rows = []
     for n in lens:
         sys.stderr.write(f"bench: prompt {n}, generate {args.gen} ...\n")
@@ -423,6 +473,10 @@ def main(argv: Sequence[str]) -> int:
             sampled = run_ours(llm, n, args.gen, 1, args.temperature, **sampling)
             rows.append({"engine": "sampled", **sampled, "sampling": {"temperature": args.temperature, **sampling},
                          "decode_vs_greedy": sampled["decode_tok_s"] / ours["decode_tok_s"]})
+        if schema is not None:                   # the same prompt under the grammar, greedy
+            constrained = run_ours(llm, n, args.gen, 1, constraint=schema, stop_token_ids=eos)
+            rows.append({"engine": "json-schema", **constrained,
+                         "decode_vs_plain": constrained["decode_tok_s"] / ours["decode_tok_s"]})
         if args.peer == "hf":
             if args.random:
                 peer = preset_peer[n]
@@ -485,6 +539,10 @@ def main(argv: Sequence[str]) -> int:
         print("step us: the decode graph replayed back to back (the device alone); host us: what a token "
               "took beyond it, end to end")
     for r in rows:
+        if "decode_vs_plain" in r:
+            print(f"json-schema decode at prompt {r['prompt_tokens']}: {r['decode_tok_s']:.1f} tok/s over "
+                  f"{r['generated']} tokens = {r['decode_vs_plain']:.1%} of unconstrained greedy "
+                  f"({1.0 - r['decode_vs_plain']:.1%} cost)")
         if "decode_vs_greedy" in r:
             print(f"sampled decode ({' '.join(f'{k}={v}' for k, v in r['sampling'].items())}) at prompt "
                   f"{r['prompt_tokens']}: {r['decode_tok_s']:.1f} tok/s = {r['decode_vs_greedy']:.1%} of greedy")

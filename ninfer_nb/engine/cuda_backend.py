@@ -103,6 +103,7 @@ class CudaBackend:
         # pick): (graph, outputs) each; _graph / _graph_out are the build the last step took
         self._graphs: dict[bool, tuple[Any, tuple[Any, ...]]] = {}
         self._lp_warmed = False
+        self._masked = False            # the last host-fed pick applied a grammar's bitmask
         # > 0: the decode graph ends with the token pick over the first pick_vocab logits
         # (launch_token_step); set by enable_token_pick before the first decode step
         self._pick_vocab = 0
@@ -172,6 +173,7 @@ class CudaBackend:
         if self._pick_vocab:
             self._device_picker().write([pick])
             lp = wants_logprobs([pick])
+            self._masked = pick[3] is not None and pick[3].matcher is not None
         self.scratch.reset()
         if not self._warmed or (lp and not self._lp_warmed):
             self._warmed = True
@@ -227,8 +229,9 @@ class CudaBackend:
 
     @property
     def graph_ready(self) -> bool:
-        """The decode graph is captured: a step can be replayed on the inputs the last one fed."""
-        return self._graph is not None and self._pick_vocab > 0
+        """The decode graph is captured: a step can be replayed on the inputs the last one fed
+        (not after a grammar's pick: its next bitmask needs the token first)."""
+        return self._graph is not None and self._pick_vocab > 0 and not self._masked
 
     @_on_calling_thread
     def launch_token_step(self, forward: Forward, token: int | None, position: int,

@@ -71,6 +71,7 @@ class DevicePicker:
         """Rows 0..len(picks)-1 take these picks at the next replay (host -> device; syncs)."""
         if len(picks) > self.rows:
             raise ValueError(f"DevicePicker: {len(picks)} picks for {self.rows} rows")
+        masks = self._masks(picks)
         for b, pick in enumerate(picks):
             pick = Pick(*pick)
             f = pick.filters or PickFilters()
@@ -84,8 +85,22 @@ class DevicePicker:
             self.bufs.set_row(b, temperature=pick.temperature, seed=pick.seed, offset=pick.offset, top_k=f.top_k,
                               top_p=f.top_p, min_p=f.min_p, repetition_penalty=f.repetition_penalty,
                               frequency_penalty=f.frequency_penalty, presence_penalty=f.presence_penalty,
-                              logit_bias=dict(f.logit_bias), counts=counts)
+                              logit_bias=dict(f.logit_bias), counts=counts, mask=masks.get(b))
         self.bufs.flush(len(picks))
+
+    @staticmethod
+    def _masks(picks: Sequence[Pick]) -> dict[int, np.ndarray]:
+        """Row -> the bitmask its grammar allows now (the rows' masks computed in parallel)."""
+        rows = [(b, p[3].matcher) for b, p in enumerate(picks) if p[3] is not None and p[3].matcher is not None]
+        if not rows:
+            return {}
+        from ..structured.constraint import Matcher, fill_batch_bitmask
+
+        out = np.empty((len(rows), rows[0][1].words), np.int32)
+        if len(rows) > 1 and all(isinstance(m, Matcher) and m.words == out.shape[1] for _, m in rows):
+            fill_batch_bitmask([m for _, m in rows], out)
+            return {b: out[i] for i, (b, _) in enumerate(rows)}
+        return {b: m.allowed_tokens() for b, m in rows}
 
     def stepped(self, rows: int) -> None:
         """A replay the host did not feed picked (and counted) one more token in rows 0..rows-1."""

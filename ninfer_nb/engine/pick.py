@@ -20,7 +20,11 @@ class PickFilters:
     logprobs >= 0: whoever takes the pick (the decode graph, or `gumbel_max_pick` on the host)
     also computes the chosen token's logprob and its `logprobs` most likely alternatives under
     the raw row (engine/logprobs.py TokenLogprobs) and leaves it in `logprobs_out` (a live
-    one-entry list the request's sampler takes it from when it observes the token)."""
+    one-entry list the request's sampler takes it from when it observes the token).
+
+    matcher: the request's grammar (structured/constraint.py Matcher, live): the pick keeps
+    only the ids it allows at the pick's step (the backend asks it for a bitmask when it
+    writes the pick, so a step cannot be queued before the last token was observed)."""
 
     top_k: int = 0
     top_p: float = 1.0
@@ -34,6 +38,7 @@ class PickFilters:
     counts: dict[int, int] = field(default_factory=dict, compare=False)    # token -> times generated
     logprobs: int = -1                                                     # -1: none; else top-k (<= 20)
     logprobs_out: list[Any] = field(default_factory=list, compare=False)   # [TokenLogprobs] of the last pick
+    matcher: Any = field(default=None, compare=False)                      # a grammar's Matcher, or None
 
     @property
     def penalized(self) -> bool:

@@ -14,8 +14,8 @@ commute; top-p comes last. Exact at a large vocabulary without a full sort: `ord
 partitions before it sorts, the nucleus is searched on a prefix widened until it holds it.
 
 A `Sampler` is made per request (it owns the seeded RNG and the counts of generated tokens).
-`device_sample` says whether the decode graph's sampler can serve the request (no constraint,
-no per-row hooks) and with which `Pick` parameters (logprobs too: the graph computes them);
+`device_sample` says whether the decode graph's sampler can serve the request (no per-row
+hooks) and with which `Pick` parameters (a grammar's bitmask and logprobs too);
 `device_pick` is its subset without filters (greedy, or temperature alone). Knows nothing
 about models or tokenizers.
 """
@@ -65,18 +65,20 @@ class Sampler:
     needs_rows = False         # a per-row hook needs every logits row on the host
 
     def device_sample(self) -> DevicePick | None:
-        """How the decode graph's sampler picks this request's tokens, or None (a constraint or
-        a per-row hook: the host samples from the logits row). Greedy -> temperature 0 (the
+        """How the decode graph's sampler picks this request's tokens, or None (a per-row hook:
+        the host samples from the logits row). A constraint goes with the filters (its matcher
+        gives each step's bitmask). Greedy -> temperature 0 (the
         argmax; with penalties / bias it is taken after them); sampled -> a 63-bit key derived
         from the request's (or the engine's) seed, so a seed reproduces the tokens; random
         without one. filters: None when there are none (top-k, top-p, min-p, penalties, bias).
         The host generator is left untouched."""
-        if self.matcher is not None or self.needs_rows:
+        if self.needs_rows:
             return None
         p = self.params
         filters = pick_filters(p, self)
         if p.greedy:
-            if filters is not None and not (filters.penalized or filters.logit_bias or filters.logprobs >= 0):
+            if filters is not None and not (filters.penalized or filters.logit_bias or filters.logprobs >= 0
+                                            or filters.matcher is not None):
                 filters = None
             return DevicePick(0.0, 0, filters)
         key = np.random.default_rng(None if self.seed is None else [self.seed, DEVICE_SEED_SALT])
@@ -139,14 +141,14 @@ def pick_filters(p: SamplingParams, sampler: Sampler) -> PickFilters | None:
     top_k = p.top_k if 1 < p.top_k < sampler.valid_vocab else 0
     logprobs = -1 if p.logprobs is None else int(p.logprobs)
     if not (top_k or p.top_p < 1.0 or p.min_p > 0.0 or p.presence_penalty or p.frequency_penalty
-            or p.repetition_penalty != 1.0 or p.logit_bias or logprobs >= 0):
+            or p.repetition_penalty != 1.0 or p.logit_bias or logprobs >= 0 or sampler.matcher is not None):
         return None
     return PickFilters(top_k=top_k, top_p=float(p.top_p), min_p=float(p.min_p),
                        presence_penalty=float(p.presence_penalty), frequency_penalty=float(p.frequency_penalty),
                        repetition_penalty=float(p.repetition_penalty),
                        logit_bias=tuple((int(t), float(b)) for t, b in p.logit_bias),
                        key=id(sampler), prompt_ids=sampler.prompt_ids, counts=sampler.counts,
-                       logprobs=logprobs, logprobs_out=sampler.logprobs_out)
+                       logprobs=logprobs, logprobs_out=sampler.logprobs_out, matcher=sampler.matcher)
 
 
 def penalize(logits: np.ndarray, logit_bias: Sequence[tuple[int, float]], repetition: float, frequency: float,
@@ -232,6 +234,8 @@ def gumbel_max_pick(row: np.ndarray, temperature: float, seed: int, offset: int,
 def _gumbel_max_token(row: np.ndarray, temperature: float, seed: int, offset: int,
                       filters: PickFilters | None) -> int:
     x = np.asarray(row, dtype=np.float32)
+    if filters is not None and filters.matcher is not None:
+        x = apply_token_bitmask(x, filters.matcher.allowed_tokens())
     if filters is not None:
         x = penalize(x, filters.logit_bias, filters.repetition_penalty, filters.frequency_penalty,
                      filters.presence_penalty, np.asarray(filters.prompt_ids, dtype=np.int64), filters.counts)

@@ -3,11 +3,12 @@ sampler's filters and penalties (engine/sampler.py is the reference), exactly.
 
 Per row b, parameters in fixed device buffers (one captured graph serves any request mix):
 fpar [B, NF] fp32 (temperature, top-p, min-p, repetition / frequency / presence penalties),
-ipar [B, NI] int64 (top-k, seed, offset, logit-bias entries, counts row), the sparse logit
-bias bias_ids / bias_val [B, NBIAS], and counts [R, V] int32 (a token's generated count in the
-low 24 bits, PROMPT_BIT when it is in the prompt; row ipar[b, I_CROW], -1: no penalties).
+ipar [B, NI] int64 (top-k, seed, offset, logit-bias entries, counts row, masked), the sparse
+logit bias bias_ids / bias_val [B, NBIAS], counts [R, V] int32 (a token's generated count in
+the low 24 bits, PROMPT_BIT when it is in the prompt; row ipar[b, I_CROW], -1: no penalties)
+and a grammar's token bitmask [B, ceil(V / 32)] int32 (read where ipar[b, I_MASK] != 0).
 
-The semantics (the host sampler's): x = logit + bias; for a token seen in the prompt or the
+The semantics (the host sampler's): x = logit, -inf where the bitmask forbids; x += bias; for a token seen in the prompt or the
 output, repetition r (x / r if x > 0 else x * r); for a generated token with count c,
 x -= frequency * c + presence; z = x / T (T = 0: the argmax of x, lowest id on ties). The
 candidates are ordered by (z descending, id ascending); e = exp(z - max z). Kept: the
@@ -67,7 +68,7 @@ MAX_VOCAB = 1 << 24
 # fpar columns (fp32) and ipar columns (int64)
 F_TEMP, F_TOP_P, F_MIN_P, F_REP, F_FREQ, F_PRES = range(6)
 NF = 8
-I_TOP_K, I_SEED, I_OFFSET, I_NBIAS, I_CROW = range(5)
+I_TOP_K, I_SEED, I_OFFSET, I_NBIAS, I_CROW, I_MASK = range(6)
 NI = 8
 # sel [B, 2] uint64: how pick_select_kernel left the row, and the kept threshold composite
 SEL_FULL, SEL_DONE = np.uint64(0), np.uint64(1)
@@ -235,9 +236,10 @@ def _plan(hist, b, k, top_p, sh, part, flag):
     return n_c <= uint64(CAP), jstar, int32(n_c), m_e, topk_on
 
 
-@kernel((f32_2, int32, f32_2, i64_2, i32_2, f32_2, i32_2, f32_2, u64_1, u64_2, u64_1))
-def pick_prep_kernel(logits, n_voc, fpar, ipar, bias_ids, bias_val, counts, zrow, zmax, hist, best):
-    """grid (G, B), block PICK_THREADS (any power of two <= it). logits [B, >= n_voc];
+@kernel((f32_2, int32, f32_2, i64_2, i32_2, f32_2, i32_2, i32_2, f32_2, u64_1, u64_2, u64_1))
+def pick_prep_kernel(logits, n_voc, fpar, ipar, bias_ids, bias_val, mask, counts, zrow, zmax, hist, best):
+    """grid (G, B), block PICK_THREADS (any power of two <= it). logits [B, >= n_voc]; mask
+    [B, >= ceil(n_voc / 32)] int32 (bit v % 32 of word v // 32 allows v; rows with ipar[b, I_MASK]);
     zrow [B, n_voc] out; zmax / best [B] must be 0 on entry (pick_finish_kernel leaves them
     so). A row without filters (greedy, or temperature alone) takes its token here: best[b]
     = the max composite of z (+ Gumbel noise), and writes no zrow."""
@@ -252,9 +254,13 @@ def pick_prep_kernel(logits, n_voc, fpar, ipar, bias_ids, bias_val, counts, zrow
         hist[b, i] = U0
     if tid == 0:
         smax[0] = U0
+    masked = ipar[b, I_MASK] != 0
     for j in range(PICK_PER):
         v = base + j * nt + tid
-        tile[j * nt + tid] = logits[b, v] if v < n_voc else NEG_INF
+        x = logits[b, v] if v < n_voc else NEG_INF
+        if masked and v < n_voc and (mask[b, v >> 5] >> (v & 31)) & 1 == 0:
+            x = NEG_INF
+        tile[j * nt + tid] = x
     cuda.syncthreads()
     for t in range(tid, ipar[b, I_NBIAS], nt):          # the sparse logit bias (distinct ids)
         v = bias_ids[b, t]
@@ -564,9 +570,14 @@ def pick_finish_kernel(best, ipar, counts, zmax, cand_n, out, ids, pos):
 # --- NumPy reference -----------------------------------------------------------------------
 
 def penalized_ref(logits: np.ndarray, temperature: float, rep: float, freq: float, pres: float,
-                  counts: np.ndarray | None, bias: dict[int, float] | None = None) -> np.ndarray:
-    """z [V] fp32 of one row, as pick_prep_kernel computes it (bias, penalties, / T)."""
+                  counts: np.ndarray | None, bias: dict[int, float] | None = None,
+                  mask: np.ndarray | None = None) -> np.ndarray:
+    """z [V] fp32 of one row, as pick_prep_kernel computes it (bitmask, bias, penalties, / T)."""
     x = np.array(logits, dtype=np.float32)
+    if mask is not None:
+        words = np.ascontiguousarray(mask, dtype="<i4").view(np.uint8)
+        allowed = np.unpackbits(words, bitorder="little")[: x.size].astype(bool)
+        x = np.where(allowed, x, np.float32(-np.inf)).astype(np.float32)
     for v, val in (bias or {}).items():
         x[v] = np.float32(x[v] + np.float32(val))
     if counts is not None:

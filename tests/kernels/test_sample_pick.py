@@ -29,7 +29,21 @@ ROWS: list[dict[str, Any]] = [
          logit_bias={7: -3.0, 11: 2.0}),
     dict(temperature=0.8, top_k=1),                                                        # greedy by top-k
     dict(temperature=0.6, top_k=5, top_p=0.5, min_p=0.2, repetition_penalty=0.8),
+    dict(temperature=0.0, presence_penalty=0.5, mask=0.3),                               # greedy under a grammar
+    dict(temperature=0.7, top_k=20, top_p=0.95, presence_penalty=1.0, mask=0.05),         # Qwen's, a narrow grammar
 ]
+
+
+def _mask_words(frac: float, v: int, seed: int) -> np.ndarray:
+    """A grammar's bitmask [ceil(v / 32)] int32 allowing about `frac` of the ids (at least one)."""
+    allowed = np.random.default_rng([seed, v]).random(v) < frac
+    allowed[seed % v] = True
+    return np.packbits(np.append(allowed, np.zeros(-v % 32, bool)), bitorder="little").view("<i4").copy()
+
+
+def _row_params(r: dict[str, Any], v: int, i: int) -> dict[str, Any]:
+    """A row's set_row parameters (its mask fraction made a bitmask)."""
+    return {**r, "mask": _mask_words(r["mask"], v, i)} if "mask" in r else r
 
 
 def _penalized(r: dict[str, Any]) -> bool:
@@ -40,7 +54,8 @@ def _penalized(r: dict[str, Any]) -> bool:
 def _ref_z(logits: np.ndarray, r: dict[str, Any], counts: np.ndarray) -> np.ndarray:
     t = 0.0 if r.get("top_k", 0) == 1 else r["temperature"]
     return K.penalized_ref(logits, t, r.get("repetition_penalty", 1.0), r.get("frequency_penalty", 0.0),
-                           r.get("presence_penalty", 0.0), counts if _penalized(r) else None, r.get("logit_bias"))
+                           r.get("presence_penalty", 0.0), counts if _penalized(r) else None, r.get("logit_bias"),
+                           r.get("mask"))
 
 
 def _comp(z: np.ndarray) -> np.ndarray:
@@ -56,6 +71,7 @@ def _run_rows(dev: Any, ops: Any, rows: list[dict[str, Any]], logits: np.ndarray
     from ninfer_nb.ops.cuda.sampling import SamplePickBuffers
 
     b = len(rows)
+    rows = [_row_params(r, vocab, i) for i, r in enumerate(rows)]
     bufs = SamplePickBuffers(ops, b, vocab)
     seeds = [2**40 + 17 * i for i in range(b)]
     for i, r in enumerate(rows):
@@ -73,6 +89,8 @@ def _run_rows(dev: Any, ops: Any, rows: list[dict[str, Any]], logits: np.ndarray
             greedy = r["temperature"] == 0.0 or r.get("top_k", 0) == 1
             tok, kept = K.sample_pick_ref(z, 0.0 if greedy else r["temperature"], r.get("top_k", 0),
                                           r.get("top_p", 1.0), r.get("min_p", 0.0), seeds[i], 5 + i + step)
+            if "mask" in r:                  # only ids the grammar allows
+                assert np.isfinite(z[out[i]]), (step, i, out[i])
             if SIM or greedy:
                 assert out[i] == tok, (step, i, out[i], tok)
             else:                      # the device's logf may differ from NumPy's in the last bit
@@ -145,7 +163,23 @@ COMBOS: list[dict[str, Any]] = [
     dict(temperature=0.8, frequency_penalty=0.7, presence_penalty=0.2),
     dict(temperature=1.3, repetition_penalty=1.5, top_p=0.9),
     dict(temperature=1.0, top_k=30, logit_bias={5: 3.0, 9: -100.0}),
+    dict(temperature=0.7, top_k=20, top_p=0.95, presence_penalty=1.0, mask=0.4),
+    dict(temperature=1.0, min_p=0.05, mask=0.2),
 ]
+
+
+class FixedGrammar:
+    """A grammar that allows the same ids at every step (a Matcher's interface, for the picks)."""
+
+    def __init__(self, words: np.ndarray) -> None:
+        self.mask = words
+        self.words = words.shape[0]
+
+    def allowed_tokens(self) -> np.ndarray:
+        return self.mask.copy()
+
+    def advance(self, token: int) -> None:
+        pass
 
 
 @pytest.mark.skipif(SIM, reason="thousands of draws: a GPU case (the simulator checks tokens one by one)")
@@ -161,8 +195,10 @@ def test_sample_pick_draws_the_host_distribution(dev, rng, combo):
     row = (rng.standard_normal(v) * 1.5).astype(np.float32)
     prompt = rng.choice(v, 10, replace=False)
     generated = {int(t): int(c) for t, c in zip(rng.choice(v, 6, replace=False), rng.integers(1, 4, 6))}
-    params = SamplingParams(**{k: (tuple(val.items()) if k == "logit_bias" else val) for k, val in combo.items()})
-    host = Sampler(params, v, prompt_ids=prompt.tolist())
+    grammar = FixedGrammar(_mask_words(combo["mask"], v, 1)) if "mask" in combo else None
+    params = SamplingParams(**{k: (tuple(val.items()) if k == "logit_bias" else val) for k, val in combo.items()
+                               if k != "mask"})
+    host = Sampler(params, v, prompt_ids=prompt.tolist(), matcher=grammar)  # type: ignore[arg-type]
     host.counts.update(generated)
     ids, probs = host.distribution(row)
     want = np.zeros(v)

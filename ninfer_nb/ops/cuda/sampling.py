@@ -74,7 +74,7 @@ class SamplingOps(CudaOpsBase):
         out = self.empty((b,), np.int32)
         fpar, ipar, hist, zmax, best = bufs.fpar[:b], bufs.ipar[:b], bufs.hist[:b], bufs.zmax[:b], bufs.best[:b]
         self._go(K_sp.pick_prep_kernel, grid, t, logits, n, fpar, ipar, bufs.bias_ids[:b], bufs.bias_val[:b],
-                 bufs.counts, zrow, zmax, hist, best)
+                 bufs.mask[:b], bufs.counts, zrow, zmax, hist, best)
         self._go(K_sp.pick_hist_kernel, grid, t, zrow, n, fpar, ipar, zmax, hist, bufs.plan[:b], bufs.arrived[:b])
         self._go(K_sp.pick_gather_kernel, grid, t, zrow, n, fpar, ipar, zmax, bufs.plan[:b], bufs.cand[:b],
                  bufs.cand_n[:b])
@@ -126,6 +126,8 @@ class SamplePickBuffers:
         self.bias_ids = z((rows, max_bias), np.int32)      # [B, max_bias]
         self.bias_val = z((rows, max_bias), np.float32)
         self.counts = z((rows, vocab), np.int32)           # [B, V] generated count | PROMPT_BIT
+        self.words = -(-vocab // 32)
+        self.mask = z((rows, self.words), np.int32)        # [B, ceil(V / 32)] a grammar's allowed ids
         self.zmax = z((rows,), np.uint64)
         self.hist = z((rows, 2 * K_sp.NB), np.uint64)
         self.plan = z((rows, 4), np.uint64)
@@ -152,17 +154,19 @@ class SamplePickBuffers:
     def set_row(self, b: int, *, temperature: float, seed: int, offset: int, top_k: int = 0, top_p: float = 1.0,
                 min_p: float = 0.0, repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
                 presence_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
-                counts: np.ndarray | None = None) -> None:
+                counts: np.ndarray | None = None, mask: np.ndarray | None = None) -> None:
         """Row b's parameters for the next replay, on the host until `flush`. counts: the row's
         token counts [vocab] int32 (generated count | PROMPT_BIT) to upload now (syncs the
         stream), or None to keep what the device holds (it counts every token it picks);
-        penalties read them. top_k 1 or temperature 0: the argmax."""
+        penalties read them. mask: the ids a grammar allows this step, int32 words [ceil(vocab
+        / 32)] (bit v % 32 of word v // 32), uploaded now (syncs); None: no mask. top_k 1 or
+        temperature 0: the argmax."""
         bias = logit_bias or {}
         _need(len(bias) <= self.max_bias, f"sample_pick: {len(bias)} logit bias entries (at most {self.max_bias})")
         penalized = repetition_penalty != 1.0 or frequency_penalty != 0.0 or presence_penalty != 0.0
         self._fpar[b] = (temperature if top_k != 1 else 0.0, top_p, min_p, repetition_penalty, frequency_penalty,
                          presence_penalty, 0.0, 0.0)
-        self._ipar[b] = (top_k, seed, offset, len(bias), b if penalized else -1, 0, 0, 0)
+        self._ipar[b] = (top_k, seed, offset, len(bias), b if penalized else -1, int(mask is not None), 0, 0)
         if bias and self._bias[b] != bias:                # uploaded once per bias a row takes
             self._bias[b] = dict(bias)
             ids = np.zeros(self.max_bias, np.int32)
@@ -173,6 +177,11 @@ class SamplePickBuffers:
             self._put(self.bias_val[b], vals)
         if counts is not None:
             self._put(self.counts[b], counts)
+        if mask is not None:
+            words = np.zeros(self.words, np.int32)
+            n = min(self.words, mask.shape[0])
+            words[:n] = mask[:n]
+            self._put(self.mask[b], words)
 
     def flush(self, rows: int) -> None:
         """Upload the first `rows` rows' parameters (two copies; syncs the stream)."""
