@@ -178,6 +178,8 @@ class CudaBackend:
         if not self._warmed or (lp and not self._lp_warmed):
             self._warmed = True
             self._lp_warmed |= lp
+            # no build of this kind to replay yet: nothing may be queued on this step
+            self._graph, self._graph_out = self._graphs.get(lp, (None, (None, None)))
             return self._forward_argmax(forward, ids, pos, lp)()
         if lp not in self._graphs:
             graph = CudaGraph(self.stream)

@@ -153,7 +153,8 @@ def test_gpu_logprobs_on_the_decode_graph(monkeypatch: pytest.MonkeyPatch, concu
     """On the GPU a request with logprobs stays on the decode graph (one-sequence graph and
     token ring, or the B-row graphs): the host sampler takes only the prefill's token, and each
     token's logprob and top 5 come from ops.token_logprobs, matching the CPU's full forward of
-    the same tokens (bf16 weights on both; the GPU's bf16 KV cache: within 2e-2)."""
+    the same tokens (bf16 weights on both; the GPU's bf16 KV cache: within 2e-2). The graph's
+    build without logprobs runs before and after (switching builds between requests)."""
     from ninfer_nb.engine.output_hooks import HookedSampler
     from tests.engine.test_decode_ahead import _ids
     from tests.support.twin_models import twin_llm
@@ -164,6 +165,8 @@ def test_gpu_logprobs_on_the_decode_graph(monkeypatch: pytest.MonkeyPatch, concu
     real = HookedSampler.sample
     monkeypatch.setattr(HookedSampler, "sample", lambda self, row: host_samples.append(1) or real(self, row))
     prompt = _ids(73, 12)
+    plain = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    before = gpu.generate(prompt, plain).token_ids        # the graph's build without logprobs first
     for sampling in (dict(temperature=0.0), dict(temperature=0.7, top_k=20, top_p=0.95, presence_penalty=1.0)):
         host_samples.clear()
         params = SamplingParams(max_tokens=10, seed=4, logprobs=5, ignore_eos=True, **sampling)
@@ -179,3 +182,4 @@ def test_gpu_logprobs_on_the_decode_graph(monkeypatch: pytest.MonkeyPatch, concu
             for i, v in lp.top:
                 assert v == pytest.approx(ref[t, i], abs=2e-2)
             assert lp.top[0][1] == pytest.approx(ref[t].max(), abs=2e-2)
+    assert gpu.generate(prompt, plain).token_ids == before   # and back to it
