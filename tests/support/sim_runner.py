@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import IO
 
 ROOT = Path(__file__).resolve().parents[2]
-# the simulator cases: sim_cases.py and the family modules whose cases run here and on the GPU
-# (tests/kernels/device.py)
+# the simulator cases: the family modules whose cases run here and on the GPU (tests/kernels/device.py)
 CASE_FILES = [ROOT / "tests" / "kernels" / name
-              for name in ("sim_cases.py", "test_norm.py", "test_sampling.py", "test_sample_pick.py", "test_gdn.py", "test_moe.py",
+              for name in ("test_cases_linear.py", "test_cases_attention.py", "test_cases_gdn.py",
+                           "test_cases_moe.py", "test_cases_model.py", "test_norm.py", "test_sampling.py", "test_sample_pick.py", "test_gdn.py", "test_moe.py",
                            "test_linear.py", "gemv_quant_sim.py", "gemv_tiled_sim.py", "test_rope_table.py", "test_paged.py", "test_gemv_mma.py")]
 # one-process seconds of the slow cases on this project's machine (2026-11-30)
 SLOW_SECONDS = {"test_whole_hybrid_model_prefill_chunk_matches_cpu": 103, "test_prefill_flash_gqa2_d256": 76,
-                "test_moe_grouped_top2_hot_expert": 28, "test_gated_delta_rule": 10,
+                "test_moe_grouped_mma": 28, "test_gated_delta_rule": 10,
                 "test_sampling": 22, "test_sample_pick_rows": 10, "test_sample_pick_flat_rows_radix_select": 7, "test_norms": 18, "test_gdr_prepare_mma_vs_simt_kernel": 17,
                 "test_attention_gemm_kernels": 15,
-                "test_moe_grouped_top4": 14, "test_decode_attention_mma": 27, "test_attention_combine_many_splits": 15,
+                "test_decode_attention_mma": 27, "test_attention_combine_many_splits": 15,
                 "test_gemv_multi_token": 13, "test_gemv_one_token": 7}
 MIN_CASES = 30
 
