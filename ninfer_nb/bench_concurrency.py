@@ -3,9 +3,12 @@
 Each level submits C requests with distinct random prompts of the same length (no shared
 prefix) to the engine at one instant, steps it until all finish, and reports: aggregate
 decode tok/s (tokens after each request's first, over the window from the first request's
-first token to the last request's end), the mean per-request decode tok/s, TTFT (mean and
-max: the last request's first token waits for the others' prefill chunks), the wall time and
-the tokens per CPU-second of this process (steadier than wall figures on a shared host).
+first token to the last request's end), the steady decode tok/s (tokens over the window where
+every request is decoding: from the last first token to the first end; prefill chunks of
+the others no longer interleave there, so it is the batched rounds' rate), the mean
+per-request decode tok/s, TTFT (mean and max: the last request's first token waits for the
+others' prefill chunks), the wall time and the tokens per CPU-second of this process
+(steadier than wall figures on a shared host).
 The caches are dropped between levels. Greedy, ignore_eos. Knows nothing about HTTP (`bench
 serve` drives a server).
 """
@@ -39,10 +42,14 @@ def run_level(llm: Any, concurrency: int, prompt_len: int, gen: int, seed: int =
         req.arrival_time = t0
         engine.add_request(req)
     ends: dict[str, float] = {}
+    steps: list[tuple[float, int]] = []          # (when a step returned, tokens it produced)
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        outs = engine.step()
+        now = time.perf_counter()
+        steps.append((now, sum(len(o.new_token_ids) for o in outs)))
+        for out in outs:
             if out.finished:
-                ends[out.request_id] = time.perf_counter()
+                ends[out.request_id] = now
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     firsts = [r.first_token_time or t0 for r in reqs]
     decoded = sum(max(len(r.output_ids) - 1, 0) for r in reqs)
@@ -50,9 +57,13 @@ def run_level(llm: Any, concurrency: int, prompt_len: int, gen: int, seed: int =
     per_req = [(len(r.output_ids) - 1) / (ends[r.request_id] - (r.first_token_time or t0))
                for r in reqs if len(r.output_ids) > 1]
     ttft = [f - t0 for f in firsts]
+    # from the end of the step that gave the last request its first token
+    all_in, first_end = min(t for t, _ in steps if t >= max(firsts)), min(ends.values())
+    steady = sum(n for t, n in steps if all_in < t <= first_end)
     rounds = sum(engine.batch_sizes.values())
     return {"concurrency": concurrency, "prompt_tokens": prompt_len, "gen_tokens": gen,
             "aggregate_decode_tok_s": decoded / window if window > 0 else 0.0,
+            "steady_decode_tok_s": steady / (first_end - all_in) if first_end > all_in and steady else 0.0,
             "per_request_decode_tok_s": float(np.mean(per_req)) if per_req else 0.0,
             "ttft_mean_s": float(np.mean(ttft)), "ttft_max_s": float(np.max(ttft)), "wall_s": wall,
             "mean_batch": (sum(b * n for b, n in engine.batch_sizes.items()) / rounds) if rounds else 1.0,
@@ -73,8 +84,10 @@ def run_concurrency_bench(llm: Any, levels: list[int], prompt_len: int, gen: int
         if sampling:
             s = run_level(llm, c, prompt_len, gen, sampling=sampling)
             s["sampled_vs_greedy"] = s["aggregate_decode_tok_s"] / (rows[-1]["aggregate_decode_tok_s"] or 1.0)
+            s["steady_sampled_vs_greedy"] = s["steady_decode_tok_s"] / (rows[-1]["steady_decode_tok_s"] or 1.0)
             rows.append(s)
-            _progress(s, f"sampled ({s['sampled_vs_greedy']:.1%} of greedy)")
+            _progress(s, f"sampled ({s['sampled_vs_greedy']:.1%} of greedy; steady "
+                         f"{s['steady_sampled_vs_greedy']:.1%})")
     base = rows[0]["aggregate_decode_tok_s"] or 1.0
     for row in rows:
         row["vs_first"] = row["aggregate_decode_tok_s"] / base
@@ -84,6 +97,7 @@ def run_concurrency_bench(llm: Any, levels: list[int], prompt_len: int, gen: int
 def _progress(row: dict[str, Any], what: str) -> None:
     """One line on stderr as each level ends (a run cut short still reports what it measured)."""
     sys.stderr.write(f"bench: C={row['concurrency']} {what}: {row['aggregate_decode_tok_s']:.1f} tok/s aggregate, "
+                     f"{row['steady_decode_tok_s']:.1f} steady (all decoding), "
                      f"{row['per_request_decode_tok_s']:.1f} per request, mean batch {row['mean_batch']:.2f}, "
                      f"wall {row['wall_s']:.1f} s\n")
     sys.stderr.flush()
@@ -91,11 +105,12 @@ def _progress(row: dict[str, Any], what: str) -> None:
 
 def print_rows(rows: list[dict[str, Any]], title: str) -> None:
     print(title)
-    print(f"{'C':>4}{'aggregate t/s':>15}{'x C1':>7}{'per-req t/s':>13}{'TTFT mean ms':>14}"
+    print(f"{'C':>4}{'aggregate t/s':>15}{'x C1':>7}{'steady t/s':>12}{'per-req t/s':>13}{'TTFT mean ms':>14}"
           f"{'TTFT max ms':>13}{'mean batch':>12}{'wall s':>8}{'tok/cpu-s':>11}")
     for r in rows:
         share = r.get("sampled_vs_greedy")
-        print(f"{r['concurrency']:>4}{r['aggregate_decode_tok_s']:>15.1f}{r['vs_first']:>7.2f}"
+        print(f"{r['concurrency']:>4}{r['aggregate_decode_tok_s']:>15.1f}{r['vs_first']:>7.2f}{r['steady_decode_tok_s']:>12.1f}"
               f"{r['per_request_decode_tok_s']:>13.1f}{r['ttft_mean_s'] * 1e3:>14.0f}"
               f"{r['ttft_max_s'] * 1e3:>13.0f}{r['mean_batch']:>12.2f}{r['wall_s']:>8.1f}{r['tok_per_cpu_s']:>11.1f}"
-              + (f"  sampled: {share:.1%} of greedy" if share is not None else ""))
+              + (f"  sampled: {share:.1%} of greedy (steady {r['steady_sampled_vs_greedy']:.1%})"
+                 if share is not None else ""))

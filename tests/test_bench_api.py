@@ -39,5 +39,6 @@ def test_bench_concurrency_sampled_vs_greedy(tmp_path: Path, capsys) -> None:
     for greedy, sampled in (rows[:2], rows[2:]):
         assert "sampled_vs_greedy" not in greedy
         assert sampled["sampled_vs_greedy"] == sampled["aggregate_decode_tok_s"] / greedy["aggregate_decode_tok_s"]
+        assert 0 < greedy["steady_decode_tok_s"] and 0 < sampled["steady_sampled_vs_greedy"]
     err = capsys.readouterr().err
     assert "C=1 greedy" in err and "C=2 sampled" in err
