@@ -17,13 +17,16 @@ Qwen3-Next's conversion) changes the Hugging Face tensors in three ways, undone 
 - **A_log.** Stored as `ssm_a = -exp(A_log)`; A_log = log(-ssm_a).
 
 Also: `ssm_conv1d` is stored squeezed ([C, K] -> HF [C, 1, K]), experts are stacked per
-projection (`ffn_{gate,up,down}_exps`, fused here into HF's `gate_up_proj`), and the MTP block
-(`{arch}.nextn_predict_layers` extra blocks after the decoder: `blk.N.nextn.eh_proj`,
-`.nextn.enorm`, `.nextn.hnorm`, `.nextn.shared_head_norm` plus an attention layer's tensors) is
-skipped and listed as unmapped; `block_count` counts it, so the decoder has block_count - nextn
-layers. The q projection keeps HF's per-head [query | gate] rows. RoPE scaling metadata is
-read by `gguf_rope` (the caller). Not handled: Qwen3-Next's `qwen3next` files, vision towers
-(separate mmproj files).
+projection (`ffn_{gate,up,down}_exps`, fused here into HF's `gate_up_proj`). The MTP block
+(`{arch}.nextn_predict_layers` extra blocks after the decoder; `block_count` counts them, so the
+decoder has block_count - nextn layers) comes back under HF's `mtp.*` names: `blk.N.nextn.eh_proj`
+-> `mtp.fc` (dequantized: models/qwen3_5.py splits its columns), `.nextn.enorm` / `.hnorm` /
+`.shared_head_norm` -> `mtp.pre_fc_norm_embedding` / `pre_fc_norm_hidden` / `norm` (stored +1,
+like every zero-centred norm), and the block's attention-layer tensors -> `mtp.layers.0.*`. A
+second MTP block and the converter's optional `nextn.embed_tokens` / `shared_head_head` (the
+target's own embedding and head) stay unmapped. The q projection keeps HF's per-head
+[query | gate] rows. RoPE scaling metadata is read by `gguf_rope` (the caller). Not handled:
+Qwen3-Next's `qwen3next` files, vision towers (separate mmproj files).
 """
 from __future__ import annotations
 
@@ -78,7 +81,15 @@ _LAYER_NAMES = {
     "ffn_down_shexp": "mlp.shared_expert.down_proj.weight",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate.weight",
 }
-_ZERO_CENTRED_NORMS = frozenset({"attn_norm", "post_attention_norm", "attn_q_norm", "attn_k_norm"})
+# the MTP block's own tensors (blk.N.nextn.*) -> HF names
+_NEXTN_NAMES = {
+    "nextn.eh_proj": "mtp.fc.weight",
+    "nextn.enorm": "mtp.pre_fc_norm_embedding.weight",
+    "nextn.hnorm": "mtp.pre_fc_norm_hidden.weight",
+    "nextn.shared_head_norm": "mtp.norm.weight",
+}
+_ZERO_CENTRED_NORMS = frozenset({"attn_norm", "post_attention_norm", "attn_q_norm", "attn_k_norm",
+                                 "nextn.enorm", "nextn.hnorm", "nextn.shared_head_norm"})
 _LAYER_RE = re.compile(r"blk\.(\d+)\.([\w.]+?)(?:\.(weight|bias))?")
 
 Dequantize = Callable[[ReaderTensor], Any]     # a tensor as an array or a quantized record
@@ -172,8 +183,8 @@ def _to_hf(part: str, w: Any, c: ModelConfig) -> Any:
     hk, dk, dv = c.linear_num_key_heads, c.linear_key_head_dim, c.linear_value_head_dim
     r = c.linear_num_value_heads // max(hk, 1)
     qk_rows = 2 * hk * dk
-    if part == "ssm_out" and not isinstance(w, np.ndarray):
-        w = values(w)                   # columns cannot move inside quantized groups
+    if part in ("ssm_out", "nextn.eh_proj") and not isinstance(w, np.ndarray):
+        w = values(w)                   # columns cannot move (or split) inside quantized groups
     if part in ("attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta") and not isinstance(w, np.ndarray):
         return _untile_rows(w, qk_rows if part == "attn_qkv" else 0, hk, r, dv if part in ("attn_qkv", "attn_gate") else 1)
     if isinstance(w, np.ndarray) and w.dtype != np.float32 and part not in ("ssm_out",) and w.ndim == 1:
@@ -229,12 +240,16 @@ def _hf_name(gguf_name: str, config: ModelConfig) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    if match is None:
         return None
-    layer = int(match.group(1))
-    if layer >= config.num_layers:              # the MTP (nextn) block: not used yet
+    layer, part = int(match.group(1)), match.group(2)
+    if layer < config.num_layers:
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}" if part in _LAYER_NAMES else None
+    if layer > config.num_layers:               # a second MTP block: the head uses one
         return None
-    return f"model.layers.{layer}.{_LAYER_NAMES[match.group(2)]}"
+    if part in _NEXTN_NAMES:                    # the MTP block
+        return _NEXTN_NAMES[part]
+    return f"mtp.layers.0.{_LAYER_NAMES[part]}" if part in _LAYER_NAMES else None
 
 
 def _fuse_experts(path: Path, weights: dict[str, Any]) -> None:

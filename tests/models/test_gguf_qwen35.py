@@ -81,7 +81,8 @@ def _hf_logits(model: Any, ids: list[int], weights: dict[str, np.ndarray] | None
     """transformers' logits, with `weights` (HF names) put in place of the model's own."""
     if weights is not None:
         model = copy.deepcopy(model)
-        model.load_state_dict({k: torch.from_numpy(values(v)) for k, v in weights.items()}, strict=True)
+        model.load_state_dict({k: torch.from_numpy(values(v)) for k, v in weights.items()
+                               if not k.startswith("mtp.")}, strict=True)        # HF runs no MTP head
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
@@ -119,14 +120,14 @@ def test_q8_0_gguf_gives_the_logits_of_its_dequantized_weights(
 @pytest.mark.parametrize("arch", list(KINDS))
 def test_gguf_weights_equal_the_checkpoint(converted: ConvertedGgufs, arch: str) -> None:
     """Every tensor comes back under its HF name in HF order (q8_0: within half a quantization
-    step of 8 bits); the MTP block is skipped."""
+    step of 8 bits), the MTP block's (blk.N.nextn.* and blk.N.*) under `mtp.*`."""
     hf = load_hf_dir(converted.checkpoint(arch))
+    assert any(n.startswith("mtp.") for n in hf.weights)
     for outtype in ("f32", "q8_0"):
         ckpt = converted.gguf(arch, outtype)
         assert ckpt.config == hf.config
-        text = {n for n in hf.weights if not n.startswith("mtp.")}     # the GGUF's nextn block: unmapped
-        assert set(ckpt.weights) == text
-        for name in sorted(text):
+        assert set(ckpt.weights) == set(hf.weights)
+        for name in sorted(hf.weights):
             w = values(hf.weights[name])
             got = values(ckpt.weights[name])
             if outtype == "q8_0" and w.ndim >= 2:      # matrices (conv taps, router: f32)
@@ -136,10 +137,40 @@ def test_gguf_weights_equal_the_checkpoint(converted: ConvertedGgufs, arch: str)
             else:
                 tol = 0.0
             np.testing.assert_allclose(got, w, rtol=0, atol=tol, err_msg=f"{outtype} {name}")
-        unmapped = ckpt.metadata["unmapped_tensors"]
-        n = hf.config.num_layers
-        assert unmapped and all(str(t).startswith(f"blk.{n}.") for t in unmapped)   # MTP block
-        assert f"blk.{n}.nextn.eh_proj.weight" in unmapped
+        assert not ckpt.metadata["unmapped_tensors"]
+
+
+@pytest.mark.parametrize("arch", list(KINDS))
+def test_gguf_mtp_head_drafts_like_the_checkpoint(converted: ConvertedGgufs, arch: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MTP head loaded from the f32 GGUF drafts the safetensors head's logits (to float32
+    rounding of the norms stored + 1); the q8_0 file's head loads too (eh_proj dequantized)."""
+    from ninfer_nb.models.mtp import MTPHead
+    from ninfer_nb.models.state import KVCache
+    from ninfer_nb.models.weights import MLPWeights, MoEWeights
+    from ninfer_nb.ops import cpu
+
+    rng = np.random.default_rng(5)
+    converted.checkpoint(arch)
+    hf_model = converted.models[arch]
+    next_ids = rng.integers(0, hf_model.config.vocab_size, 6)
+    hidden = rng.standard_normal((6, hf_model.config.hidden_size)).astype(np.float32)
+
+    def drafts(llm: LLM) -> np.ndarray:
+        gen = llm.engine.generator
+        head = MTPHead(gen.cfg, gen.decoder.weights)              # raises without MTP weights
+        assert isinstance(gen.decoder.weights.mtp.layer.ffn, MoEWeights if arch == "qwen35moe" else MLPWeights)
+        kv, d = gen.cfg.num_kv_heads, gen.cfg.head_dim
+        cache = KVCache(k=np.zeros((16, kv, d), np.float32), v=np.zeros((16, kv, d), np.float32))
+        return head.logits(cpu, head.hidden(cpu, next_ids, hidden, np.arange(len(next_ids)), cache))
+
+    want = drafts(LLM(str(converted.checkpoint(arch)), device="cpu", max_context=16))
+    for outtype in ("f32", "q8_0"):
+        ckpt = converted.gguf(arch, outtype)
+        monkeypatch.setattr("ninfer_nb.llm.load_checkpoint", lambda model, ckpt=ckpt, **_: ckpt)
+        got = drafts(LLM(ckpt.source, device="cpu", max_context=16))
+        if outtype == "f32":
+            assert _relative(got, want) <= 1e-5
 
 
 def test_gguf_tokenizer_encodes_like_the_checkpoint(converted: ConvertedGgufs) -> None:
