@@ -92,6 +92,39 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             runner.BACKGROUND.pop().kill()
 
 
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".npy", ".npz")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tokenizers_parsed_once() -> Any:
+    """Tokenizer.from_dir parses each distinct tokenizer directory once per session: every tiny
+    checkpoint carries the real 248k-token Qwen3.6 tokenizer.json (~1.5 s of CPU to parse) and
+    the tests build hundreds of LLMs. Keyed by the content of the directory's non-weight files;
+    a miss (and every error) goes through the real from_dir; a hit is a shallow copy."""
+    import copy
+    import hashlib
+
+    from ninfer_nb.chat.tokenizer import Tokenizer
+
+    real = Tokenizer.from_dir.__func__       # type: ignore[attr-defined]
+    parsed: dict[tuple[Any, ...], Any] = {}
+
+    def from_dir(cls: type, path: str | Path) -> Any:
+        root = Path(path)
+        try:
+            files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.endswith(_WEIGHT_SUFFIXES))
+            key = (cls, *((p.name, hashlib.sha1(p.read_bytes()).digest()) for p in files))
+        except OSError:
+            return real(cls, path)
+        if key not in parsed:
+            parsed[key] = real(cls, path)
+        return copy.copy(parsed[key])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Tokenizer, "from_dir", classmethod(from_dir))
+        yield
+
+
 class TinyCheckpoints:
     """Writes each tiny checkpoint once per session; remembers the HF model (the oracle)."""
 
