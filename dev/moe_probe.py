@@ -6,7 +6,8 @@ the exposed cost of each stage. Usage: python3 dev/moe_probe.py [--layers 8] [--
 --rows T1,T2,..: the experts alone (moe_experts, fixed random routing per layer: k distinct
 experts + the shared slot per token) for T tokens, the per-pair kernels vs kernels/moe/moe_rows.py
 (MOE_ROWS), us per layer and GB/s of the distinct experts' bytes, the new path's kernels one by
-one, and the largest relative difference between the two paths' outputs."""
+one, the largest relative difference between the two paths' outputs, and the whole MoE block
+with its router (ops.moe, routing from random router weights) old -> new."""
 from __future__ import annotations
 
 import argparse
@@ -163,10 +164,11 @@ def rows_probe(args: argparse.Namespace) -> None:
         return t
 
     layers = [(weight(E + 1, 2 * I, H), weight(E + 1, H, I)) for _ in range(n_l)]
+    routers = [weight(E + 1, H) for _ in range(n_l)]
     env.stream.synchronize()
     expert_mb = 3 * I * H * 2 / 1e6
     print(f"{'T':>3s} {'experts':>7s} {'old us':>8s} {'new us':>8s} {'x':>5s} {'old GB/s':>8s} {'new GB/s':>8s} "
-          f"{'maxdiff':>8s}  new: prep / gate_up / down / combine us")
+          f"{'maxdiff':>8s}  new: prep / gate_up w8 w4 / down w8 w4 / combine / down+combine w8 us", flush=True)
     for t in [int(v) for v in args.rows.split(",")]:
         ids_h = [np.stack([np.r_[rng.permutation(E)[:K], E] for _ in range(t)]).astype(np.int32) for _ in layers]
         ids = [env.up(a) for a in ids_h]
@@ -186,48 +188,63 @@ def rows_probe(args: argparse.Namespace) -> None:
                     for (gu, dn), i_, w_ in zip(layers, ids, ws):
                         ops.moe_experts(x, i_, w_, gu, dn, residual=res)
             us[mode] = env.graph_us(run, n_l * args.reps)
+
+            def run_full() -> None:                  # the MoE block with its router (ops.moe)
+                for _ in range(args.reps):
+                    for (gu, dn), r in zip(layers, routers):
+                        ops.moe(x, r, K, True, True, gu, dn, residual=res)
+            if t == 8 or t == 1:
+                us[("full", mode)] = env.graph_us(run_full, n_l * args.reps)
             env.scratch.reset()
             outs[mode] = env.host(ops.moe_experts(x, ids[0], ws[0], layers[0][0], layers[0][1]))
         M.MOE_ROWS = False
         mb = distinct * expert_mb
         if True not in us:
-            print(f"{t:3d} {distinct:7.1f} {us[False]:8.1f} {'-':>8s} {'-':>5s} {mb / us[False] * 1e3:8.0f}")
+            print(f"{t:3d} {distinct:7.1f} {us[False]:8.1f} {'-':>8s} {'-':>5s} {mb / us[False] * 1e3:8.0f}"
+                  f"  ops.moe {us[('full', False)]:.1f}", flush=True)
             continue
         ref = outs[False]
         diff = float(np.abs(outs[True] - ref).max() / np.abs(ref).max())
         parts = rows_parts(env, ops, R, layers, ids, ws, x, t, args.reps)
         print(f"{t:3d} {distinct:7.1f} {us[False]:8.1f} {us[True]:8.1f} {us[False] / us[True]:5.2f} "
               f"{mb / us[False] * 1e3:8.0f} {mb / us[True] * 1e3:8.0f} {diff:8.1e}  "
-              + " / ".join(f"{v:.1f}" for v in parts))
+              + " / ".join(f"{v:.1f}" for v in parts)
+              + (f"  ops.moe {us[('full', False)]:.1f} -> {us[('full', True)]:.1f}" if t == 8 else ""), flush=True)
 
 
 def rows_parts(env: Any, ops: Any, R: Any, layers: list, ids: list, ws: list, x: Any, t: int, reps: int) -> list[float]:
-    """us per layer of each moe_rows kernel alone (the other kernels' outputs precomputed per layer)."""
+    """us per layer of each moe_rows kernel alone (the other kernels' outputs precomputed per layer):
+    prep, gate_up (8 / 4 warps), down (8 / 4 warps), combine, down with the combine fused (8 warps)."""
     n_slots = K + 1
     n_pairs = t * n_slots
     n_it = R.max_items(n_pairs, E + 1)
-    w = 8
     bufs = []
     for _ in layers:
         b = {"items": env.up(np.zeros((n_it, 3), np.int32)), "order": env.up(np.zeros(n_pairs, np.int32)),
              "n": env.up(np.zeros(1, np.int32)), "xhi": env.up(np.zeros((t, H), np.uint16)),
              "xlo": env.up(np.zeros((t, H), np.uint16)), "hhi": env.up(np.zeros((n_pairs, I), np.uint16)),
              "hlo": env.up(np.zeros((n_pairs, I), np.uint16)), "y": env.up(np.zeros((n_pairs, H), np.float32)),
-             "out": env.up(np.zeros((t, H), np.float32))}
+             "out": env.up(np.zeros((t, H), np.float32)), "cnt": env.up(np.zeros(H // 128, np.int32)),
+             "none": env.up(np.zeros(0, np.int32))}
         bufs.append(b)
     pt = R.PREP_THREADS
 
     def prep(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
         ops._go(R.moe_rows_prep_kernel, 1 + (t * H // 8 + pt - 1) // pt, pt, i_, x, np.int32(E + 1),
-                b["items"], b["order"], b["n"], b["xhi"], b["xlo"])
+                b["items"], b["order"], b["n"], b["xhi"], b["xlo"], b["cnt"])
 
-    def gate_up(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
-        ops._go(R.moe_rows_gate_up_kernel, (I // 16, n_it), 32 * w, b["xhi"], b["xlo"], gu, b["items"], b["order"],
-                b["n"], np.int32(n_slots), b["hhi"], b["hlo"])
+    def gate_up(w: int) -> Any:
+        def f(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
+            ops._go(R.moe_rows_gate_up_kernel, (I // 16, n_it), 32 * w, b["xhi"], b["xlo"], gu, b["items"],
+                    b["order"], b["n"], np.int32(n_slots), b["hhi"], b["hlo"])
+        return f
 
-    def down(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
-        ops._go(R.moe_rows_down_kernel, (H // (16 * w), n_it), 32 * w, b["hhi"], b["hlo"], dn, b["items"],
-                b["order"], b["n"], w_.reshape(-1), b["y"])
+    def down(w: int, fused: bool) -> Any:
+        def f(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
+            ops._go(R.moe_rows_down_kernel, (H // (16 * w), n_it), 32 * w, b["hhi"], b["hlo"], dn, b["items"],
+                    b["order"], b["n"], w_.reshape(-1), b["y"], i_, np.int32(E + 1), b["out"], np.int32(1),
+                    b["cnt"] if fused else b["none"])
+        return f
 
     def combine(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
         ct = R.COMBINE_THREADS
@@ -235,7 +252,7 @@ def rows_parts(env: Any, ops: Any, R: Any, layers: list, ids: list, ws: list, x:
                 np.int32(1))
 
     res = []
-    for step in (prep, gate_up, down, combine):
+    for step in (prep, gate_up(8), gate_up(4), down(8, False), down(4, False), combine, down(8, True)):
         for b, (gu, dn), i_, w_ in zip(bufs, layers, ids, ws):     # the inputs of the later steps
             step(b, gu, dn, i_, w_)
 

@@ -9,7 +9,7 @@ import pytest
 
 from ninfer_nb.ops import cpu
 from ninfer_nb.runtime.tensor import bfloat16
-from tests.kernels.device import DEVICE_MARKS, shapes
+from tests.kernels.device import DEVICE_MARKS, SIM, shapes
 from tests.kernels.gpu_util import close, rnd
 
 pytestmark = DEVICE_MARKS
@@ -52,11 +52,16 @@ def test_moe_route_ties(dev):
     sim=[(9, 4, 3, 64, 128, 1)],
     gpu=[(2, 33, 9, 2048, 512, 0), (8, 33, 9, 2048, 512, 0), (16, 33, 9, 2048, 512, 1),
          (63, 33, 9, 2048, 512, 0)]))
-def test_moe_experts_rows(dev, rng, t, e, k, h, i, hot):
+@pytest.mark.parametrize("fused", [True] if SIM else [True, False])
+def test_moe_experts_rows(dev, rng, monkeypatch, t, e, k, h, i, hot, fused):
     """kernels/moe/moe_rows.py (experts grouped by expert for a few tokens) vs ops.cpu.moe_experts:
     random routing with distinct experts per token, the last expert in every row (a shared slot,
     > 8 and > 16 rows on the GPU), a dropped id (-1), hot = 1: expert 0 in every row too; once
-    plain, once added into a residual. x and h enter the MMAs as bf16 hi + lo halves (fp32-like)."""
+    plain, once added into a residual; the combine fused into the down kernel or not. x and h enter
+    the MMAs as bf16 hi + lo halves (fp32-like)."""
+    from ninfer_nb.ops.cuda import moe as M
+
+    monkeypatch.setattr(M, "MOE_ROWS_FUSED_COMBINE", fused)
     ops = dev.fresh()
     ids = np.stack([np.r_[rng.permutation(e - 1)[:k - 1], e - 1] for _ in range(t)]).astype(np.int32)
     if hot:

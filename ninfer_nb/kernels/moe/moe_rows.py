@@ -5,8 +5,8 @@ to it, on the tensor cores (mma.sync m16n8k16, the weight as the A operand, the 
 Pairs: p = t * S + s for token t, slot s (ids [T, S], S = k (+1 shared)); P = T * S.
 
 1. `moe_rows_prep_kernel`, grid 1 + ceil(T H / (8 * 256)), block 256. Block 0 sorts the pairs
-   by expert in shared memory (counts by shared atomics, a block scan, a stable scatter: a
-   pair's rank is the number of earlier pairs of its expert; no host sync, deterministic):
+   by expert in shared memory (counts by shared atomics, a block scan, rows handed out by shared
+   atomics; no host sync):
    order [P] = pair ids, expert-sorted; work items [P, 3] = (expert, first sorted row, rows
    <= ROWS), the last expert of the stack first (the shared one when it is a slot), then
    ascending; n_items [1]. Ids outside [0, E) are dropped. The other blocks split x [T, H] into
@@ -21,9 +21,14 @@ Pairs: p = t * S + s for token t, slot s (ids [T, S], S = k (+1 shared)); P = T 
 3. `moe_rows_down_kernel`, grid (H / (16 W), max items), block 32 W: one warp per 16 output
    rows over all of I; y[p, n] = weight[p] * (down[e, n] . h[row of p]) at the pair's row.
 4. `moe_rows_combine_kernel`, grid (ceil(H / 256), T): out[t] (+)= sum of y[t S + s] in slot
-   order (deterministic; the decoder's residual add when accumulating).
+   order (deterministic; the decoder's residual add when accumulating). Or fused into 3: per
+   column slice, the block that arrives last (an arrival counter the prep kernel zeroed) sums
+   the slice's columns of every token (the same order: bitwise the same result).
 Items of up to ROWS = 16 rows (two n8 tiles; the second only when the item has more than 8);
 an expert with more rows gets several items (each reads its weights again).
+Deterministic although the rows of an expert come in arrival order: an MMA's output column
+depends on its own B column only (same k order whatever the column), h and y rows belong to
+their pair, and the combine sums each token's slots in slot order.
 """
 from __future__ import annotations
 
@@ -66,10 +71,11 @@ def _hi_lo(v0, v1):
     return wh, pack_bf16x2(v1 - h1, v0 - h0)
 
 
-@kernel((i32_2, f32_2, i32, i32_2, i32_1, i32_1, u16_2, u16_2), launch_bounds=(PREP_THREADS, 1))
-def moe_rows_prep_kernel(ids, x, n_exp, items, order, n_items, xhi, xlo):
+@kernel((i32_2, f32_2, i32, i32_2, i32_1, i32_1, u16_2, u16_2, i32_1), launch_bounds=(PREP_THREADS, 1))
+def moe_rows_prep_kernel(ids, x, n_exp, items, order, n_items, xhi, xlo, counter):
     """See the module doc, step 1. ids [T, S] int32; x [T, H] (H % 8 == 0); items [>= max_items,
-    3]; order [P]; n_items [1]; xhi, xlo [T, H] bf16 bits."""
+    3]; order [P]; n_items [1]; xhi, xlo [T, H] bf16 bits; counter [n] set to zeros (the fused
+    down + combine's arrival counts)."""
     tid = cuda.threadIdx.x
     if cuda.blockIdx.x > 0:                      # x -> bf16 hi + lo
         i = ((cuda.blockIdx.x - 1) * cuda.blockDim.x + tid) * 8
@@ -91,6 +97,8 @@ def moe_rows_prep_kernel(ids, x, n_exp, items, order, n_items, xhi, xlo):
     n_pairs = ids.shape[0] * n_slots
     for e in range(tid, n_exp, nthr):
         cnt[e] = 0
+    for e in range(tid, counter.shape[0], nthr):
+        counter[e] = 0
     for p in range(tid, n_pairs, nthr):
         t = p // n_slots
         e = ids[t, p - t * n_slots]
@@ -136,13 +144,10 @@ def moe_rows_prep_kernel(ids, x, n_exp, items, order, n_items, xhi, xlo):
         cnt[e] = ro
         run += (c << 16) + (c + ROWS - 1) // ROWS
     cuda.syncthreads()
-    for p in range(tid, n_pairs, nthr):
-        e = s_ids[p]
+    for p in range(tid, n_pairs, nthr):          # a row within the expert's rows by arrival: the
+        e = s_ids[p]                             # results do not depend on it (module doc)
         if e >= 0:
-            r = 0
-            for q in range(p):
-                r += int32(s_ids[q] == e)
-            order[cnt[e] + r] = p
+            order[cuda.atomic.add(cnt, e, 1)] = p
 
 
 @cuda.jit(device=True, inline=True)
@@ -246,25 +251,59 @@ def moe_rows_gate_up_kernel(xhi, xlo, gate_up, items, order, n_items, n_slots, h
             hlo[r0 + col, j] = lb
 
 
-@kernel((u16_2, u16_2, u16_3, i32_2, i32_1, i32_1, f32_1, f32_2), fastmath=True, launch_bounds=(256, 2))
-def moe_rows_down_kernel(hhi, hlo, down, items, order, n_items, wts, y):
+@kernel((u16_2, u16_2, u16_3, i32_2, i32_1, i32_1, f32_1, f32_2, i32_2, i32, f32_2, i32, i32_1),
+        fastmath=True, launch_bounds=(256, 2))
+def moe_rows_down_kernel(hhi, hlo, down, items, order, n_items, wts, y, ids, n_exp, out, accumulate, counter):
     """See the module doc, step 3. down [E, H, I] bf16 (H % 16 == 0, I % (32 DN_UNROLL) == 0);
-    wts [P] slot weights; y [P, H] (rows of dropped pairs are not written)."""
+    wts [P] slot weights; y [P, H] (rows of dropped pairs are not written).
+    counter [>= grid x] (zeros from the prep kernel): non-empty = step 4 fused in: the block of
+    column slice x that arrives last (counting the live items) combines the slice's columns."""
     it = cuda.blockIdx.y
     if it >= n_items[0]:
         return
+    _down_item(hhi, hlo, down, items, order, wts, y, it)
+    if counter.shape[0] == 0:
+        return
+    last = cuda.shared.array(1, int32)
+    cuda.threadfence()                           # this block's y before its arrival
+    cuda.syncthreads()
+    bx = cuda.blockIdx.x
+    if cuda.threadIdx.x == 0:
+        last[0] = int32(cuda.atomic.add(counter, bx, 1) == n_items[0] - 1)
+    cuda.syncthreads()
+    if last[0] == 0:
+        return
+    cuda.threadfence()                           # every block's y of this slice after the last arrival
+    if cuda.threadIdx.x == 0:
+        counter[bx] = 0
+    ncol = 16 * (cuda.blockDim.x >> 5)
+    n0 = bx * ncol
+    ncol = min(ncol, out.shape[1] - n0)
+    for q in range(cuda.threadIdx.x, out.shape[0] * ncol, cuda.blockDim.x):
+        t = q // ncol
+        _combine_one(y, ids, n_exp, out, accumulate, t, n0 + q - t * ncol)
+
+
+@cuda.jit(device=True, inline=True)
+def _down_item(hhi, hlo, down, items, order, wts, y, it):
+    """One block's 16 W output rows of item it (the warps past H do nothing)."""
     e = items[it, 0]
     r0 = items[it, 1]
     nr = items[it, 2]
     lane = cuda.threadIdx.x & 31
     warp = cuda.threadIdx.x >> 5
+    n0 = (cuda.blockIdx.x * (cuda.blockDim.x >> 5) + warp) * 16
+    if n0 < down.shape[1]:
+        _down_rows(hhi, hlo, down, order, wts, y, e, r0, nr, n0, lane)
+
+
+@cuda.jit(device=True, inline=True)
+def _down_rows(hhi, hlo, down, order, wts, y, e, r0, nr, n0, lane):
+    """One warp: y rows of the item's pairs at output rows n0 .. n0 + 15."""
     g = lane >> 2
     c = lane & 3
     hid = down.shape[1]
     inter = down.shape[2]
-    n0 = (cuda.blockIdx.x * (cuda.blockDim.x >> 5) + warp) * 16
-    if n0 >= hid:
-        return
     rw0 = (e * hid + n0 + g) * inter + 8 * c
     rw1 = rw0 + 8 * inter
     ho0 = (r0 + min(g, nr - 1)) * inter + 8 * c
@@ -309,6 +348,11 @@ def moe_rows_combine_kernel(y, ids, n_exp, out, accumulate):
     n = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if n >= out.shape[1]:
         return
+    _combine_one(y, ids, n_exp, out, accumulate, t, n)
+
+
+@cuda.jit(device=True, inline=True)
+def _combine_one(y, ids, n_exp, out, accumulate, t, n):
     n_slots = ids.shape[1]
     acc = float32(0.0)
     for s in range(n_slots):

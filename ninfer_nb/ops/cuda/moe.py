@@ -32,7 +32,8 @@ MOE_UNROLLED_MAX_T = 1
 # MoE for 2 .. GROUPED_MIN_T - 1 tokens grouped by expert on the tensor cores (kernels/moe/moe_rows.py)
 # instead of the per-pair kernels.
 MOE_ROWS = False
-MOE_ROWS_WARPS = 8        # warps per block of its gate_up / down kernels (2 in the simulator)
+MOE_ROWS_WARPS = 8        # warps per block of its gate_up / down kernels (1 in the simulator)
+MOE_ROWS_FUSED_COMBINE = True    # the combine in the down kernel's last block per column slice
 # The decode router as one thread-block cluster (kernels/moe/moe.py moe_router_cluster_kernel,
 # cc >= 9.0, up to 256 routed experts) instead of the arrival-counter kernel.
 ROUTER_CLUSTER = True
@@ -264,16 +265,20 @@ class MoeOps(LinearOps):
             hhi = self.empty((n_pairs, inter), np.uint16)                # [P, I] bf16 hi / lo of h, sorted
             hlo = self.empty((n_pairs, inter), np.uint16)
             y = self.empty((n_pairs, hid))                               # [P, H] weighted rows, pair order
+            slices = (hid + 16 * w - 1) // (16 * w)
+            counter = self.empty((slices if MOE_ROWS_FUSED_COMBINE else 0,), np.int32)   # arrivals per slice
+            acc = np.int32(residual is not None)
             pt = K_moer.PREP_THREADS
             self._go(K_moer.moe_rows_prep_kernel, 1 + (t * hid // 8 + pt - 1) // pt, pt, ids, x, np.int32(n_exp),
-                     items, order, n_items, xhi, xlo)
+                     items, order, n_items, xhi, xlo, counter)
             self._go(K_moer.moe_rows_gate_up_kernel, (inter // 16, n_it), 32 * w, xhi, xlo, gate_up, items, order,
                      n_items, np.int32(n_slots), hhi, hlo)
-            self._go(K_moer.moe_rows_down_kernel, ((hid + 16 * w - 1) // (16 * w), n_it), 32 * w, hhi, hlo, down,
-                     items, order, n_items, weights.reshape(-1), y)
-            ct = K_moer.COMBINE_THREADS
-            self._go(K_moer.moe_rows_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids, np.int32(n_exp), out,
-                     np.int32(residual is not None))
+            self._go(K_moer.moe_rows_down_kernel, (slices, n_it), 32 * w, hhi, hlo, down, items, order, n_items,
+                     weights.reshape(-1), y, ids, np.int32(n_exp), out, acc, counter)
+            if not MOE_ROWS_FUSED_COMBINE:
+                ct = K_moer.COMBINE_THREADS
+                self._go(K_moer.moe_rows_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids, np.int32(n_exp), out,
+                         acc)
         return out if residual is None else residual
 
     def _moe_down_wide(self, h: Any, ids: Any, weights: Any, down: Any, t: int, hid: int, residual: Any) -> Any:
