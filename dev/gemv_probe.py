@@ -8,8 +8,8 @@ dev/chain_probe.py.
 Usage: python3 dev/gemv_probe.py [--min-mb 600] [--reps 2]
 --mma: the multi-token GEMVs (T = 2..16) instead: per 27B shape and T, the one-token GEMV, the
 default path before gemv_mma3 ("old": SIMT / gemv_mma v1, + the separate add / SwiGLU
-launch), what ops picks with GEMV_MMA3 on ("plan") and the best gemv_mma3 build x K split of a
-sweep, with a check of each build against NumPy. `--precompile BUILD` (mode,warps,tiles,unroll,
+launch), what ops picks with GEMV_MMA3 on ("plan") and the best gemv_mma3 build x grid size of
+a sweep, with a check of each build against NumPy. `--precompile BUILD` (mode,warps,tiles,unroll,
 min_blocks) compiles one gemv_mma3 build into numba's disk cache (run several at once first).
 Usage: python3 dev/gemv_probe.py --mma [--tokens 2,4,8,16] [--full FILE]"""
 from __future__ import annotations
@@ -70,10 +70,15 @@ MMA_BUILDS = [(8, 1, 4, 2, 0), (8, 2, 2, 2, 0), (4, 1, 4, 4, 0), (4, 2, 2, 4, 0)
 SWIGLU_BUILDS = [(8, 2, 2, 2, 0), (4, 2, 2, 4, 0), (8, 2, 1, 2, 1), (8, 2, 2, 2, 1)]
 
 
-def mma_splits(n: int, mode: str) -> tuple[int, ...]:
-    if n >= 100000:
-        return (1,)
-    return (1, 2, 3, 4) if n >= 12288 else (4, 6, 8, 12, 16)
+def mma_grids(build: Any, n: int, k: int, sm_count: int) -> list[int]:
+    """Block counts to try: one per row group (no K split), and 1, 2, 3 blocks per resident slot
+    (the work split evenly, stream-K)."""
+    from ninfer_nb.kernels.linear import gemv_mma as K_gm
+
+    groups = K_gm.v3_groups(build[0], build[1], build[2], n)
+    slots = build[4] * sm_count
+    units = groups * (k // K_gm.K_ALIGN)
+    return sorted({min(units, p) for p in (groups, slots, 2 * slots, 3 * slots)})
 
 
 def mma_builds(mode: str) -> list[tuple[str, int, int, int, int]]:
@@ -97,29 +102,30 @@ def mma_main(args: Any) -> None:
     full = open(args.full, "w") if args.full else None
     tokens = [int(v) for v in args.tokens.split(",")]
 
-    def v3(build: Any, splits: int, x: Any, out: Any, acc: int) -> Callable[[Any], None]:
+    def v3(build: Any, blocks: int, x: Any, out: Any, acc: int) -> Callable[[Any], None]:
         def launch(w: Any) -> None:
-            n = w.shape[0]
-            ws = ops.empty((splits, x.shape[0], n))
-            ops._go(K_gm.gemv_mma3(*build), K_gm.v3_grid(build[0], build[1], build[2], n, splits), 32 * build[1],
-                    x, w, out.reshape(-1), out, np.int32(0), np.int32(acc), ws, counter)
+            n, k = w.shape
+            segs = K_gm.v3_segments(K_gm.v3_groups(build[0], build[1], build[2], n), k, blocks)
+            ws = ops.empty((segs, x.shape[0], n))
+            ops._go(K_gm.gemv_mma3(*build), blocks, 32 * build[1], x, w, out.reshape(-1), out, np.int32(0),
+                    np.int32(acc), ws, counter)
         return launch
 
-    # correctness of every build against NumPy: T = 16 and 3, 3 K splits, a ragged last row group
+    # correctness of every build against NumPy: T = 16 and 3, shared and whole row groups, a ragged last group
     for mode in ("plain", "swiglu"):
         for build in mma_builds(mode):
             n, k = 2 * 1000 + 8, 2048
             w = rnd(rng, n, k).astype(ml_dtypes.bfloat16)
             W = env.up(w.view(np.uint16))
             errs = []
-            for t, splits, acc in ((16, 3, 1), (3, 1, 0)):
+            for t, blocks, acc in ((16, 37, 1), (3, 5, 0)):
                 x = rnd(rng, t, k)
                 y = x @ w.astype(np.float32).T
                 o0 = rnd(rng, t, n // 2 if mode == "swiglu" else n)
                 want = (y[:, :n // 2] / (1 + np.exp(-y[:, :n // 2])) * y[:, n // 2:] if mode == "swiglu"
                         else y + o0 * acc)
                 out = env.up(o0)
-                v3(build, splits, env.up(x), out, acc)(W)
+                v3(build, blocks, env.up(x), out, acc)(W)
                 got = env.host(out)
                 errs.append(float(np.abs(got - want).max() / np.abs(want).max()))
                 try:
@@ -176,15 +182,15 @@ def mma_main(args: Any) -> None:
             best = (float("inf"), "")
             out = env.up(rnd(rng, t, n // 2 if mode == "swiglu" else n))
             for build in mma_builds(mode):
-                for splits in mma_splits(n, mode):
-                    us = timed(v3(build, splits, x, out, int(mode == "add")), ws_)
-                    name = f"x{build[1]} r{build[2]} u{build[3]} b{build[4]}{' p' if build[5] else ''} S{splits}"
+                for blocks in mma_grids(build, n, k, ops.sm_count):
+                    us = timed(v3(build, blocks, x, out, int(mode == "add")), ws_)
+                    name = f"x{build[1]} r{build[2]} u{build[3]} b{build[4]}{' p' if build[5] else ''} P{blocks}"
                     if full:
                         full.write(f"{label} T={t} {name} {us:.2f} us {2 * per / us / 1e3:.0f} GB/s\n")
                     best = min(best, (us, name))
             pb = L.mma3_plan("swiglu" if mode == "swiglu" else "plain", t, n, k, ops.sm_count)
             print(f"{label:14s} {t:2d} {one:8.2f} {old:7.2f} {plan:7.2f} {best[0]:7.2f} {2 * per / best[0] / 1e3:5.0f} "
-                  f"{best[0] / one:5.2f}  {best[1]} (plan {pb[0][1:]} S{pb[1]})", flush=True)
+                  f"{best[0] / one:5.2f}  {best[1]} (plan {pb[0][1:]} P{pb[1]})", flush=True)
     if full:
         full.close()
 

@@ -55,32 +55,33 @@ def test_gemv_mma(dev, rng, t, n, k):
 
 
 
-def _gemv3(ops, build, X, W, B, out, splits, has_bias=1, accumulate=0):
-    """gemv_mma3 `build` (mode, warps, tiles, unroll, min_blocks) over `splits` K slices; also
-    returns the arrival counters (0 again after the launch)."""
+def _gemv3(ops, build, X, W, B, out, blocks, has_bias=1, accumulate=0):
+    """gemv_mma3 `build` (mode, warps, tiles, unroll, min_blocks[, pipe]) on `blocks` blocks;
+    also returns the arrival counters (0 again after the launch)."""
     mode, warps, tiles = build[:3]
-    t, n = X.shape[0], W.shape[0]
-    ws = ops.empty((splits, t, n))
+    t, (n, k) = X.shape[0], W.shape
+    ws = ops.empty((K.v3_segments(K.v3_groups(mode, warps, tiles, n), k, blocks), t, n))
     counter = ops.zeros((K.MAX_GROUPS,), np.int32, persistent=True)
-    ops._go(K.gemv_mma3(*build), K.v3_grid(mode, warps, tiles, n, splits), 32 * warps, X, W, B, out,
-            np.int32(has_bias), np.int32(accumulate), ws, counter)
+    ops._go(K.gemv_mma3(*build), blocks, 32 * warps, X, W, B, out, np.int32(has_bias), np.int32(accumulate), ws,
+            counter)
     return out, counter
 
 
-@pytest.mark.parametrize("build,t,n,k,splits,accumulate", shapes(
-    sim=[(("plain", 2, 2, 2, 2), 3, 72, 320, 1, 0), (("plain", 2, 1, 4, 2), 9, 40, 288, 3, 1),
-         (("plain", 2, 2, 1, 2), 16, 70, 96, 2, 0), (("swiglu", 2, 2, 2, 2), 5, 2 * 36, 192, 2, 0),
-         (("swiglu", 2, 2, 2, 2), 12, 2 * 20, 160, 1, 0), (("plain", 2, 1, 2, 2, 1), 16, 40, 288, 2, 1),
-         (("swiglu", 2, 2, 1, 2, 1), 7, 2 * 40, 224, 1, 0)],
-    gpu=[(("plain", 8, 1, 4, 2), 8, 17408, 5120, 1, 0), (("plain", 8, 2, 2, 2), 16, 5120, 17408, 8, 1),
-         (("swiglu", 8, 2, 2, 2), 8, 34816, 5120, 1, 0), (("swiglu", 8, 2, 2, 2), 4, 34816, 5120, 3, 0),
-         (("plain", 8, 1, 4, 2), 2, 248320, 5120, 1, 0)]))
-def test_gemv_mma3(dev, rng, build, t, n, k, splits, accumulate):
+@pytest.mark.parametrize("build,t,n,k,blocks,accumulate", shapes(
+    sim=[(("plain", 2, 2, 2, 2), 3, 72, 320, 2, 0), (("plain", 2, 1, 4, 2), 9, 40, 288, 5, 1),
+         (("plain", 2, 2, 1, 2), 16, 70, 96, 4, 0), (("swiglu", 2, 2, 2, 2), 5, 2 * 36, 192, 3, 0),
+         (("swiglu", 2, 2, 2, 2), 12, 2 * 20, 160, 1, 0), (("plain", 2, 1, 2, 2, 1), 16, 40, 288, 3, 1),
+         (("swiglu", 2, 2, 1, 2, 1), 7, 2 * 40, 224, 4, 0)],
+    gpu=[(("plain", 8, 1, 4, 2), 8, 17408, 5120, 264, 0), (("plain", 8, 2, 2, 2), 16, 5120, 17408, 520, 1),
+         (("swiglu", 8, 2, 2, 2), 8, 34816, 5120, 272, 0), (("swiglu", 8, 2, 2, 2, 1), 4, 34816, 5120, 264, 0),
+         (("plain", 8, 1, 4, 2), 2, 248320, 5120, 264, 0)]))
+def test_gemv_mma3(dev, rng, build, t, n, k, blocks, accumulate):
     """The v3 builds (warps over row tiles, K split over blocks) vs NumPy: plain with a bias
     (and the residual added in place when accumulate), swiglu (gate rows, then up rows) into
-    [T, I]. Small cases: N not a multiple of the block's rows, 1-3 K splits with uneven slices
-    (the last block of each row group sums the partials and resets its counter), T over 8, the
-    prefetching builds (pipe) over odd and even numbers of load rounds."""
+    [T, I]. Small cases: N not a multiple of the block's rows; grids that give a block several
+    whole row groups, part of two groups, or a share of one (the last block of each shared
+    group sums the partials and resets its counter); T over 8; the prefetching builds (pipe)
+    over odd and even numbers of load rounds."""
     ops = dev.fresh()
     mode = build[0]
     w = rnd(rng, n, k).astype(BF16)
@@ -94,7 +95,7 @@ def test_gemv_mma3(dev, rng, build, t, n, k, splits, accumulate):
     else:
         out0 = rnd(rng, t, n)
         want = y + bias + (out0 if accumulate else 0)
-    out, counter = _gemv3(ops, build, X, W, B, dev.up(out0), splits, int(mode == "plain"), accumulate)
+    out, counter = _gemv3(ops, build, X, W, B, dev.up(out0), blocks, int(mode == "plain"), accumulate)
     close(dev.host(out), want, 2e-5)
     assert not dev.host(counter).any()
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from numba import config, cuda, float32, int32, uint32
+from numba import config, cuda, float32, int32, int64, uint32
 
 from ninfer_nb.kernels.common.bf16 import bits_f32, f32_bits
 from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, f32_3, i32, i32_1, u16_2
@@ -163,18 +163,20 @@ def gemv_mma_kernel(x, w, bias, out, has_bias):
         out[tok, n] = s
 
 
-# ---- v3: warps over rows, x shared through L1, K split over blocks (grid.y) ------------------
+# ---- v3: warps over rows, x shared through L1, work split evenly over the blocks (stream-K) ---
 # v1's 8 warps split K, so every block (16 rows) reads all of x: T * K * 4 bytes per 16 rows,
 # as much as the weight itself at T = 8 and twice at T = 16 (x of 8-16 tokens outgrows L1, so
 # it comes from L2). Here a warp owns R row tiles (16 R rows) that share its x fragments, and
 # the block's warps walk the same columns together, so x comes from L2 about once per block
-# (WARPS * 16 R rows). Weights with few rows split K over gridDim.y blocks: each writes its
-# partial tile to ws [S, T, N], and the last block of a row group to arrive (a per-row-group
-# counter, reset by that block) sums the S partials in slice order (deterministic) and applies
-# the epilogue. Epilogues: "plain" (out = acc + bias, + out when accumulate: the residual add)
+# (WARPS * 16 R rows). The work, row groups x 32-column blocks, is cut into gridDim.x equal
+# contiguous ranges, one per block (stream-K: any grid size is one even wave, so weights with
+# few rows fill the GPU and no tail wave idles it); a block may end one group and start the next.
+# Where several blocks share a row group, each writes its partial tile to ws [segments, T, N],
+# and the last to arrive (a per-group counter, reset by that block) sums them in block order
+# (deterministic) and applies the epilogue. Epilogues: "plain" (out = acc + bias, + out when accumulate: the residual add)
 # and "swiglu" (R = 2: tile 0 gate rows j, tile 1 up rows I + j; out [T, I] = silu(g) * u).
 V3_MODES = ("plain", "swiglu")
-MAX_GROUPS = 4096          # row groups of a K-split launch (the counter's length)
+MAX_GROUPS = 4096          # row groups of a launch (the counter's length)
 # the simulator runs the blocks one after another on coherent host memory: no fence needed
 _fence = grid_dependency_sync if config.ENABLE_CUDASIM else fence_acq_rel_gpu
 _V3: dict[tuple[str, int, int, int, int, int], Any] = {}
@@ -185,10 +187,18 @@ def v3_rows(warps: int, tiles: int) -> int:
     return warps * 16 * tiles
 
 
-def v3_grid(mode: str, warps: int, tiles: int, n: int, splits: int) -> tuple[int, int]:
-    """(row groups, K splits) of a v3 launch for an [n, K] weight (swiglu: n = 2I)."""
+def v3_groups(mode: str, warps: int, tiles: int, n: int) -> int:
+    """Row groups (one block's rows) of an [n, K] weight (swiglu: n = 2I)."""
     rows = v3_rows(warps, tiles) // (2 if mode == "swiglu" else 1)
-    return (n // (2 if mode == "swiglu" else 1) + rows - 1) // rows, splits
+    return (n // (2 if mode == "swiglu" else 1) + rows - 1) // rows
+
+
+def v3_segments(groups: int, k: int, blocks: int) -> int:
+    """At most how many blocks share one row group when `blocks` blocks split the groups x
+    (K / 32) column-block units evenly (the workspace's first dimension); blocks <= units."""
+    kbn = k // K_ALIGN
+    per = groups * kbn // blocks                   # units per block, at least
+    return -(-kbn // per) + 1
 
 
 def v3_name(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pipe: int = 0) -> str:
@@ -200,8 +210,8 @@ def gemv_mma3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, p
     `unroll` 32-column blocks of loads issued together, launch bounds (32 warps, min_blocks);
     pipe: two register buffers, the next `unroll` blocks' loads issued before this one's math.
     Signature (x [T, K] f32, w [N, K] bf16 bits, bias [N], out [T, N] ([T, N / 2] swiglu),
-    has_bias, accumulate, ws [S, T, N] f32 (S = gridDim.y; unused when 1), counter [>= groups]
-    int32 kept 0 between launches). Grid v3_grid(...), block 32 * warps."""
+    has_bias, accumulate, ws [v3_segments(...), T, N] f32, counter [>= groups] int32 kept 0
+    between launches). Grid: any number of blocks up to groups x K / 32, block 32 * warps."""
     key = (mode, warps, tiles, unroll, min_blocks, pipe)
     if key not in _V3:
         if mode not in V3_MODES or warps not in (2, 4, 8) or tiles not in (1, 2, 4) or unroll not in (1, 2, 4) \
@@ -260,7 +270,7 @@ def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pi
     def gemv_mma3_kernel(x, w, bias, out, has_bias, accumulate, ws, counter):
         wr = cuda.local.array((U, R, 8), uint32)       # per block u, tile i: row g words 0..3, row g + 8 words 4..7
         acc = cuda.local.array((R, 2, 4), float32)     # per tile, token half (0..7, 8..15): the C fragment
-        last = cuda.shared.array(1, int32)
+        flag = cuda.shared.array(1, int32)
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
         g = lane >> 2
@@ -268,109 +278,106 @@ def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pi
         n_rows = w.shape[0]
         k_dim = w.shape[1]
         n_tok = x.shape[0]
-        n_split = cuda.gridDim.y
-        sp = cuda.blockIdx.y
-        if SWIGLU:
-            inter = out.shape[1]
-            j0 = cuda.blockIdx.x * (RB // 2) + warp * 16      # tile 0: gate rows j0.., tile 1: up rows inter + j0..
-        else:
-            inter = 0
-            j0 = cuda.blockIdx.x * RB + warp * 16 * R
-        n_kb = k_dim // K_ALIGN
-        kb = sp * n_kb // n_split
-        kb_end = (sp + 1) * n_kb // n_split
+        inter = out.shape[1] if SWIGLU else 0
+        rows = inter if SWIGLU else n_rows            # output rows
+        rbo = RB // 2 if SWIGLU else RB               # output rows per group
+        kbn = k_dim // K_ALIGN
+        n_units = int64((rows + rbo - 1) // rbo) * kbn     # (row group, 32-column block) units
+        n_blk = int64(cuda.gridDim.x)
+        b = int64(cuda.blockIdx.x)
+        u = b * n_units // n_blk                       # this block's units [u, u_end): contiguous
+        u_end = (b + 1) * n_units // n_blk
         ok_lo = g < n_tok
         ok_hi = g + 8 < n_tok
         xa_base = min(g, n_tok - 1) * k_dim + 8 * t4
         xb_base = min(g + 8, n_tok - 1) * k_dim + 8 * t4
         two = n_tok > 8
-        for i in range(R):
-            for h in range(2):
-                for e in range(4):
-                    acc[i, h, e] = float32(0.0)
-        if PIPE:
-            wr2 = cuda.local.array((U, R, 8), uint32)
-            if kb < kb_end:
-                _load(w, wr, kb, kb_end, j0, g, t4, inter, n_rows, k_dim)
-            grid_dependency_sync()                          # x is the previous kernel's output
-            while kb < kb_end:                              # the next U blocks' loads in flight during the math
-                if kb + U < kb_end:
-                    _load(w, wr2, kb + U, kb_end, j0, g, t4, inter, n_rows, k_dim)
-                _mma(x, wr, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
-                kb += U
-                if kb >= kb_end:
-                    break
-                if kb + U < kb_end:
-                    _load(w, wr, kb + U, kb_end, j0, g, t4, inter, n_rows, k_dim)
-                _mma(x, wr2, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
-                kb += U
-        else:
-            while kb < kb_end:
-                _load(w, wr, kb, kb_end, j0, g, t4, inter, n_rows, k_dim)
-                grid_dependency_sync()                      # x is the previous kernel's output
-                _mma(x, wr, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
-                kb += U
-        grid_dependency_sync()                              # a warp with no blocks has waited too
-        # C fragment element e of tile i, half h: row (g if e < 2 else g + 8), token 8h + 2 t4 + (e & 1)
-        if n_split > 1:
+        while u < u_end:
+            gr = int32(u // kbn)                       # row group, its column blocks [kb, kb_end)
+            kb = int32(u - int64(gr) * kbn)
+            kb_end = int32(min(int64(kbn), u_end - int64(gr) * kbn))
+            j0 = gr * rbo + warp * 16 * (1 if SWIGLU else R)   # swiglu: gate rows j0.., up rows inter + j0..
             for i in range(R):
                 for h in range(2):
                     for e in range(4):
-                        tok = 8 * h + 2 * t4 + (e & 1)
-                        if SWIGLU:
-                            jj = j0 + g + 8 * (e >> 1)
-                            row = i * inter + jj
-                            ok = jj < inter
-                        else:
-                            row = j0 + 16 * i + g + 8 * (e >> 1)
-                            ok = row < n_rows
-                        if ok and tok < n_tok:
-                            ws[sp, tok, row] = acc[i, h, e]
-            _fence()                                        # this block's partials before its arrival
-            cuda.syncthreads()
-            if cuda.threadIdx.x == 0:
-                last[0] = int32(cuda.atomic.add(counter, cuda.blockIdx.x, 1) == n_split - 1)
-            cuda.syncthreads()
-            if last[0] == 0:
-                return
-            _fence()                                        # every block's partials after the last arrival
-            if cuda.threadIdx.x == 0:
-                counter[cuda.blockIdx.x] = 0
-            for i in range(R):
+                        acc[i, h, e] = float32(0.0)
+            if PIPE:
+                wr2 = cuda.local.array((U, R, 8), uint32)
+                _load(w, wr, kb, kb_end, j0, g, t4, inter, n_rows, k_dim)
+                grid_dependency_sync()                          # x is the previous kernel's output
+                while kb < kb_end:                              # the next U blocks' loads in flight during the math
+                    if kb + U < kb_end:
+                        _load(w, wr2, kb + U, kb_end, j0, g, t4, inter, n_rows, k_dim)
+                    _mma(x, wr, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
+                    kb += U
+                    if kb >= kb_end:
+                        break
+                    if kb + U < kb_end:
+                        _load(w, wr, kb + U, kb_end, j0, g, t4, inter, n_rows, k_dim)
+                    _mma(x, wr2, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
+                    kb += U
+            else:
+                while kb < kb_end:
+                    _load(w, wr, kb, kb_end, j0, g, t4, inter, n_rows, k_dim)
+                    grid_dependency_sync()                      # x is the previous kernel's output
+                    _mma(x, wr, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
+                    kb += U
+            # the blocks that hold units of group gr: first .. last (block of unit q: ((q + 1) P - 1) // units)
+            first = int32(((int64(gr) * kbn + 1) * n_blk - 1) // n_units)
+            last = int32((int64(gr + 1) * kbn * n_blk - 1) // n_units)
+            done = True
+            if last > first:                          # partial sums meet in ws; the last to arrive adds them
+                seg = int32(b) - first
+                # C fragment element e of tile i, half h: row (g if e < 2 else g + 8), token 8h + 2 t4 + (e & 1)
+                for i in range(R):
+                    for h in range(2):
+                        for e in range(4):
+                            tok = 8 * h + 2 * t4 + (e & 1)
+                            jj = j0 + 16 * (0 if SWIGLU else i) + g + 8 * (e >> 1)
+                            if jj < rows and tok < n_tok:
+                                ws[seg, tok, i * inter + jj if SWIGLU else jj] = acc[i, h, e]
+                _fence()                                # this block's partials before its arrival
+                cuda.syncthreads()
+                if cuda.threadIdx.x == 0:
+                    flag[0] = int32(cuda.atomic.add(counter, gr, 1) == last - first)
+                cuda.syncthreads()
+                done = flag[0] != 0
+                if done:
+                    _fence()                            # every block's partials after the last arrival
+                    if cuda.threadIdx.x == 0:
+                        counter[gr] = 0
+                    for i in range(R):
+                        for h in range(2):
+                            for e in range(4):
+                                tok = 8 * h + 2 * t4 + (e & 1)
+                                jj = j0 + 16 * (0 if SWIGLU else i) + g + 8 * (e >> 1)
+                                if jj < rows and tok < n_tok:
+                                    s = float32(0.0)
+                                    for q_ in range(last - first + 1):
+                                        s += ws[q_, tok, i * inter + jj if SWIGLU else jj]
+                                    acc[i, h, e] = s
+            if done:
                 for h in range(2):
                     for e in range(4):
                         tok = 8 * h + 2 * t4 + (e & 1)
-                        if SWIGLU:
-                            jj = j0 + g + 8 * (e >> 1)
-                            row = i * inter + jj
-                            ok = jj < inter
-                        else:
-                            row = j0 + 16 * i + g + 8 * (e >> 1)
-                            ok = row < n_rows
-                        if ok and tok < n_tok:
-                            s = float32(0.0)
-                            for q_ in range(n_split):
-                                s += ws[q_, tok, row]
-                            acc[i, h, e] = s
-        for h in range(2):
-            for e in range(4):
-                tok = 8 * h + 2 * t4 + (e & 1)
-                if tok < n_tok:
-                    if SWIGLU:
-                        jj = j0 + g + 8 * (e >> 1)
-                        if jj < inter:
-                            gv = acc[0, h, e]
-                            out[tok, jj] = gv / (float32(1.0) + math.exp(-gv)) * acc[1, h, e]
-                    else:
-                        for i in range(R):
-                            row = j0 + 16 * i + g + 8 * (e >> 1)
-                            if row < n_rows:
-                                v = acc[i, h, e]
-                                if has_bias != 0:
-                                    v += bias[row]
-                                if accumulate != 0:
-                                    v += out[tok, row]
-                                out[tok, row] = v
+                        if tok < n_tok:
+                            if SWIGLU:
+                                jj = j0 + g + 8 * (e >> 1)
+                                if jj < inter:
+                                    gv = acc[0, h, e]
+                                    out[tok, jj] = gv / (float32(1.0) + math.exp(-gv)) * acc[1, h, e]
+                            else:
+                                for i in range(R):
+                                    row = j0 + 16 * i + g + 8 * (e >> 1)
+                                    if row < n_rows:
+                                        v = acc[i, h, e]
+                                        if has_bias != 0:
+                                            v += bias[row]
+                                        if accumulate != 0:
+                                            v += out[tok, row]
+                                        out[tok, row] = v
+            u = int64(gr) * kbn + kb_end
+        grid_dependency_sync()                          # a block with no units has waited too
 
     gemv_mma3_kernel.__name__ = v3_name(mode, warps, tiles, unroll, min_blocks, pipe)
     return kernel((f32_2, u16_2, f32_1, f32_2, i32, i32, f32_3, i32_1), sim=True, fastmath=True,

@@ -36,17 +36,13 @@ GEMV_MMA3 = False
 GEMV_MMA3_MIN_T = 2
 
 
-def mma3_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[str, int, int, int, int], int]:
-    """(build, K splits) of gemv_mma3 for T tokens x an [n, k] weight (swiglu: n = 2I): blocks
-    of 8 warps x 1 row tile (128 rows; swiglu 2 tiles: 64 gate + 64 up rows), 2 per SM; K
-    split so that the grid fills at least two waves."""
-    build = (mode, 8, 2, 2, 2) if mode == "swiglu" else (mode, 8, 1, 4, 2)
-    groups = K_gm.v3_grid(mode, build[1], build[2], n, 1)[0]
-    slots = 2 * sm_count
-    splits = 1
-    while groups * splits < 2 * slots and splits < 16 and k // K_gm.K_ALIGN >= 8 * (splits + 1):
-        splits += 1
-    return build, splits
+def mma3_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[str, int, int, int, int, int], int]:
+    """(build, blocks) of gemv_mma3 for T tokens x an [n, k] weight (swiglu: n = 2I): blocks of
+    8 warps x 1 row tile (128 rows; swiglu 2 tiles: 64 gate + 64 up rows), 2 per SM, one
+    block per resident slot (the work split evenly: one wave, no tail)."""
+    build = (mode, 8, 2, 2, 2, 0) if mode == "swiglu" else (mode, 8, 1, 4, 2, 0)
+    units = K_gm.v3_groups(mode, build[1], build[2], n) * (k // K_gm.K_ALIGN)
+    return build, min(units, build[4] * sm_count)
 
 
 def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str, int, int, int]:
@@ -242,21 +238,22 @@ class LinearOps(QuantLinearOps):
         """Whether T tokens x an [n, K] weight take gemv_mma3 (bf16 and alignment checked by the caller)."""
         return (GEMV_MMA3 and not SIM and GEMV_MMA3_MIN_T <= t <= K_gm.MAX_T and k % K_gm.K_ALIGN == 0
                 and self.arch is not None and tuple(self.arch) >= (8, 0)
-                and K_gm.v3_grid("plain", 8, 1, n, 1)[0] <= K_gm.MAX_GROUPS)
+                and K_gm.v3_groups("plain", 8, 1, n) <= K_gm.MAX_GROUPS)
 
     def _gemv_mma3_into(self, mode: str, x2: Any, weight: Any, b: Any, out2: Any, has_bias: Any,
                         accumulate: int) -> None:
         """out2 [T, N] (=/+=) x2 [T, K] @ weight^T (+ b), or out2 [T, I] = swiglu of it, by
-        gemv_mma3 (mma3_plan's build and K splits)."""
+        gemv_mma3 (mma3_plan's build and grid)."""
         n, k = weight.shape
         t = x2.shape[0]
-        build, splits = mma3_plan(mode, t, n, k, self.sm_count)
+        build, blocks = mma3_plan(mode, t, n, k, self.sm_count)
         counter = getattr(self, "_mma3_counter", None)
         if counter is None:                 # 0 between launches; each row group's last block resets it
             counter = self._mma3_counter = self.zeros((K_gm.MAX_GROUPS,), np.int32, persistent=True)
-        ws = self.empty((splits, t, n))     # the K slices' partial sums (unused when splits == 1)
-        self._go(K_gm.gemv_mma3(*build), K_gm.v3_grid(mode, build[1], build[2], n, splits), 32 * build[1],
-                 x2, weight, b, out2, has_bias, np.int32(accumulate), ws, counter)
+        segs = K_gm.v3_segments(K_gm.v3_groups(mode, build[1], build[2], n), k, blocks)
+        ws = self.empty((segs, t, n))       # partial sums of the row groups that blocks share
+        self._go(K_gm.gemv_mma3(*build), blocks, 32 * build[1], x2, weight, b, out2, has_bias, np.int32(accumulate),
+                 ws, counter)
 
     def _gemv_mma_into(self, x2: Any, weight: Any, b: Any, out2: Any, has_bias: Any) -> None:
         """out2 [T, N] = x2 [T, K] @ weight^T (+ b) by gemv_mma_kernel (16 rows per block, its 8
