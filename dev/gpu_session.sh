@@ -46,7 +46,7 @@ case "${1:-check}" in
         | grep -E "^ninfer_nb +512" | sed "s/^/${flag:-device-argmax} /"
     done; done ;;
   moe)                    # the MoE decode kernels: GPU tests, then where the block's time goes
-    python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py tests/kernels/test_moe.py \
+    python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_cases_moe.py tests/kernels/test_moe.py \
       -k "moe_router or moe_route or moe_normed or moe_experts" 2>&1 | tail -2
     python3 dev/route_probe.py 2>&1 | grep -E "cycles|ids"
     python3 dev/moe_probe.py 2>&1
@@ -54,8 +54,8 @@ case "${1:-check}" in
       python3 -m ninfer_nb bench --random qwen3.6-35b-a3b --prompt-len 512,8192 --gen 64 2>&1 | grep -E "^ninfer_nb "
     done ;;
   mma)                    # decode attention on tensor cores (bf16 caches): GPU tests (times vs SIMT), A/B benches
-    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
-      -k "attention_decode_mma or attention_decode_splits or attention_gated" 2>&1 \
+    python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/kernels/test_cases_attention.py \
+      -k "decode_attention_mma or attention_decode_splits or attention_gated" 2>&1 \
       | grep -E "decode attention|passed|failed|Error|error"
     for m in qwen3.6-35b-a3b qwen3.6-27b; do for flag in "--kv-cache fp32" "--kv-cache bf16 --decode-attention simt" "--kv-cache bf16"; do
       python3 -m ninfer_nb bench --random $m --prompt-len 512,8192 --gen 64 $flag 2>&1 \
@@ -76,8 +76,8 @@ case "${1:-check}" in
     python3 dev/attn_probe.py; python3 dev/attn_probe.py --hq 24 --hkv 4 ;;
   gemv)                   # the decode GEMV builds: GPU tests, per-shape probe, then alternating A/B benches
     if [ "${PROBE:-1}" = 1 ]; then
-      python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
-        -k "linear_splitk_gemv or linear_normed or linear_swiglu_normed" 2>&1 | tail -2
+      python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_cases_linear.py \
+        -k "gemv_one_token or gemv_multi_token" 2>&1 | tail -2
       python3 dev/gemv_probe.py 2>&1
     fi
     for m in ${MODELS:-qwen3.6-35b-a3b}; do for i in $(seq ${REPS:-2}); do for e in "" ${EXP:-}; do

@@ -1,8 +1,7 @@
 """Dense linear layers (kernels/linear/) through CudaOps vs ops.cpu, one body per case: small
 shapes under the CUDA simulator (tests/support/sim_runner.py), model shapes on the GPU (-m gpu).
-So far `linear` itself (GEMV, split-K, tensor-core and SIMT GEMM paths by shape, bf16 and fp32
-weights, with and without bias); the one-token builds, fused and split variants are still in
-sim_cases.py / test_kernels_gpu.py."""
+`linear` itself (GEMV, split-K, tensor-core and SIMT GEMM paths by shape, bf16 and fp32 weights,
+with and without bias); the one-token builds, fused and split variants: test_cases_linear.py."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,7 +1,8 @@
-"""The simulator cases (sim_cases.py and the family modules, tests/support/sim_runner.py
-CASE_FILES) under the CUDA simulator, in subprocesses. In a whole-suite run they were started in
-the background when the session began and this test, moved to the end, collects their result;
-run on its own it starts them here, one process per core."""
+"""The simulator cases (the family modules tests/kernels/test_cases_*.py, test_norm.py, ...:
+tests/support/sim_runner.py CASE_FILES) under the CUDA simulator, in subprocesses. In a
+whole-suite run they were started in the background when the session began and this test,
+moved to the end, collects their result; run on its own it starts them here, one process per
+core."""
 from __future__ import annotations
 
 import os
