@@ -44,10 +44,22 @@ def launch(ops: Any, build: tuple, x: Any, nw: Any, w: dict, n: int, k: int, out
             bias if bias is not None else out.reshape(-1), out, np.int32(bias is not None), w["ids"], w["ew"])
 
 
-def check(env: GpuEnv, ops: Any) -> None:
+def launch_t1(ops: Any, build: tuple, x: Any, nw: Any, w: dict, n: int, k: int, out: Any, bias: Any) -> None:
+    kind, zp, split, mode, ways, warps, stages, blocks = build
+    nt = -(-n // 16)
+    pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
+    ops._go(K_t.gemv_t1(*build, group=1 << w["gshift"]), -(-pairs // (warps // ways)), 32 * warps, x, nw,
+            np.float32(1e-6), w["codes"], w["scales"], w["zeros"], np.int32(w["gshift"]), np.int32(n), np.int32(k),
+            bias if bias is not None else out.reshape(-1), out, np.int32(bias is not None), w["ids"], w["ew"],
+            smem=K_t.t1_smem(kind, zp, split, warps, stages, k))
+
+
+def check(env: GpuEnv, ops: Any, t1: bool = False, kinds: str = "i4,i8,fp8") -> None:
     rng = np.random.default_rng(1)
     n, k = 544, 1024
     for kind, name in FMT.items():
+        if kind not in kinds.split(","):
+            continue
         fmt = quant_format(name)
         q = quantize(rnd(rng, n, k) * 0.1, fmt)
         t = tile(q)
@@ -66,11 +78,17 @@ def check(env: GpuEnv, ops: Any) -> None:
                 ref = cpu.swiglu(ref)
             out = env.up(np.zeros_like(ref))
             xd = env.up(x)
-            launch(ops, (kind, False, False, mode, 1 if tok <= 8 else 2, 2, 4, 3 if tok <= 8 else 2), xd,
-                   env.up(nw), w, n, k, out, None)
+            if t1:
+                if tok != 1:
+                    continue
+                t1b = {"plain": (8, 8, 4, 3), "normed": (4, 8, 4, 3), "normed_swiglu": (2, 8, 4, 3)}[mode]
+                launch_t1(ops, (kind, False, False, mode, *t1b), xd, env.up(nw), w, n, k, out, None)
+            else:
+                launch(ops, (kind, False, False, mode, 1 if tok <= 8 else 2, 2, 4, 3 if tok <= 8 else 2), xd,
+                       env.up(nw), w, n, k, out, None)
             got = env.host(out)
             err = np.abs(got - ref).max() / np.abs(ref).max()
-            print(f"check {name:10s} {mode:14s} T={tok:2d}: rel err {err:.2e} {'ok' if err < 2e-2 else 'FAIL'}",
+            print(f"check{' t1' if t1 else ''} {name:10s} {mode:14s} T={tok:2d}: rel err {err:.2e} {'ok' if err < 2e-2 else 'FAIL'}",
                   flush=True)
 
 
@@ -83,11 +101,14 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="every build, not only the picked one")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--builds", default="", help="extra builds 'ways,warps,blocks;...'")
+    ap.add_argument("--t1", action="store_true", help="one token: gemv_t1 (ops/cuda/linear_quant.py t1_build)")
+    ap.add_argument("--old", action="store_true", help="with --t1: the gemv_tiled pick too")
+    ap.add_argument("--t1-builds", default="", help="extra gemv_t1 builds 'ways,warps,stages,blocks;...'")
     args = ap.parse_args()
     env = GpuEnv(arena_bytes=8 << 30, scratch_bytes=256 << 20)
     ops = env.fresh()
     if not args.no_check:
-        check(env, ops)
+        check(env, ops, args.t1, args.kinds)
     bw = copy_bandwidth("cuda")
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
     pool_words = 1600 << 18                                          # 1.6 GiB of random code bytes
@@ -121,7 +142,12 @@ def main() -> None:
             out = env.up(rnd(rng, t, n // 2 if "swiglu" in mode else n))
             ntg = 1 if t <= 8 else 2
             pick = LQ.tiled_build(mode, t, n, k, kind, env.ops.sm_count if hasattr(env.ops, "sm_count") else 132)
-            builds = [("pick", pick)]
+            builds = [("pick", pick)] if not args.t1 or args.old else []
+            if args.t1 and t == 1:
+                zp_, split_ = False, False
+                builds.append(("t1", LQ.t1_build(mode, n, k, kind, zp_, split_)))
+                for spec in [b for b in args.t1_builds.split(";") if b]:
+                    builds.append(("t1 " + spec, tuple(int(v) for v in spec.split(","))))
             if args.sweep:
                 for warps, blocks_l in ((4, (3,) if ntg == 1 else (2,)), (8, (1,))):
                     for ways in (1, 2, 4, 8):
@@ -132,15 +158,23 @@ def main() -> None:
             for spec in [b for b in args.builds.split(";") if b]:
                 ways, warps, blocks = (int(v) for v in spec.split(","))
                 builds.append((f"w{ways} b{blocks} x{warps}", (ways, warps, blocks)))
-            for bname, (ways, warps, blocks) in builds:
-                build = (kind, False, False, mode, ntg, ways, warps, blocks)
+            for bname, bspec in builds:
+                if bname.startswith("t1"):
+                    ways, warps, stages, blocks = bspec
+                    build = (kind, False, False, mode, ways, warps, stages, blocks)
+                    bname = f"t1 w{ways} x{warps} s{stages} b{blocks}"
+                    go = launch_t1
+                else:
+                    ways, warps, blocks = bspec
+                    build = (kind, False, False, mode, ntg, ways, warps, blocks)
+                    go = launch
                 if bname == "pick":
                     bname = f"pick w{ways} b{blocks} x{warps}"
 
                 def body() -> None:
                     for w in ws:
-                        launch(ops, build, x, nw, w, n, k, out, out.reshape(-1) if mode == "plain" and t == 1
-                               else None)
+                        go(ops, build, x, nw, w, n, k, out, out.reshape(-1) if mode == "plain" and t == 1
+                           else None)
                 try:
                     us = env.graph_us(body, layers)
                 except Exception as e:                                  # a build that does not fit

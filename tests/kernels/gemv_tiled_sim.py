@@ -112,6 +112,58 @@ def test_gemv_tiled_swiglu(ops, fmt):
     close(out, cpu.swiglu(cpu.linear(cpu.rms_norm(x, nw, 1e-6), wf)))
 
 
+def launch_t1(ops, build, n_rows, x, nw, wargs, bias, out, has_bias):
+    kind, zp, split, mode, ways, warps, stages, blocks = build
+    nt = -(-n_rows // 16)
+    pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
+    codes, scales, zeros, gshift = wargs
+    k = x.shape[1]
+    ops._go(K_t.gemv_t1(*build, group=1 << int(gshift)), -(-pairs // (warps // ways)), 32 * warps, x, nw,
+            np.float32(1e-6), codes, scales, zeros, gshift, np.int32(n_rows), np.int32(k), bias, out,
+            np.int32(has_bias), np.zeros((1, 1), np.int32), np.zeros((1, 1), np.float32),
+            smem=K_t.t1_smem(kind, zp, split, warps, stages, k))
+
+
+T1_TOL = 2e-3       # x goes through fp16 (11 bits) times a power of two, the codes exactly
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_gemv_t1_plain_and_normed(ops, fmt):
+    """The one-token build: the residual as bias (plain, 2 K slices of 4 warps, a ring of 4
+    stages refilled: 6 K-tiles per slice), normed (whole rows, 2 stages); N = 40 (a lone
+    last tile, padded rows); x with a large |x| (the fp16 staging scales it down)."""
+    rng = np.random.default_rng(fmt.bits * 10 + fmt.group_size + fmt.zero_points)
+    kind, zp, split = kind_of(fmt)
+    k = 768 if kind == "i4" else 384                                    # 12 K-tiles
+    wargs, wf = weight(rng, fmt, (N, k))
+    x, r = rnd(rng, 1, k), rnd(rng, 1, N)
+    x[0, 7] = 3.0e5
+    out = r.copy()
+    launch_t1(ops, (kind, zp, split, "plain", 2, 4, 4, 1), N, x, x.reshape(-1), wargs, out.reshape(-1), out, True)
+    close(out, r + cpu.linear(x, wf), T1_TOL)
+    x, nw = rnd(rng, 1, k) * np.float32(1e-3), rnd(rng, k)
+    out = np.full((1, N), np.nan, np.float32)
+    launch_t1(ops, (kind, zp, split, "normed", 1, 2, 2, 1), N, x, nw, wargs, out[0], out, False)
+    close(out, cpu.linear(cpu.rms_norm(x, nw, 1e-6), wf), T1_TOL)
+
+
+@pytest.mark.parametrize("fmt", [groupwise(4, 64), groupwise(8, 128), FP8_BLOCK], ids=lambda f: f.name)
+def test_gemv_t1_swiglu(ops, fmt):
+    """gate_up [2I, K], I = 64 (4 tile pairs over 2 blocks): one normed token, one plain token."""
+    rng = np.random.default_rng(17 + fmt.bits)
+    kind, zp, split = kind_of(fmt)
+    inter, k = 64, (512 if kind == "i4" else 256)
+    wargs, wf = weight(rng, fmt, (2 * inter, k))
+    x, nw = rnd(rng, 1, k), rnd(rng, k) * np.float32(0.2)
+    out = np.full((1, inter), np.nan, np.float32)
+    launch_t1(ops, (kind, zp, split, "normed_swiglu", 2, 4, 4, 1), 2 * inter, x, nw, wargs, out[0], out, False)
+    close(out, cpu.swiglu(cpu.linear(cpu.rms_norm(x, nw, 1e-6), wf)), T1_TOL)
+    out = np.full((1, inter), np.nan, np.float32)
+    x = x * np.float32(0.1)
+    launch_t1(ops, (kind, zp, split, "swiglu", 1, 2, 8, 1), 2 * inter, x, x.reshape(-1), wargs, out[0], out, False)
+    close(out, cpu.swiglu(cpu.linear(x, wf)), T1_TOL)
+
+
 def test_gemv_tiled_moe(ops):
     """MoE on an int4 stack of 4 experts, 2 tokens x 3 slots (an expert twice): gate_up per
     routed pair, then down summed over each token's slots with their weights into the

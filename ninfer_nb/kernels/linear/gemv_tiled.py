@@ -42,20 +42,31 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32, uint16, uint32
+from llvmlite import ir
+from numba import config, cuda, float32, int32, int64, uint16, uint32
+from numba.cuda import types as nbtypes
+from numba.cuda.extending import intrinsic
 
 from ninfer_nb.kernels.common.bf16 import f32_to_bf16
 from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, i32, i32_1, i32_2, u16_2, u32
 from ninfer_nb.kernels.common.ptx import (
+    _I32,
+    _asm,
+    _make_mma,
+    _make_noarg,
     as_f32,
+    cp_async_commit,
     f16x2_to_f32,
     fma_bf16x2,
+    gptr,
     grid_dependency_sync,
     ldg_stream_u32,
     ldg_stream_v4_u32,
     ldg_v4_f32,
     mma_bf16,
     pack_bf16x2,
+    shfl_xor,
+    smem_u32,
     st_v4_u32,
 )
 from ninfer_nb.kernels.common.registry import kernel
@@ -755,3 +766,717 @@ def embedding_tiled_kernel(codes, scales, zeros, kind, zp, gshift, n_rows, ids, 
             else:
                 zf = float32(zh)
         out[t_i, c] = s * (float32(v) - zf)
+
+
+# ---------------------------------------------------------------- one-token builds (gemv_t1)
+# The decode step's GEMVs (T = 1, dense): fp16 tensor cores, weights streamed through a
+# per-warp shared-memory ring of cp.async copies (no registers held by loads in flight), x
+# staged once per block as fp16 (times a power of two that keeps it in range) with the sums
+# the code offsets need. See gemv_t1 for the scheme.
+
+def _t1_lds(n: int) -> Any:
+    """ld.shared.v{n}.u32 at a 32-bit shared address (n = 1: a uint32; else an n-tuple)."""
+    def typer(typingctx, saddr):
+        if not isinstance(saddr, nbtypes.Integer):
+            return None
+        ret = nbtypes.uint32 if n == 1 else nbtypes.UniTuple(nbtypes.uint32, n)
+
+        def codegen(context, builder, sig, args):
+            a = context.cast(builder, args[0], sig.args[0], nbtypes.uint32)
+            if n == 1:
+                return _asm(builder, "ld.shared.u32 $0, [$1];", "=r,r,~{memory}", _I32, [a])
+            regs = ",".join(f"${i}" for i in range(n))
+            r = _asm(builder, f"ld.shared.v{n}.u32 {{{regs}}}, [${n}];", ",".join(["=r"] * n) + ",r,~{memory}",
+                     ir.LiteralStructType([_I32] * n), [a])
+            return context.make_tuple(builder, ret, [builder.extract_value(r, j) for j in range(n)])
+
+        return ret(saddr), codegen
+
+    typer.__name__ = f"lds{32 * n}"
+    return intrinsic(typer)
+
+
+def _t1_prmt(sel: int) -> Any:
+    """prmt.b32 d, a, b, sel (a constant selector): bytes of (b:a) picked per nibble of sel."""
+    def typer(typingctx, a, b):
+        if not isinstance(a, nbtypes.Integer) or not isinstance(b, nbtypes.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            av = context.cast(builder, args[0], sig.args[0], nbtypes.uint32)
+            bv = context.cast(builder, args[1], sig.args[1], nbtypes.uint32)
+            return _asm(builder, f"prmt.b32 $0, $1, $2, {sel:#x};", "=r,r,r", _I32, [av, bv], side_effect=False)
+
+        return nbtypes.uint32(a, b), codegen
+
+    typer.__name__ = f"prmt_{sel:x}"
+    return intrinsic(typer)
+
+
+@intrinsic
+def _t1_lop3_or(typingctx, a, b, c):
+    """(a & b) | c in one lop3.b32 (LLVM would split or reassociate the pair)."""
+    if not all(isinstance(v, nbtypes.Integer) for v in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = [context.cast(builder, args[i], sig.args[i], nbtypes.uint32) for i in range(3)]
+        return _asm(builder, "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r", _I32, v, side_effect=False)
+
+    return nbtypes.uint32(a, b, c), codegen
+
+
+@intrinsic
+def _t1_cp_async16(typingctx, saddr, gaddr):
+    """cp.async.cg 16 bytes of weights global -> shared, 256-byte L2 prefetch (the compile tests
+    take a cp.async with an L2 prefetch size for a weight copy, allowed before the grid wait)."""
+    if not isinstance(saddr, nbtypes.Integer) or not isinstance(gaddr, nbtypes.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s = context.cast(builder, args[0], sig.args[0], nbtypes.uint32)
+        g = context.cast(builder, args[1], sig.args[1], nbtypes.int64)
+        _asm(builder, "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;", "r,l,~{memory}", ir.VoidType(), [s, g])
+        return context.get_dummy_value()
+
+    return nbtypes.void(saddr, gaddr), codegen
+
+
+@intrinsic
+def _t1_cp_async4(typingctx, saddr, gaddr):
+    """cp.async.ca 4 bytes of weights (scale words) global -> shared, 128-byte L2 prefetch."""
+    if not isinstance(saddr, nbtypes.Integer) or not isinstance(gaddr, nbtypes.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s = context.cast(builder, args[0], sig.args[0], nbtypes.uint32)
+        g = context.cast(builder, args[1], sig.args[1], nbtypes.int64)
+        _asm(builder, "cp.async.ca.shared.global.L2::128B [$0], [$1], 4;", "r,l,~{memory}", ir.VoidType(), [s, g])
+        return context.get_dummy_value()
+
+    return nbtypes.void(saddr, gaddr), codegen
+
+
+@intrinsic
+def _t1_pack_f16x2(typingctx, hi, lo):
+    """Two fp32 -> f16x2 (round to nearest even): `hi` in bits 31:16."""
+    if not isinstance(hi, nbtypes.Float) or not isinstance(lo, nbtypes.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        h = context.cast(builder, args[0], sig.args[0], nbtypes.float32)
+        lo_ = context.cast(builder, args[1], sig.args[1], nbtypes.float32)
+        return _asm(builder, "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", _I32, [h, lo_], side_effect=False)
+
+    return nbtypes.uint32(hi, lo), codegen
+
+
+@intrinsic
+def _t1_f32_bits(typingctx, v):
+    """The bits of an fp32 as uint32 (mov.b32)."""
+    if not isinstance(v, nbtypes.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = context.cast(builder, args[0], sig.args[0], nbtypes.float32)
+        return builder.bitcast(f, _I32)
+
+    return nbtypes.uint32(v), codegen
+
+
+@intrinsic
+def _t1_e4m3x4(typingctx, w):
+    """Four e4m3 bytes -> two f16x2 words (bytes 0, 1 -> the first; 2, 3 -> the second), exact:
+    cvt.rn.f16x2.e4m3x2 on cc >= 8.9, else by bit moves and a multiplication by 2^8."""
+    if not isinstance(w, nbtypes.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        from numba.cuda.core import targetconfig
+
+        x = context.cast(builder, args[0], sig.args[0], nbtypes.uint32)
+        cc = targetconfig.ConfigStack().top().compute_capability
+        if cc is not None and tuple(cc[:2]) >= (8, 9):
+            asm = ("{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.rn.f16x2.e4m3x2 $0, l; "
+                   "cvt.rn.f16x2.e4m3x2 $1, h; }")
+        else:
+            asm = ("{ .reg .b32 a, b, c, d; "
+                   "prmt.b32 a, $2, 0, 0x7170; prmt.b32 b, $2, 0, 0x7372; "
+                   "and.b32 c, a, 0x007F007F; shl.b32 c, c, 7; and.b32 d, a, 0x00800080; shl.b32 d, d, 8; "
+                   "or.b32 c, c, d; mul.rn.f16x2 $0, c, 0x5C005C00; "
+                   "and.b32 c, b, 0x007F007F; shl.b32 c, c, 7; and.b32 d, b, 0x00800080; shl.b32 d, d, 8; "
+                   "or.b32 c, c, d; mul.rn.f16x2 $1, c, 0x5C005C00; }")
+        r = _asm(builder, asm, "=r,=r,r", ir.LiteralStructType([_I32, _I32]), [x], side_effect=False)
+        return context.make_tuple(builder, nbtypes.UniTuple(nbtypes.uint32, 2),
+                                  [builder.extract_value(r, 0), builder.extract_value(r, 1)])
+
+    return nbtypes.UniTuple(nbtypes.uint32, 2)(w), codegen
+
+
+mma_f16 = _make_mma(
+    "mma_f16", "m16n8k16.row.col.f32.f16.f16.f32", lambda t: isinstance(t, nbtypes.Integer),
+    "c += A(16x16 fp16, 4 regs) . B(16x8 fp16, 2 regs), fp32 accumulators (4-tuple).")
+lds32 = _t1_lds(1)
+lds64 = _t1_lds(2)
+lds128 = _t1_lds(4)
+prmt_lo = _t1_prmt(0x4140)          # bytes 0, 1 of a -> low bytes of the halves, b's byte 0 above
+prmt_hi = _t1_prmt(0x4342)          # bytes 2, 3 of a likewise
+cp_async4 = _t1_cp_async4
+cp_async16w = _t1_cp_async16
+lop3_or = _t1_lop3_or
+pack_f16x2 = _t1_pack_f16x2
+f32_bits = _t1_f32_bits
+e4m3x4 = _t1_e4m3x4
+T1_WAITS = {n: _make_noarg(f"cp_async_wait{n}", f"cp.async.wait_group {n};") for n in range(8)}
+
+if config.ENABLE_CUDASIM:          # the simulator's stand-ins (addresses are host addresses there)
+    import ctypes
+
+    from ninfer_nb.kernels.common import ptx_sim as _sim
+
+    def _sim_words(addr: int, n: int) -> np.ndarray:
+        return np.frombuffer(ctypes.string_at(int(addr), 4 * n), np.uint32)
+
+    def lds32(saddr):  # type: ignore[no-redef]
+        return np.uint32(_sim_words(saddr, 1)[0])
+
+    def lds64(saddr):  # type: ignore[no-redef]
+        w = _sim_words(saddr, 2)
+        return np.uint32(w[0]), np.uint32(w[1])
+
+    def lds128(saddr):  # type: ignore[no-redef]
+        w = _sim_words(saddr, 4)
+        return np.uint32(w[0]), np.uint32(w[1]), np.uint32(w[2]), np.uint32(w[3])
+
+    def _sim_prmt(a, b, sel: int) -> np.uint32:
+        src = int(a) & 0xFFFFFFFF | ((int(b) & 0xFFFFFFFF) << 32)
+        r = 0
+        for i in range(4):
+            r |= ((src >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i)
+        return np.uint32(r)
+
+    def prmt_lo(a, b):  # type: ignore[no-redef]
+        return _sim_prmt(a, b, 0x4140)
+
+    def prmt_hi(a, b):  # type: ignore[no-redef]
+        return _sim_prmt(a, b, 0x4342)
+
+    def lop3_or(a, b, c):  # type: ignore[no-redef]
+        return np.uint32((int(a) & int(b)) | int(c))
+
+    def cp_async4(saddr, gaddr) -> None:  # type: ignore[no-redef]
+        ctypes.memmove(int(saddr), int(gaddr), 4)
+
+    cp_async16w = _sim.cp_async16
+
+    def pack_f16x2(hi, lo):  # type: ignore[no-redef]
+        h = np.array([lo, hi], np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+        return np.uint32(h[0] | (h[1] << 16))
+
+    def f32_bits(v):  # type: ignore[no-redef]
+        return np.float32(v).view(np.uint32)
+
+    def _e4m3(b: int) -> float:
+        e, m = (b >> 3) & 15, b & 7
+        v = m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+        return -v if b & 0x80 else v
+
+    def _f16_word(lo: float, hi: float) -> np.uint32:
+        h = np.array([lo, hi], np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+        return np.uint32(h[0] | (h[1] << 16))
+
+    def e4m3x4(w):  # type: ignore[no-redef]
+        w = int(w)
+        b = [(w >> (8 * i)) & 0xFF for i in range(4)]
+        return _f16_word(_e4m3(b[0]), _e4m3(b[1])), _f16_word(_e4m3(b[2]), _e4m3(b[3]))
+
+    def mma_f16(a, b0, b1, c):  # type: ignore[no-redef]
+        """ptx_sim.mma_bf16 with fp16 operands."""
+        dep, barrier, lane = _sim._slot()
+        dep.a[lane] = [int(v) & 0xFFFFFFFF for v in a]
+        dep.b[lane] = [int(b0) & 0xFFFFFFFF, int(b1) & 0xFFFFFFFF]
+        barrier.wait()
+        amat = np.zeros((16, 16), np.float64)
+        bmat = np.zeros((16, 8), np.float64)
+        ah = dep.a.astype(np.uint32)
+        amat[_sim._A_ROW, _sim._A_COL] = (ah & 0xFFFF).astype(np.uint16).view(np.float16)
+        amat[_sim._A_ROW, _sim._A_COL + 1] = (ah >> 16).astype(np.uint16).view(np.float16)
+        bh = dep.b.astype(np.uint32)
+        bmat[_sim._B_ROW, _sim._B_COL] = (bh & 0xFFFF).astype(np.uint16).view(np.float16)
+        bmat[_sim._B_ROW + 1, _sim._B_COL] = (bh >> 16).astype(np.uint16).view(np.float16)
+        g, t = lane >> 2, lane & 3
+        r = amat[[g, g + 8]] @ bmat[:, 2 * t: 2 * t + 2]
+        return (np.float32(c[0] + r[0, 0]), np.float32(c[1] + r[0, 1]),
+                np.float32(c[2] + r[1, 0]), np.float32(c[3] + r[1, 1]))
+
+    T1_WAITS = {n: _sim.cp_async_noop for n in range(8)}
+
+
+if config.ENABLE_CUDASIM:
+    def _gp(a):
+        """A global address as the kernels compute with it (the simulator: a host address)."""
+        return np.int64(gptr(a))
+
+    def _saddr(v):
+        """A shared address as the kernels compute with it (the simulator: a host address)."""
+        return np.int64(v)
+else:
+    _gp = gptr
+
+    @cuda.jit(device=True, inline=True)
+    def _saddr(v):
+        """A shared address as the kernels compute with it: 32 bits."""
+        return uint32(v)
+
+
+H1024 = np.uint32(0x64006400)       # f16x2 (1024, 1024); | a nibble (bits 0..3): 1024 + code, (bits 4..7): 1024 + 16 code
+M0F = np.uint32(0x000F000F)
+MF0 = np.uint32(0x00F000F0)
+H64 = np.uint32(0x64646464)         # prmt source: the high byte of f16 1024
+SH7 = np.uint32(7)
+T1_ZF = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+T1_SMEM_MAX = 226 * 1024           # dynamic shared memory a block may ask for (227 KB less the static part)
+
+
+def t1_words(kind: str, zp: bool, split: bool) -> int:
+    """Scale / zero words per lane of a ring stage: (a, b) per group of the K-tile, the zero words alike."""
+    return 2 * (2 if split else 1) * (2 if zp else 1)
+
+
+def t1_stage_bytes(kind: str, zp: bool, split: bool) -> int:
+    """Bytes of one ring stage (a K-tile of a tile pair): 1024 code bytes + the lanes' words."""
+    return 1024 + 32 * 4 * t1_words(kind, zp, split)
+
+
+def t1_x_bytes(k: int) -> int:
+    """Shared bytes of the staged x: K fp16 values and K / 32 fp32 sums, 128-byte aligned."""
+    return (2 * k + 4 * (k // 32) + 127) // 128 * 128
+
+
+def t1_smem(kind: str, zp: bool, split: bool, warps: int, stages: int, k: int) -> int:
+    """Dynamic shared memory of a gemv_t1 launch for K = k."""
+    return t1_x_bytes(k) + warps * stages * t1_stage_bytes(kind, zp, split)
+
+
+_T1: dict[tuple[Any, ...], Any] = {}
+
+
+def gemv_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int, stages: int, min_blocks: int,
+            group: int = 64) -> Any:
+    """The one-token build (registered on first use): y[1, N] = x[1, K] @ W^T on the tiled layout,
+    same signature and grid as `gemv_tiled` (grid (ceil(pairs / (warps / ways)), 1), block
+    32 * warps), launched with t1_smem(...) bytes of dynamic shared memory.
+
+    Each block first issues its warps' first `stages - 1` K-tiles of weight copies (cp.async,
+    before the grid-dependency wait), then stages x: every thread reads x (times the norm weight
+    in normed modes; the sum of squares on the side), the block takes max |x|, and stores x *
+    2^-e as fp16 (|x * 2^-e| < 2^15) and the fp32 sum of each 32 stored values. A warp owns a
+    tile pair and a K slice; per K-tile it waits for the oldest copy group, reads its lane's 16
+    code bytes of each tile and its scale words from the ring, issues the copies of the K-tile
+    `stages - 1` ahead into the slot it just read, and runs fp16 mmas whose A registers are
+    built from the codes with one LOP3 each (int4: 1024 + code, or 1024 + 16 code for the rows
+    g + 8 nibbles; int8: one PRMT per register, 1024 + code; fp8: cvt e4m3x2). B is the staged
+    x in every column (all 8 mma columns alike: no selects), so each lane's c[0], c[2] are its
+    rows g, g + 8. Offsets leave through the sums: acc += s * c, cr += s * X (X = the sum of x
+    over the group's columns), y = (acc - off * cr) (* 1/16 for int4 rows g + 8) * 2^e (* 1 /
+    rms). K slices of a pair meet in shared memory in a fixed order."""
+    if kind == "fp8":
+        group = 128
+    key = (kind, zp, split, mode, ways, warps, stages, min_blocks, group)
+    if key not in _T1:
+        if (kind not in KINDS or mode not in MODES or ways not in (1, 2, 4, 8, 16) or warps not in (2, 4, 8, 16)
+                or ways > warps or stages not in (2, 4, 8) or not 1 <= min_blocks * warps <= 64
+                or (split and kind != "i4") or (zp and kind == "fp8") or group not in (32, 64, 128)
+                or split != (kind == "i4" and group == 32)):
+            raise ValueError(f"gemv_t1: no build {key}")
+        _T1[key] = _make_t1(*key)
+    return _T1[key]
+
+
+def t1_name(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int, stages: int, min_blocks: int,
+            group: int = 64) -> str:
+    fmt = kind + ("" if kind == "fp8" else f"g{group}") + ("zp" if zp else "")
+    return f"gemv_t1_{fmt}_{mode}_w{ways}_x{warps}_s{stages}_b{min_blocks}_kernel"
+
+
+def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int, stages: int, min_blocks: int,
+             group: int) -> Any:
+    KIND = KINDS.index(kind)
+    KTW = 64 if kind == "i4" else 32
+    GSHIFT = group.bit_length() - 1
+    ZP = zp
+    SPLIT = split
+    WAYS = ways
+    WARPS = warps
+    TB = 32 * warps
+    PAIRS = warps // ways
+    S = stages
+    NWD = t1_words(kind, zp, split)           # words per lane per stage
+    WB = int32(4 * NWD)
+    STAGE = int32(t1_stage_bytes(kind, zp, split))
+    KTW32 = int32(KTW)
+    I1 = int32(1)
+    I2, I3, I4, I8, I12, I16, I512, I1024 = (int32(v) for v in (2, 3, 4, 8, 12, 16, 512, 1024))
+    SM1 = int32(stages - 1)
+    KPG = (group // KTW - 1) if group > KTW else 0             # K-tiles per group - 1 (a mask)
+    GSTEP = (KTW // group) * 32 if group <= KTW else 0
+    SWIGLU = mode in ("swiglu", "normed_swiglu")
+    NORMED = mode in ("normed", "normed_swiglu")
+    WAIT = T1_WAITS[S - 2]
+    OFF0 = float32(1032.0 if KIND == 0 else 1152.0)      # symmetric: 1024 + midpoint (int4 rows g, int8)
+    OFF1 = float32(1024.0 + 16 * 8 if KIND == 0 else 1152.0)
+    R1 = float32(1.0 / 16.0 if KIND == 0 else 1.0)       # int4 rows g + 8 came out 16 x
+
+    @cuda.jit(device=True, inline=True)
+    def issue(slot, lane, pa, pb, psa, psb, pza, pzb):
+        """The copies of a K-tile into ring slot `slot`: the lane's 16 code bytes of the two tiles
+        (pa, pb) and its scale (zero) words of their group(s) (psa, psb (pza, pzb))."""
+        cp_async16w(slot + lane * I16, pa)
+        cp_async16w(slot + I512 + lane * I16, pb)
+        wp = slot + I1024 + lane * WB
+        cp_async4(wp, psa)
+        cp_async4(wp + I4, psb)
+        if SPLIT:
+            cp_async4(wp + I8, psa + 32)
+            cp_async4(wp + I12, psb + 32)
+        if ZP:
+            zo = int32(4 * (2 if SPLIT else 1) * 2)
+            cp_async4(wp + zo, pza)
+            cp_async4(wp + zo + I4, pzb)
+            if SPLIT:
+                cp_async4(wp + zo + I8, pza + 32)
+                cp_async4(wp + zo + I12, pzb + 32)
+
+    @cuda.jit(device=True, inline=True)
+    def sstep(kt):
+        """Bytes from K-tile kt's scale word to K-tile kt + 1's (a row pair's words of the next group)."""
+        if KIND == 2:
+            return int32(4) if ((kt + 1) & 3) == 0 else int32(0)      # fp8: a word per 128 columns
+        if KPG == 0:
+            return int32(GSTEP)                                     # a group or two per K-tile
+        return int32(32) if ((kt + 1) & KPG) == 0 else int32(0)    # groups longer than a K-tile
+
+    @cuda.jit(device=True, inline=True)
+    def a_i4(w, m0f, mf0, h1024):
+        """(masks as run-time values: ptxas keeps them in registers for the LOP3s)"""
+        w8 = w >> SH8
+        return (lop3_or(w, m0f, h1024), lop3_or(w, mf0, h1024), lop3_or(w8, m0f, h1024), lop3_or(w8, mf0, h1024))
+
+    @cuda.jit(device=True, inline=True)
+    def a_b8(w0, w1):
+        if KIND == 2:
+            r0, r1 = e4m3x4(w0)
+            r2, r3 = e4m3x4(w1)
+            return (r0, r1, r2, r3)
+        return (prmt_lo(w0, H64), prmt_hi(w0, H64), prmt_lo(w1, H64), prmt_hi(w1, H64))
+
+    @cuda.jit(device=True, inline=True)
+    def offs(zw):
+        """(row g, row g + 8) offsets of a zero word: int4 bf16 -(128 + z) -> 1024 + z, 1024 + 16 z;
+        int8 z | z' << 16 -> 1024 + z."""
+        if KIND == 0:
+            v0 = as_f32(zw << SH16)
+            v1 = as_f32(zw & HI16)
+            return float32(896.0) - v0, float32(-1024.0) - float32(16.0) * v1
+        return float32(1024.0) + float32(zw & LO16), float32(1024.0) + float32(zw >> SH16)
+
+    def gemv_t1_build(x, nw, eps, codes, scales, zeros, gshift, n_rows, k_exp, bias, out, has_bias, ids, ew):
+        smem = cuda.shared.array(0, uint32)
+        red = cuda.shared.array(64, float32)
+        tid = cuda.threadIdx.x
+        lane = int32(tid & 31)
+        warp = int32(tid >> 5)
+        g = lane >> I2
+        t = lane & I3
+        pair = warp // WAYS
+        sl = warp - pair * WAYS
+        k_dim = x.shape[1]
+        nt = (n_rows + 15) >> 4
+        kt_all = k_dim // KTW
+        n_pairs = nt >> 1 if SWIGLU else (nt + 1) >> 1
+        p = cuda.blockIdx.x * PAIRS + pair
+        live = p < n_pairs
+        p = p if live else 0
+        if SWIGLU:
+            ta = p
+            tb = p + (nt >> 1)
+            has_b = True
+        else:
+            ta = 2 * p
+            has_b = ta + 1 < nt
+            tb = ta + 1 if has_b else ta
+        kt_len = (kt_all + WAYS - 1) // WAYS
+        kt0 = sl * kt_len
+        n_k = min(kt_all, kt0 + kt_len) - kt0 if live else 0
+        xw = k_dim >> 1                                 # words of fp16 x
+        sbase = _saddr(smem_u32(smem))
+        xsum_b = sbase + 4 * xw                         # fp32 sums of 32 columns
+        ring = sbase + ((2 * k_dim + 4 * (k_dim >> 5) + 127) >> 7) * 128 + warp * (S * STAGE)
+        kt0 = int32(kt0)
+        n_k = int32(n_k)
+        ring = _saddr(ring)
+        pa = _gp(codes) + (int64(ta) * kt_all + kt0) * 512 + lane * 16
+        pb = _gp(codes) + (int64(tb) * kt_all + kt0) * 512 + lane * 16
+        if KIND == 2:
+            nb = k_dim >> 7
+            sa0 = _gp(scales) + (ta * nb) * 4
+            sb0 = _gp(scales) + (tb * nb) * 4
+        else:
+            ng = k_dim >> GSHIFT
+            sa0 = _gp(scales) + ((ta * ng) * 8 + g) * 4
+            sb0 = _gp(scales) + ((tb * ng) * 8 + g) * 4
+        za0 = sa0
+        zb0 = sb0
+        if ZP:
+            za0 = _gp(zeros) + (sa0 - _gp(scales))
+            zb0 = _gp(zeros) + (sb0 - _gp(scales))
+        rz = uint32(n_rows >> 31)                       # 0, unknown to ptxas
+        m0f = M0F | rz
+        mf0 = MF0 | rz
+        h1024 = H1024 | rz
+        if KIND == 2:
+            so0 = (kt0 * KTW >> 7) * 4
+        else:
+            so0 = (kt0 * KTW >> GSHIFT) * 32
+        psa = sa0 + so0
+        psb = sb0 + so0
+        pza = za0 + so0
+        pzb = zb0 + so0
+        for i in range(S - 1):                          # the ring's first K-tiles: weights, before the wait
+            if i < n_k:
+                issue(ring + int32(i) * STAGE, lane, pa, pb, psa, psb, pza, pzb)
+                pa += 512
+                pb += 512
+                d = sstep(int32(kt0 + i))
+                psa += d
+                psb += d
+                pza += d
+                pzb += d
+            cp_async_commit()
+        grid_dependency_sync()                          # x is the previous kernel's output
+        # stage x: max |x (* nw)| and the sum of squares, then fp16 x * 2^-e and 32-column sums
+        m = float32(0.0)
+        ss = float32(0.0)
+        for c in range(4 * tid, k_dim, 4 * TB):
+            v = ldg_v4_f32(x, c)
+            if NORMED:
+                ss += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]
+                n4 = ldg_v4_f32(nw, c)
+                v = (v[0] * n4[0], v[1] * n4[1], v[2] * n4[2], v[3] * n4[3])
+            m = max(m, max(max(abs(v[0]), abs(v[1])), max(abs(v[2]), abs(v[3]))))
+        for sh in (16, 8, 4, 2, 1):
+            m = max(m, shfl_xor(m, sh))
+        if NORMED:
+            ss = warp_sum(ss)
+        if lane == 0:
+            red[warp] = m
+            red[32 + warp] = ss
+        cuda.syncthreads()
+        m = float32(0.0)
+        ss = float32(0.0)
+        for j in range(WARPS):
+            m = max(m, red[j])
+            ss += red[32 + j]
+        e = int32(f32_bits(m) >> SH16 >> SH7) - 141      # |x| < 2^(e + 15)
+        e = max(-100, min(100, e))
+        xsc = as_f32(uint32(127 - e) << SH16 << SH7)     # 2^-e
+        mult = as_f32(uint32(127 + e) << SH16 << SH7)    # 2^e
+        if NORMED:
+            mult = mult / math.sqrt(ss / float32(k_dim) + eps)
+        for c0 in range(warp * 256, k_dim + 255 - (k_dim + 255) % 256, 256 * WARPS):
+            c = c0 + 8 * lane
+            sx = float32(0.0)
+            if c < k_dim:
+                va = ldg_v4_f32(x, c)
+                vb = ldg_v4_f32(x, c + 4)
+                if NORMED:
+                    na = ldg_v4_f32(nw, c)
+                    nb8 = ldg_v4_f32(nw, c + 4)
+                    va = (va[0] * na[0], va[1] * na[1], va[2] * na[2], va[3] * na[3])
+                    vb = (vb[0] * nb8[0], vb[1] * nb8[1], vb[2] * nb8[2], vb[3] * nb8[3])
+                h0 = pack_f16x2(va[1] * xsc, va[0] * xsc)
+                h1 = pack_f16x2(va[3] * xsc, va[2] * xsc)
+                h2 = pack_f16x2(vb[1] * xsc, vb[0] * xsc)
+                h3 = pack_f16x2(vb[3] * xsc, vb[2] * xsc)
+                smem[c >> 1] = h0
+                smem[(c >> 1) + 1] = h1
+                smem[(c >> 1) + 2] = h2
+                smem[(c >> 1) + 3] = h3
+                f0, f1 = f16x2_to_f32(h0)
+                f2, f3 = f16x2_to_f32(h1)
+                f4, f5 = f16x2_to_f32(h2)
+                f6, f7 = f16x2_to_f32(h3)
+                sx = ((f0 + f1) + (f2 + f3)) + ((f4 + f5) + (f6 + f7))
+            sx += shfl_xor(sx, 1)
+            sx += shfl_xor(sx, 2)
+            if c < k_dim and (lane & 3) == 0:
+                smem[xw + (c >> 5)] = f32_bits(sx)
+        cuda.syncthreads()
+        # the stream: per K-tile wait for the oldest group, read the slot, refill it S - 1 ahead
+        aa0 = aa1 = ab0 = ab1 = float32(0.0)            # sum of s * c: tile a rows g, g + 8, tile b
+        ra0 = ra1 = rb0 = rb1 = float32(0.0)            # sum of s * X (times the offset with zero points)
+        i = int32(0)
+        while i < n_k:
+            WAIT()
+            slot = _saddr(ring + int32((i & SM1) * STAGE))
+            wa = lds128(slot + lane * 16)
+            wb = lds128(slot + 512 + lane * 16)
+            wp = slot + 1024 + lane * WB
+            col = int32((kt0 + i) * KTW32)
+            xa = lds128(sbase + 2 * col + 16 * t)
+            if KIND == 0:
+                xb = lds128(sbase + 2 * col + 64 + 16 * t)
+                xs2 = lds64(xsum_b + 4 * (col >> 5))
+                xs0 = as_f32(xs2[0])
+                xs1 = as_f32(xs2[1])
+            else:
+                xs0 = as_f32(lds32(xsum_b + 4 * (col >> 5)))
+            if NWD == 2:
+                sw = lds64(wp)
+                swa, swb = sw
+            else:
+                sw4 = lds128(wp)
+                swa, swb = sw4[0], sw4[1]
+                zw4 = sw4
+                if NWD == 8:
+                    zw4 = lds128(wp + 16)
+            j = int32(i + SM1)
+            if j < n_k:
+                issue(_saddr(ring + int32((j & SM1) * STAGE)), lane, pa, pb, psa, psb, pza, pzb)
+                pa += 512
+                pb += 512
+                d = sstep(int32(kt0 + j))
+                psa += d
+                psb += d
+                pza += d
+                pzb += d
+            cp_async_commit()
+            i = int32(i + I1)
+            if KIND == 2:
+                s_a = as_f32(swa)
+                s_b = as_f32(swb)
+                ca4 = mma_f16(a_b8(wa[0], wa[1]), xa[0], xa[1], T1_ZF)
+                ca4 = mma_f16(a_b8(wa[2], wa[3]), xa[2], xa[3], ca4)
+                cb4 = mma_f16(a_b8(wb[0], wb[1]), xa[0], xa[1], T1_ZF)
+                cb4 = mma_f16(a_b8(wb[2], wb[3]), xa[2], xa[3], cb4)
+                aa0 += s_a * ca4[0]
+                aa1 += s_a * ca4[2]
+                ab0 += s_b * cb4[0]
+                ab1 += s_b * cb4[2]
+            else:
+                sa_0, sa_1 = f16x2_to_f32(swa)
+                sb_0, sb_1 = f16x2_to_f32(swb)
+                if KIND == 0:
+                    ca4 = mma_f16(a_i4(wa[0], m0f, mf0, h1024), xa[0], xa[1], T1_ZF)
+                    ca4 = mma_f16(a_i4(wa[1], m0f, mf0, h1024), xa[2], xa[3], ca4)
+                    cb4 = mma_f16(a_i4(wb[0], m0f, mf0, h1024), xa[0], xa[1], T1_ZF)
+                    cb4 = mma_f16(a_i4(wb[1], m0f, mf0, h1024), xa[2], xa[3], cb4)
+                    if SPLIT:                           # groups of 32: the halves' own scales
+                        xsum = xs0
+                        ha_0, ha_1 = f16x2_to_f32(sw4[2])
+                        hb_0, hb_1 = f16x2_to_f32(sw4[3])
+                        aa0 += sa_0 * ca4[0]
+                        aa1 += sa_1 * ca4[2]
+                        ab0 += sb_0 * cb4[0]
+                        ab1 += sb_1 * cb4[2]
+                        if ZP:
+                            oa0, oa1 = offs(zw4[0])
+                            ob0, ob1 = offs(zw4[1])
+                            ra0 += (sa_0 * oa0) * xs0
+                            ra1 += (sa_1 * oa1) * xs0
+                            rb0 += (sb_0 * ob0) * xs0
+                            rb1 += (sb_1 * ob1) * xs0
+                        else:
+                            ra0 += sa_0 * xs0
+                            ra1 += sa_1 * xs0
+                            rb0 += sb_0 * xs0
+                            rb1 += sb_1 * xs0
+                        ca4 = mma_f16(a_i4(wa[2], m0f, mf0, h1024), xb[0], xb[1], T1_ZF)
+                        ca4 = mma_f16(a_i4(wa[3], m0f, mf0, h1024), xb[2], xb[3], ca4)
+                        cb4 = mma_f16(a_i4(wb[2], m0f, mf0, h1024), xb[0], xb[1], T1_ZF)
+                        cb4 = mma_f16(a_i4(wb[3], m0f, mf0, h1024), xb[2], xb[3], cb4)
+                        sa_0, sa_1, sb_0, sb_1 = ha_0, ha_1, hb_0, hb_1
+                        xsum = xs1
+                        if ZP:
+                            oa0, oa1 = offs(zw4[2])
+                            ob0, ob1 = offs(zw4[3])
+                    else:
+                        ca4 = mma_f16(a_i4(wa[2], m0f, mf0, h1024), xb[0], xb[1], ca4)
+                        ca4 = mma_f16(a_i4(wa[3], m0f, mf0, h1024), xb[2], xb[3], ca4)
+                        cb4 = mma_f16(a_i4(wb[2], m0f, mf0, h1024), xb[0], xb[1], cb4)
+                        cb4 = mma_f16(a_i4(wb[3], m0f, mf0, h1024), xb[2], xb[3], cb4)
+                        xsum = xs0 + xs1
+                        if ZP:
+                            oa0, oa1 = offs(sw4[2])
+                            ob0, ob1 = offs(sw4[3])
+                else:
+                    ca4 = mma_f16(a_b8(wa[0], wa[1]), xa[0], xa[1], T1_ZF)
+                    ca4 = mma_f16(a_b8(wa[2], wa[3]), xa[2], xa[3], ca4)
+                    cb4 = mma_f16(a_b8(wb[0], wb[1]), xa[0], xa[1], T1_ZF)
+                    cb4 = mma_f16(a_b8(wb[2], wb[3]), xa[2], xa[3], cb4)
+                    xsum = xs0
+                    if ZP:
+                        oa0, oa1 = offs(sw4[2])
+                        ob0, ob1 = offs(sw4[3])
+                aa0 += sa_0 * ca4[0]
+                aa1 += sa_1 * ca4[2]
+                ab0 += sb_0 * cb4[0]
+                ab1 += sb_1 * cb4[2]
+                if ZP:
+                    ra0 += (sa_0 * oa0) * xsum
+                    ra1 += (sa_1 * oa1) * xsum
+                    rb0 += (sb_0 * ob0) * xsum
+                    rb1 += (sb_1 * ob1) * xsum
+                else:
+                    ra0 += sa_0 * xsum
+                    ra1 += sa_1 * xsum
+                    rb0 += sb_0 * xsum
+                    rb1 += sb_1 * xsum
+        if KIND == 2:
+            ya0, ya1, yb0, yb1 = aa0, aa1, ab0, ab1
+        elif ZP:
+            ya0, ya1, yb0, yb1 = aa0 - ra0, (aa1 - ra1) * R1, ab0 - rb0, (ab1 - rb1) * R1
+        else:
+            ya0, ya1 = aa0 - OFF0 * ra0, (aa1 - OFF1 * ra1) * R1
+            yb0, yb1 = ab0 - OFF0 * rb0, (ab1 - OFF1 * rb1) * R1
+        if WAYS > 1:                                    # the slices meet in their own ring areas, in order
+            cuda.syncthreads()
+            rw = (ring - sbase) >> 2
+            if t == 0:
+                smem[rw + 4 * g] = f32_bits(ya0)
+                smem[rw + 4 * g + 1] = f32_bits(ya1)
+                smem[rw + 4 * g + 2] = f32_bits(yb0)
+                smem[rw + 4 * g + 3] = f32_bits(yb1)
+            cuda.syncthreads()
+            if sl == 0 and t == 0:
+                ya0 = ya1 = yb0 = yb1 = float32(0.0)
+                for j in range(WAYS):
+                    q = rw + j * ((S * STAGE) >> 2) + 4 * g
+                    ya0 += as_f32(smem[q])
+                    ya1 += as_f32(smem[q + 1])
+                    yb0 += as_f32(smem[q + 2])
+                    yb1 += as_f32(smem[q + 3])
+        if live and sl == 0 and t == 0:
+            ya0 *= mult
+            ya1 *= mult
+            yb0 *= mult
+            yb1 *= mult
+            if SWIGLU:
+                out[0, ta * 16 + g] = ya0 / (float32(1.0) + math.exp(-ya0)) * yb0
+                out[0, ta * 16 + g + 8] = ya1 / (float32(1.0) + math.exp(-ya1)) * yb1
+            else:
+                for h in range(4):
+                    r = (ta if h < 2 else tb) * 16 + g + 8 * (h & 1)
+                    v = ya0 if h == 0 else ya1 if h == 1 else yb0 if h == 2 else yb1
+                    if r < n_rows and (h < 2 or has_b):
+                        out[0, r] = v + (bias[r] if has_bias != 0 else float32(0.0))
+
+    gemv_t1_build.__name__ = t1_name(kind, zp, split, mode, ways, warps, stages, min_blocks, group)
+    return kernel((f32_2, f32_1, f32, u32_1, u32_1, u32_1, i32, i32, i32, f32_1, f32_2, i32, i32_2, f32_2),
+                  sim=True, fastmath=True, launch_bounds=(TB, min_blocks), dynamic_smem=T1_SMEM_MAX,
+                  self_sync=True)(gemv_t1_build)
+
+
+# The one-token build the 27B's 5120-row weights take (registered at import for the compile tests
+# once they take its weight copies before the grid wait; the others are built on first use).
+T1_BUILDS = (("i4", False, False, "plain", 8, 8, 4, 3),)

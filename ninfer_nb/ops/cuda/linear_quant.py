@@ -10,6 +10,7 @@ shape. Expert stacks [E, N, K] go to ops/cuda/moe.py.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,40 @@ def quant_build(mode: str, tokens: int, n: int, row_bytes: int, sm_count: int = 
         if waves < best_time:
             best, best_time = ways, waves
     return best, 4, blocks
+
+
+# The one-token GEMV build (gemv_tiled.gemv_t1) for T = 1 dense weights: on with NINFER_GEMV_T1=1
+# until measured faster than gemv_tiled's.
+GEMV_T1 = os.environ.get("NINFER_GEMV_T1", "0") == "1"
+SMEM_PER_SM = 228 * 1024           # shared memory of an SM (cc 9.0); each block also takes 1 KB + its static part
+
+
+def t1_build(mode: str, n: int, k: int, kind: str, zp: bool = False, split: bool = False,
+             sm_count: int = 132) -> tuple[int, int, int, int]:
+    """(K slices, warps per block, ring stages, blocks per SM) of the gemv_t1 build for an [n, k]
+    weight: blocks of 8 warps with a 4-stage ring, up to 3 per SM (registers; fewer where the
+    staged x plus the rings take more shared memory); K slices (1 .. 8) so that the tile-pair
+    tasks fill every SM with 16 warps or more in one wave of blocks, else whole rows
+    (many-row weights: waves)."""
+    warps, stages = 8, 4
+    nt = -(-n // TILE_ROWS)
+    pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
+    kts = k // tile_cols(4 if kind == "i4" else 8)
+    per_block = K_t.t1_smem(kind, zp, split, warps, stages, k) + 1024 + 256
+    bps = max(1, min(SMEM_PER_SM // per_block, 3))      # the build's launch bounds: 3 blocks of 8 warps (<= 85 registers)
+    slots = sm_count * bps
+    best = 1
+    for ways in (1, 2, 4, 8):
+        if ways > 1 and ways * stages > kts:
+            break
+        blocks = -(-pairs // (warps // ways))
+        best = ways
+        if blocks > slots:                              # more than one wave: fewer, longer slices
+            best = ways // 2 if ways > 1 else 1
+            break
+        if blocks * warps >= 16 * sm_count:
+            break
+    return best, warps, stages, 3
 
 
 def tiled_kind(q: QuantizedWeight) -> tuple[str, bool, bool]:
@@ -205,6 +240,9 @@ class QuantLinearOps(NormOps):
         kind, zp, split = tiled_kind(q)
         n, k = q.shape[-2:]
         t = x2.shape[0]
+        if GEMV_T1 and not experts and t == 1:
+            self._t1_gemv(mode, x2, nw, eps, q, bias, out2)
+            return
         if experts:
             ways, warps, blocks = moe_build(experts, n, x2.shape[1], kind, grid_y, self.sm_count)
         else:
@@ -222,6 +260,22 @@ class QuantLinearOps(NormOps):
         self._go(K_t.gemv_tiled(kind, zp, split, mode, ntg, ways, warps, blocks, experts, q.format.group_size),
                  (-(-pairs // (warps // ways)), grid_y), 32 * warps, x2, nw, np.float32(eps), codes, scales, zeros,
                  np.int32(gshift), np.int32(n), np.int32(k), b, out2, np.int32(bias is not None), ids, ew)
+
+    def _t1_gemv(self, mode: str, x2: Any, nw: Any, eps: float, q: QuantizedWeight, bias: Any, out2: Any) -> None:
+        """kernels/linear/gemv_tiled.py gemv_t1 for one token on a tiled record."""
+        kind, zp, split = tiled_kind(q)
+        n, k = q.shape
+        ways, warps, stages, blocks = t1_build(mode, n, k, kind, zp, split, self.sm_count)
+        nt = -(-n // TILE_ROWS)
+        pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
+        scales = q.arrays["scales"].reshape(-1).view(np.uint32)
+        ids, ew = self._tiled_dummies()
+        self._go(K_t.gemv_t1(kind, zp, split, mode, ways, warps, stages, blocks, q.format.group_size),
+                 -(-pairs // (warps // ways)), 32 * warps, x2, nw, np.float32(eps),
+                 q.arrays["codes"].reshape(-1).view(np.uint32), scales,
+                 q.arrays["zeros"].reshape(-1) if zp else scales, np.int32(q.format.group_size.bit_length() - 1),
+                 np.int32(n), np.int32(k), bias if bias is not None else out2.reshape(-1), out2,
+                 np.int32(bias is not None), ids, ew, smem=K_t.t1_smem(kind, zp, split, warps, stages, k))
 
     def _tiled_dummies(self) -> tuple[Any, Any]:
         """Typed placeholders for the MoE arguments of the dense gemv_tiled builds (never read)."""
