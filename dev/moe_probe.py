@@ -195,6 +195,10 @@ def rows_probe(args: argparse.Namespace) -> None:
                         ops.moe(x, r, K, True, True, gu, dn, residual=res)
             if t == 8 or t == 1:
                 us[("full", mode)] = env.graph_us(run_full, n_l * args.reps)
+                if mode:                             # the top-k in its own launch (moe_route)
+                    M.MOE_ROWS_FUSED_ROUTE = False
+                    us[("full", "unfused")] = env.graph_us(run_full, n_l * args.reps)
+                    M.MOE_ROWS_FUSED_ROUTE = True
             env.scratch.reset()
             outs[mode] = env.host(ops.moe_experts(x, ids[0], ws[0], layers[0][0], layers[0][1]))
         M.MOE_ROWS = False
@@ -209,7 +213,8 @@ def rows_probe(args: argparse.Namespace) -> None:
         print(f"{t:3d} {distinct:7.1f} {us[False]:8.1f} {us[True]:8.1f} {us[False] / us[True]:5.2f} "
               f"{mb / us[False] * 1e3:8.0f} {mb / us[True] * 1e3:8.0f} {diff:8.1e}  "
               + " / ".join(f"{v:.1f}" for v in parts)
-              + (f"  ops.moe {us[('full', False)]:.1f} -> {us[('full', True)]:.1f}" if t == 8 else ""), flush=True)
+              + (f"  ops.moe {us[('full', False)]:.1f} -> {us[('full', True)]:.1f} (top-k apart "
+                 f"{us[('full', 'unfused')]:.1f})" if t == 8 else ""), flush=True)
 
 
 def rows_parts(env: Any, ops: Any, R: Any, layers: list, ids: list, ws: list, x: Any, t: int, reps: int) -> list[float]:

@@ -50,8 +50,8 @@ def test_moe_route_ties(dev):
 
 @pytest.mark.parametrize("t,e,k,h,i,hot", shapes(
     sim=[(9, 4, 3, 64, 128, 1)],
-    gpu=[(2, 33, 9, 2048, 512, 0), (8, 33, 9, 2048, 512, 0), (16, 33, 9, 2048, 512, 1),
-         (63, 33, 9, 2048, 512, 0)]))
+    gpu=[(2, 17, 9, 2048, 512, 0), (8, 33, 9, 2048, 512, 0), (16, 17, 9, 2048, 512, 1),
+         (63, 17, 9, 2048, 512, 0)]))
 @pytest.mark.parametrize("fused", [True] if SIM else [True, False])
 def test_moe_experts_rows(dev, rng, monkeypatch, t, e, k, h, i, hot, fused):
     """kernels/moe/moe_rows.py (experts grouped by expert for a few tokens) vs ops.cpu.moe_experts:
@@ -84,3 +84,24 @@ def test_moe_experts_rows(dev, rng, monkeypatch, t, e, k, h, i, hot, fused):
     r = dev.up(res)
     ops._moe_experts_rows(dev.up(x), dev.up(ids), dev.up(w), gu_d, dn_d, r)
     close(dev.host(r), res + ref, 1e-4)
+
+
+@pytest.mark.parametrize("t,e,k,h,i", shapes(sim=[(9, 6, 2, 64, 128)], gpu=[(4, 16, 8, 2048, 512), (8, 32, 8, 2048, 512)]))
+def test_moe_rows_routed(dev, rng, monkeypatch, t, e, k, h, i):
+    """ops.moe for a few plain rows on kernels/moe/moe_rows.py with the top-k in the sort's launch
+    (moe_rows_route_prep_kernel: router blocks, the last one to arrive sorts) vs ops.cpu.moe:
+    E routed experts + the shared slot, renormalised weights, added into the residual."""
+    from ninfer_nb.ops.cuda import moe as M
+
+    monkeypatch.setattr(M, "MOE_ROWS", True)
+    ops = dev.fresh()
+    x = rnd(rng, t, h)
+    router = rnd(rng, e + 1, h).astype(bfloat16)
+    gu = (rnd(rng, e + 1, 2 * i, h) * 0.05).astype(bfloat16)
+    dn = (rnd(rng, e + 1, h, i) * 0.05).astype(bfloat16)
+    res = rnd(rng, t, h)
+    ref = cpu.moe(x, router.astype(np.float32), k, True, True, gu.astype(np.float32), dn.astype(np.float32),
+                  res.copy())
+    r = dev.up(res)
+    ops.moe(dev.up(x), dev.up(router), k, True, True, dev.up(gu), dev.up(dn), r)
+    close(dev.host(r), ref, 1e-4)

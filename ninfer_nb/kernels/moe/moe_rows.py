@@ -46,6 +46,7 @@ from ninfer_nb.kernels.common.ptx import (
     st_v4_u32,
 )
 from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.moe.moe import ROUTE_MAX_E, ROW_ALIGN, _route_row
 
 ROWS = 16              # rows (routed pairs of one expert) per work item: two n8 MMA tiles
 MAX_PAIRS = 1024       # T * S the sort holds in shared memory
@@ -76,19 +77,67 @@ def moe_rows_prep_kernel(ids, x, n_exp, items, order, n_items, xhi, xlo, counter
     """See the module doc, step 1. ids [T, S] int32; x [T, H] (H % 8 == 0); items [>= max_items,
     3]; order [P]; n_items [1]; xhi, xlo [T, H] bf16 bits; counter [n] set to zeros (the fused
     down + combine's arrival counts)."""
-    tid = cuda.threadIdx.x
-    if cuda.blockIdx.x > 0:                      # x -> bf16 hi + lo
-        i = ((cuda.blockIdx.x - 1) * cuda.blockDim.x + tid) * 8
-        if i < x.shape[0] * x.shape[1]:
-            a = ldg_v4_f32(x, i)
-            b = ldg_v4_f32(x, i + 4)
-            h0, l0 = _hi_lo(a[0], a[1])
-            h1, l1 = _hi_lo(a[2], a[3])
-            h2, l2 = _hi_lo(b[0], b[1])
-            h3, l3 = _hi_lo(b[2], b[3])
-            st_v4_u32(xhi, i, h0, h1, h2, h3)
-            st_v4_u32(xlo, i, l0, l1, l2, l3)
+    if cuda.blockIdx.x > 0:
+        _split_x(x, xhi, xlo, cuda.blockIdx.x - 1)
         return
+    _sort_pairs(ids, n_exp, items, order, n_items, counter)
+
+
+@kernel((f32_2, i32, i32, i32, i32_2, f32_2, f32_2, i32, i32_2, i32_1, i32_1, u16_2, u16_2, i32_1, i32_1),
+        launch_bounds=(PREP_THREADS, 1))
+def moe_rows_route_prep_kernel(logits, top_k, renorm, shared, ids, weights, x, n_exp, items, order, n_items,
+                               xhi, xlo, counter, arrivals):
+    """moe.moe_route_kernel and moe_rows_prep_kernel in one launch: grid T + ceil(T H / 2048),
+    block PREP_THREADS (>= 32, a power of two). Blocks t < T route token t (logits [T, E +
+    shared] -> ids, weights [T, k + shared]), then arrive on arrivals [1] (device memory, 0
+    between launches); the one that arrives last sorts the pairs (and sets arrivals back to
+    0). The blocks after them split x. n_exp: the experts of the stack (E + shared)."""
+    n_tok = logits.shape[0]
+    b = cuda.blockIdx.x
+    if b >= n_tok:
+        _split_x(x, xhi, xlo, b - n_tok)
+        return
+    tid = cuda.threadIdx.x
+    row = cuda.shared.array(ROUTE_MAX_E, float32, alignment=ROW_ALIGN)
+    last = cuda.shared.array(1, int32)
+    n_rt = logits.shape[1] - shared
+    for e in range(tid, n_rt, cuda.blockDim.x):
+        row[e] = logits[b, e]
+    gate = logits[b, n_rt] if shared != 0 else float32(0.0)
+    _route_row(row, n_rt, gate, top_k, renorm, shared, ids, weights, b)
+    cuda.threadfence()                           # this token's ids before its arrival
+    cuda.syncthreads()
+    if tid == 0:
+        last[0] = int32(cuda.atomic.add(arrivals, 0, 1) == n_tok - 1)
+    cuda.syncthreads()
+    if last[0] == 0:
+        return
+    cuda.threadfence()                           # every token's ids after the last arrival
+    if tid == 0:
+        arrivals[0] = 0
+    _sort_pairs(ids, n_exp, items, order, n_items, counter)
+
+
+@cuda.jit(device=True, inline=True)
+def _split_x(x, xhi, xlo, blk):
+    """x -> bf16 hi + lo, 8 values per thread of block blk."""
+    i = (blk * cuda.blockDim.x + cuda.threadIdx.x) * 8
+    if i < x.shape[0] * x.shape[1]:
+        a = ldg_v4_f32(x, i)
+        b = ldg_v4_f32(x, i + 4)
+        h0, l0 = _hi_lo(a[0], a[1])
+        h1, l1 = _hi_lo(a[2], a[3])
+        h2, l2 = _hi_lo(b[0], b[1])
+        h3, l3 = _hi_lo(b[2], b[3])
+        st_v4_u32(xhi, i, h0, h1, h2, h3)
+        st_v4_u32(xlo, i, l0, l1, l2, l3)
+
+
+@cuda.jit(device=True)
+def _sort_pairs(ids, n_exp, items, order, n_items, counter):
+    """The whole block: the pairs of ids sorted by expert into order, items and n_items (the
+    module doc, step 1); counter set to zeros."""
+    tid = cuda.threadIdx.x
     s_ids = cuda.shared.array(MAX_PAIRS, int32)
     cnt = cuda.shared.array(MAX_EXPERTS, int32)  # counts, then each expert's first sorted row
     scan = cuda.shared.array(PREP_THREADS, int32)
