@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--builds", default="", help="extra builds 'ways,warps,blocks;...'")
     ap.add_argument("--t1", action="store_true", help="one token: gemv_t1 (ops/cuda/linear_quant.py t1_build)")
     ap.add_argument("--old", action="store_true", help="with --t1: the gemv_tiled pick too")
-    ap.add_argument("--t1-builds", default="", help="extra gemv_t1 builds 'ways,warps,stages,blocks;...'")
+    ap.add_argument("--t1-builds", default="", help="extra gemv_t1 builds '[mode:]ways,warps,stages,blocks;...' (mode: only shapes of that mode)")
     args = ap.parse_args()
     env = GpuEnv(arena_bytes=8 << 30, scratch_bytes=256 << 20)
     ops = env.fresh()
@@ -147,7 +147,9 @@ def main() -> None:
                 zp_, split_ = False, False
                 builds.append(("t1", LQ.t1_build(mode, n, k, kind, zp_, split_)))
                 for spec in [b for b in args.t1_builds.split(";") if b]:
-                    builds.append(("t1 " + spec, tuple(int(v) for v in spec.split(","))))
+                    only_mode, _, spec = spec.rpartition(":")
+                    if not only_mode or only_mode == mode:
+                        builds.append(("t1 " + spec, tuple(int(v) for v in spec.split(","))))
             if args.sweep:
                 for warps, blocks_l in ((4, (3,) if ntg == 1 else (2,)), (8, (1,))):
                     for ways in (1, 2, 4, 8):

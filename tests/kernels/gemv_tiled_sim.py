@@ -129,7 +129,7 @@ T1_TOL = 2e-3       # x goes through fp16 (11 bits) times a power of two, the co
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 def test_gemv_t1_plain_and_normed(ops, fmt):
-    """The one-token build: the residual as bias (plain, 2 K slices of 4 warps, a ring of 4
+    """The one-token build: the residual as bias (plain, 2 K slices of 4 warps, a ring of 3
     stages refilled: 6 K-tiles per slice), normed (whole rows, 2 stages); N = 40 (a lone
     last tile, padded rows); x with a large |x| (the fp16 staging scales it down)."""
     rng = np.random.default_rng(fmt.bits * 10 + fmt.group_size + fmt.zero_points)
@@ -139,7 +139,7 @@ def test_gemv_t1_plain_and_normed(ops, fmt):
     x, r = rnd(rng, 1, k), rnd(rng, 1, N)
     x[0, 7] = 3.0e5
     out = r.copy()
-    launch_t1(ops, (kind, zp, split, "plain", 2, 4, 4, 1), N, x, x.reshape(-1), wargs, out.reshape(-1), out, True)
+    launch_t1(ops, (kind, zp, split, "plain", 2, 4, 3, 1), N, x, x.reshape(-1), wargs, out.reshape(-1), out, True)
     close(out, r + cpu.linear(x, wf), T1_TOL)
     x, nw = rnd(rng, 1, k) * np.float32(1e-3), rnd(rng, k)
     out = np.full((1, N), np.nan, np.float32)

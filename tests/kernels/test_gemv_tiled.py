@@ -112,10 +112,15 @@ TOL = 1e-2          # x is rounded to bf16 as the tensor cores' operand
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("t1", [False, True], ids=["tiled", "t1"])
 @pytest.mark.parametrize("name", ["int4-g64", "int8-g128", "fp8", "int4-g32-zp"])
-def test_gpu_tiled_linear_matches_numpy(env, name: str) -> None:
+def test_gpu_tiled_linear_matches_numpy(env, name: str, t1: bool, monkeypatch) -> None:
     """CudaOps on uploaded (tiled) records at the 27B / 35B shapes: plain 1 / 4 / 11 tokens
-    (the residual add at 1), normed, SwiGLU (normed one token, 5 plain tokens), vs NumPy."""
+    (the residual add at 1), normed, SwiGLU (normed one token, 5 plain tokens), vs NumPy; t1:
+    the one-token GEMVs on gemv_t1."""
+    from ninfer_nb.ops.cuda import linear_quant as LQ
+
+    monkeypatch.setattr(LQ, "GEMV_T1", t1)
     from ninfer_nb.ops import cpu
     from ninfer_nb.ops.cuda.norm import Normed
     from ninfer_nb.quant.dequant import dequantize

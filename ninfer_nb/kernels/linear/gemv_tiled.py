@@ -1085,7 +1085,7 @@ def gemv_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int, 
     key = (kind, zp, split, mode, ways, warps, stages, min_blocks, group)
     if key not in _T1:
         if (kind not in KINDS or mode not in MODES or ways not in (1, 2, 4, 8, 16) or warps not in (2, 4, 8, 16)
-                or ways > warps or stages not in (2, 4, 8) or not 1 <= min_blocks * warps <= 64
+                or ways > warps or not 2 <= stages <= 8 or not 1 <= min_blocks * warps <= 64
                 or (split and kind != "i4") or (zp and kind == "fp8") or group not in (32, 64, 128)
                 or split != (kind == "i4" and group == 32)):
             raise ValueError(f"gemv_t1: no build {key}")
@@ -1316,9 +1316,12 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
         aa0 = aa1 = ab0 = ab1 = float32(0.0)            # sum of s * c: tile a rows g, g + 8, tile b
         ra0 = ra1 = rb0 = rb1 = float32(0.0)            # sum of s * X (times the offset with zero points)
         i = int32(0)
+        rs = ring                                       # the slot K-tile i is read from
+        ws = _saddr(ring + SM1 * STAGE)                 # the slot K-tile i + S - 1 is copied to
+        rend = _saddr(ring + S * STAGE)
         while i < n_k:
             WAIT()
-            slot = _saddr(ring + int32((i & SM1) * STAGE))
+            slot = rs
             wa = lds128(slot + lane * 16)
             wb = lds128(slot + 512 + lane * 16)
             wp = slot + 1024 + lane * WB
@@ -1342,7 +1345,7 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
                     zw4 = lds128(wp + 16)
             j = int32(i + SM1)
             if j < n_k:
-                issue(_saddr(ring + int32((j & SM1) * STAGE)), lane, pa, pb, psa, psb, pza, pzb)
+                issue(ws, lane, pa, pb, psa, psb, pza, pzb)
                 pa += 512
                 pb += 512
                 d = sstep(int32(kt0 + j))
@@ -1352,6 +1355,10 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
                 pzb += d
             cp_async_commit()
             i = int32(i + I1)
+            rs = _saddr(rs + STAGE)
+            rs = ring if rs == rend else rs
+            ws = _saddr(ws + STAGE)
+            ws = ring if ws == rend else ws
             if KIND == 2:
                 s_a = as_f32(swa)
                 s_b = as_f32(swb)
