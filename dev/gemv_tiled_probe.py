@@ -81,7 +81,8 @@ def check(env: GpuEnv, ops: Any, t1: bool = False, kinds: str = "i4,i8,fp8") -> 
             if t1:
                 if tok != 1:
                     continue
-                t1b = {"plain": (8, 8, 4, 3), "normed": (4, 8, 4, 3), "normed_swiglu": (2, 8, 4, 3)}[mode]
+                shape = {"plain": (5120, 6144), "normed": (16480, 5120), "normed_swiglu": (34816, 5120)}[mode]
+                t1b = LQ.t1_build(mode, *shape, kind)               # the builds the 27B shapes take
                 launch_t1(ops, (kind, False, False, mode, *t1b), xd, env.up(nw), w, n, k, out, None)
             else:
                 launch(ops, (kind, False, False, mode, 1 if tok <= 8 else 2, 2, 4, 3 if tok <= 8 else 2), xd,

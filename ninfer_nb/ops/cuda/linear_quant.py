@@ -78,32 +78,39 @@ GEMV_T1 = os.environ.get("NINFER_GEMV_T1", "0") == "1"
 SMEM_PER_SM = 228 * 1024           # shared memory of an SM (cc 9.0); each block also takes 1 KB + its static part
 
 
+T1_IN_FLIGHT = 6 << 20             # bytes of weight copies in flight that keep HBM busy (assumed)
+
+
 def t1_build(mode: str, n: int, k: int, kind: str, zp: bool = False, split: bool = False,
              sm_count: int = 132) -> tuple[int, int, int, int]:
     """(K slices, warps per block, ring stages, blocks per SM) of the gemv_t1 build for an [n, k]
-    weight: blocks of 8 warps with a 4-stage ring, up to 3 per SM (registers; fewer where the
-    staged x plus the rings take more shared memory); K slices (1 .. 8) so that the tile-pair
-    tasks fill every SM with 16 warps or more in one wave of blocks, else whole rows
-    (many-row weights: waves)."""
-    warps, stages = 8, 4
+    weight: blocks of 8 warps, up to 3 per SM (registers), fewer where the staged x and the rings
+    take more shared memory. Of the stage counts (8 .. 3) and K slices (1 .. 8; each slice at
+    least a ring of K-tiles) the one that keeps the most weight bytes in flight (up to
+    T1_IN_FLIGHT: stages - 1 K-tiles of 1 KB per resident warp) with the least tail (a last
+    wave of blocks on part of the SMs), the fewest slices among equals."""
+    warps = 8
     nt = -(-n // TILE_ROWS)
     pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
     kts = k // tile_cols(4 if kind == "i4" else 8)
-    per_block = K_t.t1_smem(kind, zp, split, warps, stages, k) + 1024 + 256
-    bps = max(1, min(SMEM_PER_SM // per_block, 3))      # the build's launch bounds: 3 blocks of 8 warps (<= 85 registers)
-    slots = sm_count * bps
-    best = 1
-    for ways in (1, 2, 4, 8):
-        if ways > 1 and ways * stages > kts:
-            break
-        blocks = -(-pairs // (warps // ways))
-        best = ways
-        if blocks > slots:                              # more than one wave: fewer, longer slices
-            best = ways // 2 if ways > 1 else 1
-            break
-        if blocks * warps >= 16 * sm_count:
-            break
-    return best, warps, stages, 3
+    best, best_eff = (1, warps, 4, 3), -1.0
+    for stages in range(8, 2, -1):
+        per_block = K_t.t1_smem(kind, zp, split, warps, stages, k) + 1024 + 256
+        bps = min(SMEM_PER_SM // per_block, 3)
+        if bps == 0:
+            continue
+        slots = sm_count * bps
+        for ways in (1, 2, 4, 8):
+            if ways > 1 and ways * stages > kts:
+                break
+            blocks = -(-pairs // (warps // ways))
+            waves = -(-blocks // slots)
+            flight = min(blocks, slots) * warps * (stages - 1) * 1024
+            eff = min(1.0, flight / T1_IN_FLIGHT) * blocks / (waves * slots) if waves > 1 else \
+                min(1.0, flight / T1_IN_FLIGHT)
+            if eff > best_eff + 1e-9:
+                best, best_eff = (ways, warps, stages, 3), eff
+    return best
 
 
 def tiled_kind(q: QuantizedWeight) -> tuple[str, bool, bool]:
