@@ -338,8 +338,13 @@ class EngineConfig:
     seed: int | None = None
     spec: str = "off"                        # speculative decoding: off | ngram (CPU / eager backends)
     draft_tokens: int = 3                    # draft tokens per verify round (spec != off)
+    adaptive_draft: bool = False             # spec != off: K from the measured acceptance, up to draft_tokens
     weights: str | None = None               # random:PRESET models: a quantized weight format (int4-g64, ...)
     # requests decoding at once (the scheduler's lanes); None = auto: 1 on CUDA (the one-sequence
     # graph path until batched decode graphs land), DEFAULT_CPU_CONCURRENCY on the CPU
     max_concurrency: int | None = None
     kv_pages: int | None = None              # KV page pool (64 tokens each); None: every lane's full context
+    # paged lanes: prefixes shared by every request (engine/prefix_cache.py); snapshot slots of
+    # GDN state it may fill (None: 2 per lane + 4)
+    prefix_cache: bool = True
+    prefix_snapshots: int | None = None

@@ -25,6 +25,7 @@ from .config import KV_CACHE_KINDS, EngineConfig
 from .engine.backend import create_backend
 from .engine.llm_engine import LLMEngine
 from .engine.request import Request, RequestOutput, RequestStatus
+from .engine.spec.adaptive import AdaptiveK
 from .errors import ContextLengthExceededError, InvalidRequestError
 from .models import Decoder, build_weights
 from .models.loader import load_checkpoint
@@ -55,15 +56,21 @@ class LLM:
     def __init__(self, model: str | None = None, *, device: str = "auto", max_context: int = 4096,
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
                  kv_cache: str = "auto", show_progress: bool = False, spec: str = "off",
-                 draft_tokens: int = 3, max_concurrency: int | None = None,
+                 draft_tokens: int | str = 3, max_concurrency: int | None = None,
                  config: EngineConfig | None = None) -> None:
         """`config` replaces every other argument (bench and tests pass kernel / decode choices
         through it). max_concurrency: requests decoding at once (None: the backend's default,
-        `default_concurrency`)."""
+        `default_concurrency`). draft_tokens: K, or "auto" / "auto:K" (K from the measured
+        acceptance, up to 5 / K)."""
+        try:
+            draft_k, adaptive = AdaptiveK.parse(draft_tokens)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from exc
         cfg = config or EngineConfig(model=model, device=device, max_context=max_context,
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
                                      cuda_graphs=cuda_graphs, kv_cache=kv_cache,
-                                     show_progress=show_progress, spec=spec, draft_tokens=draft_tokens,
+                                     show_progress=show_progress, spec=spec, draft_tokens=draft_k,
+                                     adaptive_draft=adaptive,
                                      max_concurrency=max_concurrency)
         if cfg.kv_cache not in KV_CACHE_KINDS:
             raise InvalidRequestError(f"kv_cache must be auto, fp32, bf16 or int8, got {cfg.kv_cache!r}")
@@ -110,8 +117,9 @@ class LLM:
             valid_vocab=min(self.model_config.vocab_size, tok_vocab),
             eos_ids=frozenset(i for i in stop_ids if i is not None), use_graphs=cfg.cuda_graphs,
             kv_dtype=_kv_dtype(self.kv_cache), seed=cfg.seed, decode=cfg.decode,
-            spec=cfg.spec, draft_tokens=cfg.draft_tokens,
-            max_concurrency=self.max_concurrency, kv_pages=cfg.kv_pages)
+            spec=cfg.spec, draft_tokens=cfg.draft_tokens, adaptive_draft=cfg.adaptive_draft,
+            max_concurrency=self.max_concurrency, kv_pages=cfg.kv_pages,
+            prefix_cache=cfg.prefix_cache, prefix_snapshots=cfg.prefix_snapshots)
         self._request_ids = itertools.count()
         self._outputs: dict[str, collections.deque[RequestOutput]] = {}   # per request, not yet read
 
@@ -310,7 +318,7 @@ class LLM:
         state = self.engine.generator.state
         kv_total = state.kv_bytes()
         ctx = self.engine.context_tokens
-        sched = self.engine.scheduler
+        sched, cache = self.engine.scheduler, self.engine.prefix_cache
         # a page pool: the pages held (running requests and idle lanes' cached prefixes)
         kv_used = (int(kv_total * sched.usage()) if sched.allocator is not None
                    else int(kv_total * ctx / max(self.max_context, 1)))
@@ -325,6 +333,12 @@ class LLM:
             "num_requests_running": self.engine.num_running,
             "num_requests_waiting": self.engine.num_waiting,
             "num_preemptions": sched.preemptions,
+            # prompt tokens looked up in / served by the prefix cache, and computed by prefill
+            "prefix_cache_queries": cache.query_tokens if cache is not None else 0,
+            "prefix_cache_hits": cache.hit_tokens if cache is not None else 0,
+            "prefix_cache_pages": cache.num_pages if cache is not None else 0,
+            "prefill_tokens": self.engine.prefill_tokens,
+            "decode_batch_sizes": dict(self.engine.batch_sizes),    # rows per decode round -> rounds
             "device": self.device_name,
             "device_memory_used": used,
             "device_memory_total": total,

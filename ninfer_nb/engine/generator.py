@@ -24,11 +24,12 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ContextLengthExceededError
 from ..models.decoder import Decoder
-from ..models.state import KVDtype, SequenceState, new_state
+from ..models.state import PAGE_SIZE, KVCache, KVDtype, SequenceState, new_state
 from .backends.base import Backend, Forward
 from .batch import ForwardBatch
 from .kv_pages import PageTable
 from .pick import Pick, PickFilters
+from .prefix_cache import Hit, PrefixCache
 from .state_slots import StateSlots
 
 RUNNING_SLOT = 0                   # the GDN slot the sequence runs in
@@ -36,9 +37,10 @@ TURN_SNAPSHOT, PROMPT_SNAPSHOT = 1, 2
 VERIFY_SNAPSHOT = 3                # the state before a speculative verify (verify_slot=True)
 
 
-def lane_slots(verify_slot: bool) -> int:
-    """GDN slots one generator uses: running, two snapshots (+ the verify's)."""
-    return 4 if verify_slot else 3
+def lane_slots(verify_slot: bool, cached: bool = False) -> int:
+    """GDN slots one generator uses: running, two snapshots (+ the verify's); with a prefix
+    cache (its snapshots live in the cache's slots) running (+ the verify's)."""
+    return (2 if verify_slot else 1) if cached else (4 if verify_slot else 3)
 
 
 class OutOfPages(RuntimeError):
@@ -73,9 +75,11 @@ class Generator:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, max_context: int,
                  prefill_chunk: int, use_graphs: bool = True, kv_dtype: KVDtype = "fp32",
                  verify_slot: bool = False, *, state: SequenceState | None = None, slot_base: int = 0,
-                 pages: PageTable | None = None) -> None:
+                 pages: PageTable | None = None, cache: PrefixCache | None = None) -> None:
         """`state` / `slot_base` / `pages`: a lane of a shared state (its GDN slots from
-        slot_base, its KV in `pages` of the pool); None: a state of its own, contiguous KV."""
+        slot_base, its KV in `pages` of the pool); None: a state of its own, contiguous KV.
+        `cache` (paged lanes): the prefix cache the lane starts from (`adopt`) and feeds, in
+        place of the lane's own snapshots (an idle lane then holds nothing)."""
         self.cfg, self.decoder, self.backend = cfg, decoder, backend
         # Decode by graph replay where the backend has graphs (CUDA); eager otherwise.
         self.use_graphs = use_graphs and backend.decode_graphs and pages is None
@@ -84,15 +88,18 @@ class Generator:
         self.state: SequenceState = state if state is not None else new_state(
             cfg, max_context, backend.zeros, kv_dtype, gdn_slots=lane_slots(verify_slot))
         self.pages = pages
+        self.cache = cache if pages is not None else None
         self.slots = StateSlots(self.state, backend)
         self.running_slot = slot_base + RUNNING_SLOT           # the GDN slot the sequence runs in
-        self._verify_slot = slot_base + VERIFY_SNAPSHOT if verify_slot else None
+        self._verify_slot = (slot_base + (1 if self.cache is not None else VERIFY_SNAPSHOT)
+                             if verify_slot else None)
         self.tokens: list[int] = []           # ids whose effects are in `state`
         self._fed_ahead = False               # decode_token(ahead=True) queued a step for tokens[-1]
         self._prefill: _Prefill | None = None
         self._has_gdn = self.slots.num_slots > 0
         self._snapshots = ([_Snapshot(slot_base + TURN_SNAPSHOT), _Snapshot(slot_base + PROMPT_SNAPSHOT)]
-                           if self._has_gdn else [])
+                           if self._has_gdn and self.cache is None else [])
+        self._adopted_logits: np.ndarray | None = None   # the logits after an adopted whole prompt
         self._verify_start: int | None = None  # len(tokens) before the unsettled verify
         self._verify_vocab = 0                 # the unsettled verify's argmax vocabulary (0: rows)
 
@@ -140,10 +147,71 @@ class Generator:
         return ForwardBatch.single(ids, pos, self.running_slot, all_logits, page_table=table)
 
     def reserve(self, tokens: int) -> None:
-        """Hold KV pages for the first `tokens` positions (a paged lane; no-op otherwise)."""
-        if self.pages is not None and not self.pages.grow(tokens):
+        """Hold KV pages for the first `tokens` positions (a paged lane; no-op otherwise); a
+        shared page the next write lands in is copied first (the prefix cache holds it)."""
+        if self.pages is None:
+            return
+        if self._write_page_shared() and not self.pages.copy_on_write(len(self.tokens) // PAGE_SIZE,
+                                                                         self._copy_page):
+            if not self.unshare_write_page():
+                raise OutOfPages("no free KV page to copy a shared page into")
+        if not self.pages.grow(tokens):
             raise OutOfPages(f"no free KV page for {tokens} tokens "
                              f"({self.pages.allocator.num_free} of {self.pages.allocator.num_pages} free)")
+
+    def pages_needed(self, tokens: int) -> int:
+        """Free pages `reserve(tokens)` would take (the copy of a shared page included)."""
+        if self.pages is None:
+            return 0
+        return self.pages.missing(tokens) + int(self._write_page_shared())
+
+    def unshare_write_page(self) -> bool:
+        """The prefix cache gives up the shared page the next write lands in (no copy needed
+        then); False when it cannot (it is not the cache's leaf, or not shared)."""
+        if self.cache is None or not self._write_page_shared():
+            return False
+        assert self.pages is not None
+        return self.cache.unshare(self.pages.pages[len(self.tokens) // PAGE_SIZE]) and not self._write_page_shared()
+
+    def _write_page_shared(self) -> bool:
+        p = len(self.tokens)
+        return self.pages is not None and p % PAGE_SIZE != 0 and self.pages.shared(p // PAGE_SIZE)
+
+    def _copy_page(self, dst: int, src: int) -> None:
+        """Page `dst` := page `src` in every attention layer's pool."""
+        d, s = dst * PAGE_SIZE, src * PAGE_SIZE
+        for layer in self.state.layers:
+            if isinstance(layer, KVCache):
+                for buf in (layer.k, layer.v, layer.k_scale, layer.v_scale):
+                    if buf is not None:
+                        self.backend.copy_(buf[d : d + PAGE_SIZE], buf[s : s + PAGE_SIZE])
+
+    # --- the prefix cache (paged lanes) --------------------------------------------------
+    def adopt(self, prompt: list[int], hit: Hit) -> None:
+        """Start from the cached prefix `hit` of `prompt` (the lane holds nothing before):
+        its pages shared, its GDN state copied into the running slot."""
+        self.forget()
+        if hit.length == 0 or self.pages is None:
+            return
+        self.pages.adopt(hit.pages)
+        self.tokens = list(prompt[: hit.length])
+        if self._has_gdn:
+            if hit.slot is None:
+                raise ValueError("adopt: a hybrid model resumes only at a GDN snapshot")
+            self.slots.restore(self.running_slot, hit.slot)
+        self._adopted_logits = hit.logits
+
+    def _cache_insert(self, logits: np.ndarray | None = None) -> None:
+        if self.cache is not None and self.pages is not None and self.tokens:
+            self.cache.insert(self.tokens, self.pages.pages, self.running_slot if self._has_gdn else None,
+                              logits)
+
+    def retire(self) -> None:
+        """The lane's request has gone: what its caches hold goes to the prefix cache (when the
+        state is settled), then the lane lets everything go."""
+        if self._verify_start is None and not self._fed_ahead:
+            self._cache_insert()
+        self.forget()
 
     def _eager(self, tokens: list[int], start: int, all_logits: bool = False) -> object:
         """One eager model call on `tokens` at positions start..; the backend's logits."""
@@ -162,6 +230,8 @@ class Generator:
                 f"(including at least one generated token)"
             )
         self._fed_ahead = False                # a queued step's token is in `tokens`, like any other
+        if self.cache is not None:
+            return self._start_from_adopted(prompt, snapshot_at)
         start, cached = self._reuse(prompt)
         self.tokens = self.tokens[:start]
         cuts = [len(prompt)]
@@ -173,6 +243,20 @@ class Generator:
                 cuts.insert(0, snapshot_at)
         if self.pages is not None:             # pages past what is still cached go back to the pool
             self.pages.truncate(max([start] + [s.length for s in self._snapshots]))
+        self._prefill = _Prefill(prompt, cuts, cached)
+        return start
+
+    def _start_from_adopted(self, prompt: list[int], snapshot_at: int | None) -> int:
+        """start_prefill of a lane over the prefix cache: it continues from what `adopt` gave."""
+        start = len(self.tokens)
+        if self.tokens != prompt[:start]:
+            raise RuntimeError("start_prefill: the adopted prefix is not the prompt's")
+        cached, self._adopted_logits = (self._adopted_logits if start == len(prompt) else None), None
+        if start == 0 and self._has_gdn:
+            self.slots.reset(self.running_slot)
+        cuts = [len(prompt)]
+        if snapshot_at is not None and start < snapshot_at < len(prompt):
+            cuts.insert(0, snapshot_at)
         self._prefill = _Prefill(prompt, cuts, cached)
         return start
 
@@ -191,14 +275,21 @@ class Generator:
         logits = self._eager(chunk, c0)
         self.tokens.extend(chunk)
         if len(self.tokens) < end:
+            if len(self.tokens) % PAGE_SIZE == 0:   # a page-aligned chunk end: the cache keeps it
+                self._cache_insert()
             return None
         p.cuts.pop(0)
         if p.cuts:                             # a snapshot cut inside the prompt
-            self._take_snapshot(self._snapshots[0], None)
+            if self.cache is not None:
+                self._cache_insert()
+            else:
+                self._take_snapshot(self._snapshots[0], None)
             return None
         self._prefill = None
         last = np.array(self.backend.to_host(logits)[-1], dtype=np.float32)
-        if self._has_gdn:
+        if self.cache is not None:
+            self._cache_insert(last)
+        elif self._has_gdn:
             self._take_snapshot(self._snapshots[1], last)
         return last
 
@@ -374,5 +465,6 @@ class Generator:
         self._fed_ahead = False
         self._prefill = None
         self._verify_start = None
+        self._adopted_logits = None
         for snap in self._snapshots:
             snap.invalidate()

@@ -10,6 +10,8 @@ query reads keys up to its own position only). Knows nothing about tokens, reque
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..models.state import PAGE_SIZE
@@ -100,6 +102,33 @@ class PageTable:
             return False
         self.row[len(self.pages) : len(self.pages) + n] = fresh
         self.pages += fresh
+        return True
+
+    def adopt(self, pages: list[int]) -> None:
+        """Start from `pages` another holder has (a cached prefix): one more reference on each."""
+        if self.pages:
+            raise ValueError("adopt: the table already holds pages")
+        if len(pages) > self.row.shape[0]:
+            raise ValueError(f"{len(pages)} pages exceed the table's {self.row.shape[0]}")
+        self.allocator.retain(pages)
+        self.pages = list(pages)
+        self.row[: len(pages)] = pages
+
+    def shared(self, index: int) -> bool:
+        """Page `index` of the table has another holder (writing it needs a copy first)."""
+        return index < len(self.pages) and self.allocator.refcount(self.pages[index]) > 1
+
+    def copy_on_write(self, index: int, copy: Callable[[int, int], None]) -> bool:
+        """Replace the shared page `index` by a fresh copy (copy(dst, src) copies a page's
+        rows); False (nothing changed) when the pool has no free page."""
+        fresh = self.allocator.allocate(1)
+        if fresh is None:
+            return False
+        old = self.pages[index]
+        copy(fresh[0], old)
+        self.allocator.release([old])
+        self.pages[index] = fresh[0]
+        self.row[index] = fresh[0]
         return True
 
     def truncate(self, tokens: int) -> None:

@@ -16,8 +16,9 @@ Several requests at once (`max_concurrency` > 1, engine/scheduler.py): each runs
 `Generator` over one shared state: its GDN slots, its KV pages of one page pool). A step is
 one decode round of every running request that has a token to feed (B rows in one forward:
 `Backend.decode_rows`, or `pick_rows` when every row is picked where the logits are), then at
-most one prefill chunk of the earliest admitted request still prefilling, so a long prompt
-delays the others by one chunk per step. Each row keeps its own position, sampler and budget.
+most one prefill chunk, the requests still prefilling taking turns, so a long prompt delays the
+others by one chunk per step and another prompt's first token by one chunk. Each row keeps
+its own position, sampler and budget.
 Requests wait for a lane and the pages their prompt needs; a shortage of pages preempts the
 latest admitted request, which is recomputed later. With one lane and no page budget the
 engine is the one-sequence path it always was: contiguous KV, decode graphs with the pick and
@@ -52,6 +53,7 @@ from .faults import request_error
 from .generator import Generator, lane_slots
 from .kv_pages import PageAllocator, PageTable, pages_for
 from .output_hooks import HookedSampler, sampler_for
+from .prefix_cache import PrefixCache
 from .request import Request, RequestOutput, RequestStatus
 from .sampler import gumbel_max_pick
 from .scheduler import Run, Scheduler
@@ -61,6 +63,7 @@ from .spec.mtp import MTPProposer, mtp_drafting
 from .spec.ngram import NgramProposer
 from .spec.stats import SpecStats
 from .spec.verify import accept_greedy, verify_drafts
+from .state_slots import StateSlots
 
 SPEC_KINDS = ("off", "ngram", "mtp")
 
@@ -73,9 +76,13 @@ class LLMEngine:
                  prefill_chunk: int, valid_vocab: int, eos_ids: frozenset[int], use_graphs: bool = True,
                  kv_dtype: KVDtype = "fp32", seed: int | None = None,
                  decode: DecodeChoices | None = None, spec: str = "off", draft_tokens: int = 3,
-                 max_concurrency: int = 1, kv_pages: int | None = None) -> None:
+                 max_concurrency: int = 1, kv_pages: int | None = None, prefix_cache: bool = True,
+                 adaptive_draft: bool = False,
+                 prefix_snapshots: int | None = None) -> None:
         """max_concurrency: lanes (requests decoding at once); kv_pages: the KV page pool (None:
-        every lane's full context). One lane without kv_pages: the contiguous one-sequence path."""
+        every lane's full context). One lane without kv_pages: the contiguous one-sequence path.
+        prefix_cache (paged lanes): prefixes shared by every request (engine/prefix_cache.py)
+        with `prefix_snapshots` GDN snapshot slots (None: 2 per lane + 4)."""
         self.model_config = cfg
         self.backend = backend
         self.max_context = max_context
@@ -95,26 +102,37 @@ class LLMEngine:
             decoder, self.proposer = mtp_drafting(cfg, decoder, backend, max_context, valid_vocab)
         self.draft_tokens = draft_tokens
         # K from the measured acceptance, up to draft_tokens (engine/spec/adaptive.py); None: fixed K
-        self.adaptive: AdaptiveK | None = None
+        self.adaptive: AdaptiveK | None = AdaptiveK(draft_tokens) if adaptive_draft and spec != "off" else None
         self.spec_stats = SpecStats()
         if max_concurrency < 1:
             raise InvalidRequestError(f"max_concurrency must be >= 1, got {max_concurrency}")
         verify_slot = self.proposer is not None
         self.paged = max_concurrency > 1 or kv_pages is not None
         allocator: PageAllocator | None = None
+        cache: PrefixCache | None = None
         if not self.paged:
             lanes = [Generator(cfg, decoder, backend, max_context, prefill_chunk, use_graphs=use_graphs,
                                kv_dtype=kv_dtype, verify_slot=verify_slot)]
         else:
-            per_lane, table_pages = lane_slots(verify_slot), pages_for(max_context)
+            hybrid = any(not cfg.is_full_attention(i) for i in range(cfg.num_layers))
+            snaps = 0 if not prefix_cache else (prefix_snapshots if prefix_snapshots is not None
+                                                else 2 * max_concurrency + 4)
+            cached = prefix_cache and (snaps > 0 or not hybrid)
+            per_lane, table_pages = lane_slots(verify_slot, cached), pages_for(max_context)
             allocator = PageAllocator(kv_pages if kv_pages is not None else max_concurrency * table_pages)
-            state = new_state(cfg, max_context, backend.zeros, kv_dtype, gdn_slots=max_concurrency * per_lane,
-                              num_pages=allocator.num_pages)
+            base = max_concurrency * per_lane
+            state = new_state(cfg, max_context, backend.zeros, kv_dtype,
+                              gdn_slots=base + (snaps if cached else 0), num_pages=allocator.num_pages)
+            cache = (PrefixCache(allocator, range(base, base + snaps), StateSlots(state, backend).copy, hybrid)
+                     if cached else None)
             lanes = [Generator(cfg, decoder, backend, max_context, prefill_chunk, use_graphs=use_graphs,
                                kv_dtype=kv_dtype, verify_slot=verify_slot, state=state, slot_base=i * per_lane,
-                               pages=PageTable(allocator, table_pages))
+                               pages=PageTable(allocator, table_pages), cache=cache)
                      for i in range(max_concurrency)]
-        self.scheduler = Scheduler(lanes, allocator)
+        self.scheduler = Scheduler(lanes, allocator, cache)
+        self.prefix_cache = cache
+        self.prefill_tokens = 0                  # prompt tokens prefill chunks computed (not reused)
+        self._prefill_turns = 0
         self.generator = lanes[0]                 # the first lane (the only one on the one-sequence path)
         # decode rounds pick where the logits are (the CUDA graph's pick kernel) when every row can
         self._round_picks = use_graphs and backend.decode_graphs and self.paged
@@ -136,9 +154,9 @@ class LLMEngine:
         # logprobs / a thinking budget: a hooked host sampler (engine/output_hooks.py)
         sampler = sampler_for(request, p, self.valid_vocab, seed=self.seed, matcher=matcher,
                               prompt_ids=request.prompt_ids)
-        # the pick kernel reads no token mask yet: a constrained request samples on the host
-        # the decode graph's sampler (filters and penalties too: Sampler.device_sample)
-        pick = sampler.device_sample() if self.decode.device_pick and matcher is None else None
+        # the decode graph's sampler (filters, penalties and a constraint's mask too:
+        # Sampler.device_sample)
+        pick = sampler.device_sample() if self.decode.device_pick else None
         if pick is not None and (pick.temperature > 0.0 or pick.filters is not None) and not self.picks_on_device:
             pick = None                          # no decode graph to sample in (CPU): the host samples
         budget = min(p.max_tokens, self.max_context - n)
@@ -170,8 +188,9 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step: cancelled requests end, waiting ones are admitted, every running
         request with a token to feed gets its next token(s) (one decode round), then one
-        prefill chunk runs (the earliest admitted request still prefilling; its first token
-        after its last chunk). [] when no request got a token or finished."""
+        prefill chunk runs (of the request still prefilling that waited longest for a chunk;
+        its first token after its last chunk). [] when no
+        request got a token or finished."""
         outs, self._errors = self._errors, []
         sched = self.scheduler
         for run in [*sched.running, *sched.waiting]:
@@ -185,8 +204,12 @@ class LLMEngine:
                     outs += self._steps(decoding, self._next_tokens)
                 else:
                     outs += self._decode_round(decoding)
-            prefill = next((run for run in sched.running if not run.decoding), None)
-            if prefill is not None:
+            # prefill chunks take turns: a long prompt delays another's first token by one chunk
+            prefilling = [run for run in sched.running if not run.decoding]
+            if prefilling:
+                prefill = min(prefilling, key=lambda r: (r.prefill_turn, r.order))
+                self._prefill_turns += 1
+                prefill.prefill_turn = self._prefill_turns
                 outs += self._steps([prefill], self._prefill_step)
         except BaseException:
             # a failed model call ends its own requests (_raise_failed); what this step already
@@ -318,7 +341,9 @@ class LLMEngine:
         self.scheduler.reserve(run, lane.next_chunk_end())
         if run.lane is None:                     # preempted: the pool cannot hold it now
             return None
+        before = len(lane.tokens)
         logits = lane.prefill_step()
+        self.prefill_tokens += len(lane.tokens) - before
         req.num_computed_tokens = len(lane.tokens)
         if logits is None:
             return None
@@ -406,8 +431,12 @@ class LLMEngine:
 
     @property
     def context_tokens(self) -> int:
-        """Tokens whose effects are in the first lane's caches (its cached prefix)."""
-        return len(self.generator.tokens)
+        """Tokens in the caches of the one sequence (one lane), else of the longest running
+        request, else of the last one that ran (its cached prefix)."""
+        if not self.paged:
+            return len(self.generator.tokens)
+        running = [len(run.lane.tokens) for run in self.scheduler.running if run.lane is not None]
+        return max(running) if running else self.scheduler.last_tokens
 
     def forget(self) -> None:
         """Drop the cached prefixes of idle lanes (the next prompt starts from an empty cache)."""
@@ -417,4 +446,9 @@ class LLMEngine:
         """Logits at every position of token_ids ([T, V]) from an empty cache (an idle lane's)."""
         if not self.paged:
             return self.generator.logits_all(token_ids)
-        return self.scheduler.idle_lane(len(token_ids)).logits_all(token_ids)
+        lane = self.scheduler.idle_lane(len(token_ids))
+        try:
+            return lane.logits_all(token_ids)
+        finally:
+            if self.prefix_cache is not None:        # an idle lane over the cache holds nothing
+                lane.forget()

@@ -15,6 +15,13 @@ front of the queue (PREEMPTED), to be recomputed from its prompt and the tokens 
 (`Run.fill`). A request that could never fit (its prompt plus budget needs more pages than the
 pool has) is refused when it is added. Knows nothing about sampling, logits or text; the engine
 (engine/llm_engine.py) makes the model calls.
+
+With a prefix cache (engine/prefix_cache.py) lanes hold nothing while idle: a lane that goes
+idle (its request finished or was preempted) hands its pages and a GDN snapshot to the cache,
+and an admitted request starts from the longest prefix the cache serves, whichever lane it
+gets. Pages the cache alone holds are evicted (least recently used first) before anyone is
+preempted. A waiting request whose prompt is the prompt of a request still prefilling waits
+for that prefill (then the cache serves all of it: n completions of one prompt prefill once).
 """
 from __future__ import annotations
 
@@ -23,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidRequestError
+from ..models.state import PAGE_SIZE
 from .kv_pages import PageAllocator, pages_for
+from .prefix_cache import Hit, PrefixCache
 from .request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -45,6 +54,7 @@ class Run:
     lane: Generator | None = None          # while it runs
     order: int = 0                         # admission order (the latest is preempted first)
     resumed: bool = field(default=False)   # preempted after its first token: refilling, no sample
+    prefill_turn: int = 0                  # when it last got a prefill chunk (turns: least recent first)
 
     @property
     def fill(self) -> list[int]:
@@ -60,13 +70,16 @@ class Run:
 
 
 class Scheduler:
-    def __init__(self, lanes: list[Generator], allocator: PageAllocator | None) -> None:
+    def __init__(self, lanes: list[Generator], allocator: PageAllocator | None,
+                 cache: PrefixCache | None = None) -> None:
         self.lanes = lanes
         self.allocator = allocator          # None: one lane with its own contiguous KV cache
+        self.cache = cache                  # shared prefixes (paged lanes), or None: idle lanes keep theirs
         self.idle: list[Generator] = list(lanes)           # least recently used first
         self.waiting: collections.deque[Run] = collections.deque()
         self.running: list[Run] = []                       # in admission order
         self.preemptions = 0
+        self.last_tokens = 0                # tokens in the caches of the lane that went idle last
         self._admitted = 0
 
     @property
@@ -102,6 +115,8 @@ class Scheduler:
     def admit(self) -> list[Run]:
         """Give idle lanes to waiting requests in arrival order while their pages fit; the
         runs admitted now."""
+        if self.cache is not None:
+            return self._admit_cached()
         admitted = []
         while self.waiting and self.idle:
             run = self.waiting[0]
@@ -110,14 +125,49 @@ class Scheduler:
             if not self._prompt_fits(lane, len(fill)):
                 break
             self.waiting.popleft()
-            self.idle.remove(lane)
-            run.lane = lane
-            self._admitted += 1
-            run.order = self._admitted
-            run.request.status = RequestStatus.RUNNING
-            run.request.slot_id = lane.running_slot
-            self.running.append(run)
+            self._start(run, lane)
             admitted.append(run)
+        return admitted
+
+    def _start(self, run: Run, lane: Generator) -> None:
+        self.idle.remove(lane)
+        run.lane = lane
+        self._admitted += 1
+        run.order = self._admitted
+        run.request.status = RequestStatus.RUNNING
+        run.request.slot_id = lane.running_slot
+        self.running.append(run)
+
+    def _admit_cached(self) -> list[Run]:
+        """Admission over the prefix cache: in arrival order while pages fit; a request whose
+        prompt is being prefilled by another waits for that prefill (its turn is kept)."""
+        assert self.cache is not None and self.allocator is not None
+        admitted: list[Run] = []
+        filling = [r.fill for r in self.running if not r.decoding]
+        for run in list(self.waiting):
+            if not self.idle:
+                break
+            fill = run.fill
+            if fill in filling:
+                continue
+            hit = self.cache.match(fill)
+            lane = self.idle[0]
+            assert lane.pages is not None
+            # a shared partial page is copied before the first write, unless the cache can let
+            # its leaf go (then the request takes the page over)
+            copy = hit.node is not None and hit.length % PAGE_SIZE != 0 and bool(hit.node.children)
+            need = pages_for(len(fill) + 1) - len(hit.pages) + int(copy)
+            if need > self.allocator.num_free + self.cache.evictable(keep=hit.node):
+                break
+            self.waiting.remove(run)
+            if not run.resumed:
+                self.cache.use(hit, len(fill))
+            elif hit.node is not None:
+                self.cache.use(Hit(node=hit.node), 0)      # touched, not counted
+            lane.adopt(fill, hit)
+            self._start(run, lane)
+            admitted.append(run)
+            filling.append(fill)
         return admitted
 
     def _prompt_fits(self, lane: Generator, tokens: int) -> bool:
@@ -138,7 +188,10 @@ class Scheduler:
         if self.allocator is None or lane.pages is None:
             return []
         preempted: list[Run] = []
-        while lane.pages.missing(tokens) > self.allocator.num_free:
+        while lane.pages_needed(tokens) > self.allocator.num_free:
+            short = lane.pages_needed(tokens) - self.allocator.num_free
+            if self.cache is not None and (self.cache.evict(short) > 0 or lane.unshare_write_page()):
+                continue                                   # pages only the cache held go first
             holder = next((g for g in self.idle if g.pages is not None and g.pages.pages), None)
             if holder is not None:
                 holder.forget()                            # an idle cached prefix goes first
@@ -158,8 +211,9 @@ class Scheduler:
         """Drop `run`'s caches and queue it first, to be recomputed from its tokens."""
         lane = run.lane
         assert lane is not None
-        lane.forget()
-        self._release_lane(run)
+        if self.cache is None:
+            lane.forget()
+        self._release_lane(run)                            # with a cache: it may serve the refill
         run.prefilling = False
         run.resumed = bool(run.request.output_ids)
         run.request.status = RequestStatus.PREEMPTED
@@ -177,6 +231,9 @@ class Scheduler:
     def _release_lane(self, run: Run) -> None:
         lane = run.lane
         assert lane is not None
+        self.last_tokens = len(lane.tokens)
+        if self.cache is not None:
+            lane.retire()                                  # its caches go to the prefix cache
         self.running.remove(run)
         self.idle.append(lane)                             # the most recently used
         run.lane = None
@@ -184,9 +241,11 @@ class Scheduler:
         run.request.page_ids = []
 
     def forget_idle(self) -> None:
-        """Drop every idle lane's cached prefix."""
+        """Drop every idle lane's cached prefix and the prefix cache."""
         for lane in self.idle:
             lane.forget()
+        if self.cache is not None:
+            self.cache.clear()
 
     def idle_lane(self, tokens: int) -> Generator:
         """An idle lane with pages for `tokens` tokens from an empty cache (LLM.logits): the
@@ -196,6 +255,8 @@ class Scheduler:
         lane = self.idle[-1]
         lane.forget()
         if self.allocator is not None and lane.pages is not None:
+            if self.cache is not None and pages_for(tokens) > self.allocator.num_free:
+                self.cache.evict(pages_for(tokens) - self.allocator.num_free)
             for other in self.idle:
                 if pages_for(tokens) <= self.allocator.num_free:
                     break

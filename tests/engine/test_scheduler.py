@@ -3,7 +3,8 @@
 Batch invariance: every request of a mixed batch (prompt lengths over several prefill chunks,
 arrivals while others decode, stop ids, a cancel, greedy / seeded / penalised sampling) yields
 the tokens it yields alone on the one-sequence path; a randomized run under a tiny KV page
-budget (preemption and recompute) does too, and leaves every page and lane free. A request the
+budget (preemption and recompute) does too, and leaves every page free or held by the prefix
+cache alone (free after a clear). A request the
 pool can never hold is refused when it is added. Tiny random checkpoints: the hybrid (GDN +
 gated attention) and the dense Llama.
 """
@@ -134,7 +135,10 @@ def test_random_arrivals_cancels_and_preemption_under_a_tiny_page_budget(model_d
     engine = llm.engine
     assert engine.scheduler.preemptions > 0
     assert not engine.scheduler.running and not engine.scheduler.waiting
-    engine.forget()                                            # idle lanes drop their cached prefixes
+    cache = engine.prefix_cache                                # idle lanes hold nothing: the cache does
+    assert cache is not None and engine.scheduler.allocator is not None
+    assert engine.scheduler.allocator.num_free + cache.num_pages == 5
+    engine.forget()                                            # the prefix cache is cleared
     assert engine.scheduler.allocator is not None and engine.scheduler.allocator.num_free == 5
     assert len(engine.scheduler.idle) == 3
 

@@ -1,0 +1,178 @@
+"""The prefix cache shared by every conversation (engine/prefix_cache.py) on the CPU backend.
+
+Hit and miss give the same greedy and seeded sampled tokens; a conversation re-sending its
+history with one new message prefills only the new part after two other conversations ran in
+between (counted by the engine's prefill token counter); n requests with one prompt prefill it
+once; a long prompt delays another client's first token by at most one prefill chunk; the
+cache's own bookkeeping (content addressing, snapshots only where a hybrid can resume, LRU
+eviction, copy on write, clear) on a bare page pool.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ninfer_nb import LLM, SamplingParams
+from ninfer_nb.config import EngineConfig
+from ninfer_nb.engine.kv_pages import PageAllocator, PageTable
+from ninfer_nb.engine.prefix_cache import PrefixCache
+from ninfer_nb.engine.request import Request, RequestOutput
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+SAMPLED = SamplingParams(max_tokens=6, temperature=0.9, top_k=50, seed=7, ignore_eos=True)
+
+
+def make_llm(path: Path, concurrency: int = 2, chunk: int = 64, max_context: int = 512, **kw: object) -> LLM:
+    return LLM(config=EngineConfig(str(path), device="cpu", max_context=max_context, prefill_chunk=chunk,
+                                   show_progress=False, max_concurrency=concurrency, **kw))   # type: ignore[arg-type]
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(100, 5000, n)]
+
+
+def run_all(llm: LLM, reqs: list[Request]) -> dict[str, list[RequestOutput]]:
+    outs: dict[str, list[RequestOutput]] = {}
+    for req in reqs:
+        llm.engine.add_request(req)
+    while llm.engine.has_unfinished_requests():
+        for out in llm.engine.step():
+            outs.setdefault(out.request_id, []).append(out)
+    return outs
+
+
+@pytest.fixture(scope="module", params=["tiny_qwen35_dir", "tiny_llama_dir"])
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue(request.param)
+
+
+def test_history_plus_one_message_prefills_only_the_new_part(model_dir: Path) -> None:
+    """Two lanes: conversation A (300 tokens), then B and C (150 each), then A again with its
+    answer and 10 new tokens: only those (and A's last answer token, never fed) are prefilled,
+    and greedy / seeded sampled tokens equal those of an engine without the cache."""
+    llm = make_llm(model_dir)
+    engine = llm.engine
+    assert engine.prefix_cache is not None
+    history = prompt(1, 300)
+    answer = llm.generate(history, GREEDY).token_ids
+    for seed in (2, 3):
+        llm.generate(prompt(seed, 150), GREEDY)
+    for i, params in enumerate((GREEDY, SAMPLED)):
+        new = prompt(4 + i, 10)
+        followup = history + answer + new
+        before = engine.prefill_tokens
+        hit = llm.generate(followup, params)
+        assert engine.prefill_tokens - before == len(new) + 1
+        assert hit.timings.cached_tokens == len(history) + len(answer) - 1
+        cold = make_llm(model_dir, prefix_cache=False)
+        miss = cold.generate(followup, params)
+        assert cold.engine.prefill_tokens == len(followup)
+        assert hit.token_ids == miss.token_ids
+    stats = llm.stats()
+    assert 0 < stats["prefix_cache_hits"] < stats["prefix_cache_queries"]
+
+
+def test_n_requests_of_one_prompt_prefill_it_once(tiny_qwen35_dir: Path) -> None:
+    """Three requests with one 130-token prompt added together: the others wait for the first
+    one's prefill and take its prompt-end snapshot; greedy tokens all equal, sampled seeds
+    differ as they would alone."""
+    llm = make_llm(tiny_qwen35_dir, concurrency=4, chunk=32)
+    ids = prompt(5, 130)
+    reqs = [Request(f"g{i}", ids, GREEDY) for i in range(3)]
+    outs = run_all(llm, reqs)
+    assert llm.engine.prefill_tokens == len(ids)
+    first = [t for o in outs["g0"] for t in o.new_token_ids]
+    for rid in ("g1", "g2"):
+        assert [t for o in outs[rid] for t in o.new_token_ids] == first
+    assert [r.num_cached_tokens for r in reqs] == [0, len(ids), len(ids)]
+
+
+def test_a_long_prompt_delays_another_first_token_by_one_chunk(tiny_qwen35_dir: Path) -> None:
+    """Chunks of 16: a 150-token prompt (10 chunks) arrives first, a 10-token one a step later;
+    the short one's first token comes within two steps of its arrival (one chunk of the long
+    prompt at most), while the long one is still prefilling."""
+    llm = make_llm(tiny_qwen35_dir, concurrency=2, chunk=16, max_context=256)
+    engine = llm.engine
+    long, short = Request("long", prompt(6, 150), GREEDY), Request("short", prompt(7, 10), GREEDY)
+    engine.add_request(long)
+    engine.step()
+    engine.add_request(short)
+    steps = 0
+    while not short.output_ids:
+        engine.step()
+        steps += 1
+    assert steps <= 2
+    assert not long.output_ids and engine.prefill_tokens <= 16 * 3 + 10
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert len(long.output_ids) == GREEDY.max_tokens
+
+
+# --- the cache on a bare page pool ---------------------------------------------------------------
+def test_pages_are_content_addressed_and_evicted_least_recently_used_first() -> None:
+    pool = PageAllocator(8)
+    copies: list[tuple[int, int]] = []
+    cache = PrefixCache(pool, snapshot_slots=[10, 11], copy_slot=lambda d, s: copies.append((d, s)), hybrid=True)
+    a, b = prompt(1, 150), prompt(2, 70)
+    ta = PageTable(pool, 4)
+    assert ta.grow(150)
+    cache.insert(a[:128], ta.pages, running_slot=0)           # two full pages, a snapshot at 128
+    cache.insert(a, ta.pages, running_slot=0, logits=np.ones(3, np.float32))   # a tail of 22
+    ta.release()
+    assert cache.num_pages == 3 and pool.num_free == 5 and copies == [(10, 0), (11, 0)]
+    hit = cache.match(a + [1, 2])
+    assert hit.length == 150 and hit.pages == [0, 1, 2] and hit.logits is None
+    whole = cache.match(a)
+    assert whole.length == 150 and whole.logits is not None
+    assert cache.match(a[:140]).length == 128                 # the tail does not match: the snapshot at 128
+    assert cache.match(a[:128]).length == 0                   # a hybrid resumes before its last token only
+    assert cache.match(b).length == 0
+    # a third snapshot takes the slot of the interior one (a deeper snapshot exists below it)
+    tb = PageTable(pool, 4)
+    assert tb.grow(70)
+    cache.insert(b, tb.pages, running_slot=1)
+    assert cache.match(a[:140]).length == 0 and cache.match(a + [1]).length == 150
+    tb.release()
+    cache.use(cache.match(b + [3]), 71)                       # b is the most recently used
+    assert cache.evictable() == 5
+    assert cache.evict(1) == 1 and cache.match(a + [1]).length == 0    # a's tail went first
+    assert cache.match(b + [3]).length == 70
+    cache.clear()
+    assert pool.num_free == 8 and cache.num_snapshots == 0
+
+
+def test_a_shared_page_is_copied_before_it_is_written() -> None:
+    pool = PageAllocator(4)
+    cache = PrefixCache(pool, snapshot_slots=[], copy_slot=None, hybrid=False)
+    ids = prompt(3, 100)
+    t = PageTable(pool, 4)
+    assert t.grow(100)
+    cache.insert(ids, t.pages, running_slot=None)
+    t.release()
+    assert cache.match(ids).length == 99                      # an attention-only model cuts anywhere
+    hit = cache.match(ids + [7])
+    assert hit.length == 100 and hit.pages == [0, 1]
+    user = PageTable(pool, 4)
+    user.adopt(hit.pages)
+    assert user.shared(1) and pool.refcount(1) == 2
+    copied: list[tuple[int, int]] = []
+    assert user.copy_on_write(1, lambda d, s: copied.append((d, s)))
+    assert copied == [(2, 1)] and user.pages == [0, 2] and pool.refcount(1) == 1
+    assert cache.unshare(1) and pool.num_free == 2            # the leaf let go: page 1 is free
+    user.release()
+    cache.clear()
+    assert pool.num_free == 4
+
+
+def test_bench_prefix_reports_the_second_request(tiny_llama_dir: Path) -> None:
+    from ninfer_nb.bench_prefix import run_prefix_bench
+
+    llm = make_llm(tiny_llama_dir, kv_pages=40)
+    out = run_prefix_bench(llm, 300, new_tokens=10, gen=4)
+    first, second = out["rows"][0], out["rows"][-1]
+    assert [r["request"] for r in out["rows"]] == ["A first", "other 1", "other 2", "A second"]
+    assert first["prefill_tokens"] == first["prompt_tokens"] == 300 - 10 - 8
+    assert second["prefill_tokens"] == 11 and second["cached_tokens"] == second["prompt_tokens"] - 11
+    assert out["ttft_ratio"] > 0
