@@ -104,6 +104,13 @@ class CudaBackend:
         self._graphs: dict[bool, tuple[Any, tuple[Any, ...]]] = {}
         self._lp_warmed = False
         self._masked = False            # the last host-fed pick applied a grammar's bitmask
+        # Grammar picks take the split build: the forward and the pick as two graphs per
+        # logprobs kind ((forward, pick, outputs)), so a device-fed step's forward runs while
+        # the host computes its bitmask; its pick is launched once the mask is known
+        # (_launch_deferred, from the next launch or collect).
+        self._split: dict[bool, tuple[Any, Any, tuple[Any, ...]]] = {}
+        self._mask_pick: Any = None     # the host-fed grammar pick the device-fed steps continue
+        self._deferred: int | None = None   # the ring slot of a step whose pick waits for its mask
         # > 0: the decode graph ends with the token pick over the first pick_vocab logits
         # (launch_token_step); set by enable_token_pick before the first decode step
         self._pick_vocab = 0
@@ -181,6 +188,8 @@ class CudaBackend:
             # no build of this kind to replay yet: nothing may be queued on this step
             self._graph, self._graph_out = self._graphs.get(lp, (None, (None, None)))
             return self._forward_argmax(forward, ids, pos, lp)()
+        if self._masked:
+            return self._split_step(forward, ids, pos, lp)
         if lp not in self._graphs:
             graph = CudaGraph(self.stream)
             with self.ops.programmatic_launches(self.pdl):
@@ -190,6 +199,37 @@ class CudaBackend:
         self._graph.replay()
         return self._graph_out
 
+    def _split_step(self, forward: Forward, ids: Any, pos: Any, lp: bool) -> tuple[Any, ...]:
+        """A host-fed grammar step by the split build (captured on its first use: the forward,
+        then the pick on the forward's logits, one scratch layout without a reset between)."""
+        from ..runtime.graph import CudaGraph
+
+        if lp not in self._split:
+            fwd, pick = CudaGraph(self.stream), CudaGraph(self.stream)
+            step = self._forward_argmax(forward, ids, pos, lp)
+            with self.ops.programmatic_launches(self.pdl):
+                logits = fwd.capture(lambda: step(pick_only=False))
+                outs = pick.capture(lambda: step(pick_only=True, logits=logits))
+            self._split[lp] = (fwd, pick, outs)
+        fwd, pick, outs = self._split[lp]
+        fwd.replay()
+        pick.replay()
+        return outs
+
+    def _launch_deferred(self) -> None:
+        """The pick of the device-fed grammar step whose forward was launched last: its bitmask
+        from the grammar now (the host has observed the token before it), uploaded without a
+        sync, then the pick graph and the copies of its token (and logprobs) into its slot."""
+        slot, self._deferred = self._deferred, None
+        assert slot is not None and self._mask_pick is not None
+        pick = self._mask_pick
+        self._device_picker().bufs.put_mask_async(0, pick.filters.matcher.allowed_tokens())
+        lp = pick.filters.logprobs >= 0
+        _, graph, outs = self._split[lp]
+        graph.replay()
+        self._device_picker().stepped(1)
+        self._copy_back(slot, outs, pick if lp else None)
+
     def _device_picker(self) -> Any:
         if self._picker is None:
             from .device_pick import DevicePicker
@@ -197,7 +237,7 @@ class CudaBackend:
             self._picker = DevicePicker(self.ops, 1, self._pick_vocab)
         return self._picker
 
-    def _forward_argmax(self, forward: Forward, ids: Any, pos: Any, lp: bool = False) -> Callable[[], tuple[Any, ...]]:
+    def _forward_argmax(self, forward: Forward, ids: Any, pos: Any, lp: bool = False) -> Callable[..., Any]:
         """forward, then (pick_vocab > 0) the token the graph's sampler picks from the last
         row's first pick_vocab logits with the pick's parameters (ops.sample_pick: argmax, or a
         sample with the pick's temperature, filters and penalties), fed back into ids / pos
@@ -206,8 +246,13 @@ class CudaBackend:
 
         vocab = self._pick_vocab
 
-        def step() -> tuple[Any, ...]:
-            logits = forward(ids, pos)
+        def step(pick_only: bool | None = None, logits: Any = None) -> Any:
+            """The whole step; pick_only False: the forward alone (its logits), True: the pick
+            alone on `logits`."""
+            if not pick_only:
+                logits = forward(ids, pos)
+            if pick_only is False:
+                return logits
             if not vocab:
                 return logits, None
             row = logits[logits.shape[0] - 1:]                          # [1, V]
@@ -232,8 +277,10 @@ class CudaBackend:
     @property
     def graph_ready(self) -> bool:
         """The decode graph is captured: a step can be replayed on the inputs the last one fed
-        (not after a grammar's pick: its next bitmask needs the token first)."""
-        return self._graph is not None and self._pick_vocab > 0 and not self._masked
+        (after a grammar's pick: its split build, whose pick waits for the next bitmask)."""
+        if self._masked:
+            return self._pick_vocab > 0 and (self._mask_pick.filters.logprobs >= 0) in self._split
+        return self._graph is not None and self._pick_vocab > 0
 
     @_on_calling_thread
     def launch_token_step(self, forward: Forward, token: int | None, position: int,
@@ -245,7 +292,6 @@ class CudaBackend:
         waits for the host between tokens. Else the host writes token, position and pick =
         (temperature, seed, offset) (this syncs the stream), and the step may be the eager
         warm-up or the capture. Collect each launch's token, in order, with collect_token."""
-        from ..runtime._drv import check, driver
         from ..runtime.events import Event
         from ..runtime.pinned import PinnedBuffer
         from .device_pick import wants_logprobs
@@ -256,37 +302,57 @@ class CudaBackend:
         if len(self._pending) >= TOKEN_RING:
             raise RuntimeError("launch_token_step: every token slot is in flight (collect first)")
         if token is None:
-            if self._graph is None or not self.graph_ready:
+            if not self.graph_ready:
                 raise RuntimeError("launch_token_step: a device-fed step needs the captured decode graph")
+            if self._masked:                  # the step before it takes its pick now, this one its forward
+                if self._deferred is not None:
+                    self._launch_deferred()
+                self._split[self._mask_pick.filters.logprobs >= 0][0].replay()
+                slot = self._launches % TOKEN_RING
+                self._launches += 1
+                self._deferred = slot
+                self._pending.append(slot)
+                return
             self._graph.replay()
             self._device_picker().stepped(1)
             out = self._graph_out
         else:
+            self._deferred = None
             out = self._step(forward, token, position, pick)
             if out[1] is None:
                 raise RuntimeError("launch_token_step: enable_token_pick was not called before the first decode step")
             self._lp_pick = pick if wants_logprobs([pick]) else None
-        top = out[1]
+            self._mask_pick = pick if self._masked else None
         slot = self._launches % TOKEN_RING
         self._launches += 1
-        check(driver().cuMemcpyDtoHAsync(self._ring.ptr + 4 * slot, top.ptr, 4, self.stream.cu))
+        self._copy_back(slot, out, self._lp_pick if len(out) > 2 else None)
+        self._pending.append(slot)
+
+    def _copy_back(self, slot: int, out: tuple[Any, ...], lp_pick: Any) -> None:
+        """The step's token (and, lp_pick given, its logprobs) into ring slot `slot`, then the
+        slot's event."""
+        from ..runtime._drv import check, driver
+        from ..runtime.pinned import PinnedBuffer
+
+        check(driver().cuMemcpyDtoHAsync(self._ring.ptr + 4 * slot, out[1].ptr, 4, self.stream.cu))
         self._ring_picks[slot] = None
-        if len(out) > 2 and self._lp_pick is not None:       # the build with logprobs: bring them too
+        if lp_pick is not None:                      # the build with logprobs: bring them too
             values, ids = out[2], out[3]
             if self._lp_ring is None:
                 self._lp_ring = PinnedBuffer(TOKEN_RING * LP_SLOT)
             base = self._lp_ring.ptr + slot * LP_SLOT
             check(driver().cuMemcpyDtoHAsync(base, values.ptr, values.nbytes, self.stream.cu))
             check(driver().cuMemcpyDtoHAsync(base + values.nbytes, ids.ptr, ids.nbytes, self.stream.cu))
-            self._ring_picks[slot] = self._lp_pick
+            self._ring_picks[slot] = lp_pick
         self._ring_events[slot].record(self.stream)
-        self._pending.append(slot)
 
     @_on_calling_thread
     def collect_token(self) -> int:
         """The token of the oldest uncollected launch_token_step (waits for that step alone)."""
         from .device_pick import LOGPROBS_TOP, deliver_logprobs
 
+        if self._pending and self._pending[0] == self._deferred:
+            self._launch_deferred()           # its pick was waiting for this: the bitmask now
         slot = self._pending.popleft()
         self._ring_events[slot].synchronize()
         token = int(self._ring.array(4 * TOKEN_RING).view(np.int32)[slot])
@@ -300,8 +366,10 @@ class CudaBackend:
 
     def discard_tokens(self) -> None:
         """Forget uncollected launches (a run that stopped with a step ahead in flight: its
-        token is not wanted; the stream orders everything after it)."""
+        token is not wanted; the stream orders everything after it; a grammar step waiting for
+        its mask keeps its forward, fed, and never picks)."""
         self._pending.clear()
+        self._deferred = None
 
     @_on_calling_thread
     def time_decode_steps(self, position: int, replays: int = 16) -> float | None:

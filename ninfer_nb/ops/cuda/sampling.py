@@ -128,6 +128,7 @@ class SamplePickBuffers:
         self.counts = z((rows, vocab), np.int32)           # [B, V] generated count | PROMPT_BIT
         self.words = -(-vocab // 32)
         self.mask = z((rows, self.words), np.int32)        # [B, ceil(V / 32)] a grammar's allowed ids
+        self._pinned: Any = None                           # put_mask_async's staging
         self.zmax = z((rows,), np.uint64)
         self.hist = z((rows, 2 * K_sp.NB), np.uint64)
         self.plan = z((rows, 4), np.uint64)
@@ -178,10 +179,26 @@ class SamplePickBuffers:
         if counts is not None:
             self._put(self.counts[b], counts)
         if mask is not None:
-            words = np.zeros(self.words, np.int32)
-            n = min(self.words, mask.shape[0])
-            words[:n] = mask[:n]
-            self._put(self.mask[b], words)
+            self._put(self.mask[b], self._mask_words(mask))
+
+    def _mask_words(self, mask: np.ndarray) -> np.ndarray:
+        words = np.zeros(self.words, np.int32)
+        n = min(self.words, mask.shape[0])
+        words[:n] = mask[:n]
+        return words
+
+    def put_mask_async(self, b: int, mask: np.ndarray) -> None:
+        """Row b's bitmask for the next pick, through a pinned buffer and an async copy ordered
+        on the stream (no sync: the step before may still run). The buffer is reused by the
+        next call: the caller waits for the pick that read it first."""
+        from ninfer_nb.runtime._drv import check, driver
+        from ninfer_nb.runtime.pinned import PinnedBuffer
+
+        if self._pinned is None:
+            self._pinned = PinnedBuffer(4 * self.words)
+        self._pinned.array().view(np.int32)[:] = self._mask_words(mask)
+        dst = self.mask[b]
+        check(driver().cuMemcpyHtoDAsync(dst.ptr, self._pinned.ptr, 4 * self.words, self.ops.stream.cu))
 
     def flush(self, rows: int) -> None:
         """Upload the first `rows` rows' parameters (two copies; syncs the stream)."""
