@@ -340,10 +340,14 @@ class EngineConfig:
     draft_tokens: int = 3                    # draft tokens per verify round (spec != off)
     adaptive_draft: bool = False             # spec != off: K from the measured acceptance, up to draft_tokens
     weights: str | None = None               # random:PRESET models: a quantized weight format (int4-g64, ...)
-    # requests decoding at once (the scheduler's lanes); None = auto: 1 on CUDA (the one-sequence
-    # graph path until batched decode graphs land), DEFAULT_CPU_CONCURRENCY on the CPU
+    # requests decoding at once (the scheduler's lanes); None = auto: llm.default_concurrency (1
+    # on CUDA, 8 on the CPU; 1 with --spec on CUDA); 1: the one-sequence path (contiguous KV,
+    # decode graphs queued ahead)
     max_concurrency: int | None = None
-    kv_pages: int | None = None              # KV page pool (64 tokens each); None: every lane's full context
+    # KV page pool (64 tokens each); None: on CUDA kv_cache_fraction of the device memory left
+    # after the weights, on the CPU every lane's full context
+    kv_pages: int | None = None
+    kv_cache_fraction: float = 0.9
     # paged lanes: prefixes shared by every request (engine/prefix_cache.py); snapshot slots of
     # GDN state it may fill (None: 2 per lane + 4)
     prefix_cache: bool = True

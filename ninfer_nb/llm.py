@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import numpy as np
 from .chat import ChatDelta, ChatStreamParser, IncrementalDetokenizer, ToolCall, format_chat, prompt_opens_reasoning
 from .config import KV_CACHE_KINDS, EngineConfig
 from .engine.backend import create_backend
+from .engine.kv_pages import pages_for
 from .engine.llm_engine import LLMEngine
 from .engine.request import Request, RequestOutput, RequestStatus
 from .engine.spec.adaptive import AdaptiveK
@@ -30,7 +32,7 @@ from .errors import ContextLengthExceededError, InvalidRequestError
 from .models import Decoder, build_weights
 from .models.loader import load_checkpoint
 from .models.presets import preset_config
-from .models.state import KVDtype
+from .models.state import PAGE_SIZE, KVDtype, gdn_bytes_per_slot, kv_bytes_per_token
 from .outputs import FinishReason, GenerationResult, StreamEvent, Timings
 from .params import SamplingParams
 from .stops import StopStringMatcher
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
     from .structured import Constraint
 
 __all__ = ["LLM", "SamplingParams", "ChatResult"]
+
+log = logging.getLogger("ninfer")
 
 RANDOM_PREFIX = "random:"
 
@@ -107,6 +111,14 @@ class LLM:
         self.kv_cache = cfg.kv_cache if cfg.kv_cache != "auto" else self.backend.default_kv_cache
         self.device_name = self.backend.device_name
         self.max_concurrency = cfg.max_concurrency or default_concurrency(self.backend.name)
+        if self.max_concurrency > 1 and cfg.spec != "off" and self.backend.decode_graphs:
+            if cfg.max_concurrency is None:       # speculation needs the one-sequence graphs
+                self.max_concurrency = 1
+                log.warning("ninfer: --spec %s runs one request at a time on %s (max_concurrency 1)",
+                            cfg.spec, self.backend.name)
+            else:
+                log.warning("ninfer: --spec %s does not run on batched lanes (max_concurrency %d) on %s: "
+                            "plain decoding", cfg.spec, self.max_concurrency, self.backend.name)
         # Ids the sampler may produce: the tokenizer's, never the LM head's padding rows.
         tok_vocab = self.tokenizer.vocab_size if self.tokenizer else self.model_config.vocab_size
         tok_eos = set(self.tokenizer.eos_token_ids) if self.tokenizer else set()
@@ -118,10 +130,27 @@ class LLM:
             eos_ids=frozenset(i for i in stop_ids if i is not None), use_graphs=cfg.cuda_graphs,
             kv_dtype=_kv_dtype(self.kv_cache), seed=cfg.seed, decode=cfg.decode,
             spec=cfg.spec, draft_tokens=cfg.draft_tokens, adaptive_draft=cfg.adaptive_draft,
-            max_concurrency=self.max_concurrency, kv_pages=cfg.kv_pages,
+            max_concurrency=self.max_concurrency, kv_pages=self._kv_pool_pages(cfg),
             prefix_cache=cfg.prefix_cache, prefix_snapshots=cfg.prefix_snapshots)
         self._request_ids = itertools.count()
         self._outputs: dict[str, collections.deque[RequestOutput]] = {}   # per request, not yet read
+
+    def _kv_pool_pages(self, cfg: EngineConfig) -> int | None:
+        """The KV page pool of paged lanes: `kv_pages` when given; else, on a device with an arena,
+        `kv_cache_fraction` of what the arena has left after the weights (less the GDN slots),
+        at least one full context (like vLLM's gpu_memory_utilization); else None (every lane's
+        full context, the CPU)."""
+        arena = getattr(self.backend, "arena", None)
+        if cfg.kv_pages is not None or self.max_concurrency == 1 or arena is None:
+            return cfg.kv_pages
+        if not 0.0 < cfg.kv_cache_fraction <= 1.0:
+            raise InvalidRequestError(f"kv_cache_fraction must be in (0, 1], got {cfg.kv_cache_fraction}")
+        c = self.max_concurrency
+        slots = 2 * c + (cfg.prefix_snapshots if cfg.prefix_snapshots is not None else 2 * c + 4)
+        left = int((arena.capacity - arena.used) * cfg.kv_cache_fraction)
+        budget = left - slots * gdn_bytes_per_slot(self.model_config)
+        page = PAGE_SIZE * kv_bytes_per_token(self.model_config, _kv_dtype(self.kv_cache))
+        return max(pages_for(self.max_context), budget // page)
 
     @property
     def valid_vocab(self) -> int:
@@ -349,12 +378,15 @@ class LLM:
 
 
 DEFAULT_CPU_CONCURRENCY = 8
+# CUDA: one request at a time (the one-sequence decode graphs, steps queued ahead) until the
+# GPU tests that drive that path pin it; front-ends that serve several clients pass 8
+DEFAULT_CUDA_CONCURRENCY = 1
 
 
 def default_concurrency(backend: str) -> int:
-    """Requests decoding at once when the user did not say: one on CUDA (the single-sequence
-    decode graphs), DEFAULT_CPU_CONCURRENCY on the CPU (NumPy reads each weight once per round)."""
-    return 1 if backend == "cuda" else DEFAULT_CPU_CONCURRENCY
+    """Requests decoding at once when the user did not say: DEFAULT_CUDA_CONCURRENCY on CUDA,
+    DEFAULT_CPU_CONCURRENCY on the CPU (NumPy reads each weight once per round)."""
+    return DEFAULT_CUDA_CONCURRENCY if backend == "cuda" else DEFAULT_CPU_CONCURRENCY
 
 
 _KV_DTYPES: dict[str, KVDtype] = {"fp32": "fp32", "bf16": "bf16", "int8": "int8"}

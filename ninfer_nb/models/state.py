@@ -84,6 +84,21 @@ class SequenceState:
         return [layer for layer in self.layers if isinstance(layer, GDNSlots)]
 
 
+def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: KVDtype) -> int:
+    """Bytes one token's K and V take over every attention layer (int8: with its scales)."""
+    values = cfg.num_kv_heads * cfg.head_dim
+    item = {"fp32": 4, "bf16": 2, "int8": 1}[kv_dtype]
+    per_layer = 2 * values * item + (2 * (values // KV_GROUP) * 4 if kv_dtype == "int8" else 0)
+    return per_layer * sum(1 for i in range(cfg.num_layers) if cfg.is_full_attention(i))
+
+
+def gdn_bytes_per_slot(cfg: ModelConfig) -> int:
+    """Bytes of one GDN state slot over every GDN layer (fp32 conv + recurrent state)."""
+    per_layer = ((cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim + cfg.linear_num_value_heads
+                 * cfg.linear_value_head_dim * cfg.linear_key_head_dim)
+    return 4 * per_layer * sum(1 for i in range(cfg.num_layers) if not cfg.is_full_attention(i))
+
+
 def _kv_cache(cfg: ModelConfig, rows: int, zeros: Zeros, kv_dtype: KVDtype) -> KVCache:
     shape = (rows, cfg.num_kv_heads, cfg.head_dim)
     if kv_dtype == "fp32":

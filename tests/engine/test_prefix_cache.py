@@ -176,3 +176,16 @@ def test_bench_prefix_reports_the_second_request(tiny_llama_dir: Path) -> None:
     assert first["prefill_tokens"] == first["prompt_tokens"] == 300 - 10 - 8
     assert second["prefill_tokens"] == 11 and second["cached_tokens"] == second["prompt_tokens"] - 11
     assert out["ttft_ratio"] > 0
+
+
+@pytest.mark.parametrize("kv", ["fp32", "bf16", "int8"])
+def test_pool_sizing_counts_the_bytes_the_state_allocates(kv: str) -> None:
+    """LLM._kv_pool_pages sizes the pool from these per-token / per-slot byte counts."""
+    from ninfer_nb.engine.backend import CpuBackend
+    from ninfer_nb.models.presets import preset_config
+    from ninfer_nb.models.state import PAGE_SIZE, gdn_bytes_per_slot, kv_bytes_per_token, new_state
+
+    cfg = preset_config("tiny-qwen3.5")
+    state = new_state(cfg, 128, CpuBackend().zeros, kv, gdn_slots=3, num_pages=5)   # type: ignore[arg-type]
+    assert state.kv_bytes() == 5 * PAGE_SIZE * kv_bytes_per_token(cfg, kv)          # type: ignore[arg-type]
+    assert state.gdn_slot_bytes() == gdn_bytes_per_slot(cfg)
