@@ -136,18 +136,18 @@ class LLM:
         self._outputs: dict[str, collections.deque[RequestOutput]] = {}   # per request, not yet read
 
     def _kv_pool_pages(self, cfg: EngineConfig) -> int | None:
-        """The KV page pool of paged lanes: `kv_pages` when given; else, on a device with an arena,
-        `kv_cache_fraction` of what the arena has left after the weights (less the GDN slots),
+        """The KV page pool of paged lanes: `kv_pages` when given; else, on a device with a memory
+        budget, `kv_cache_fraction` of what is left after the weights (less the GDN slots),
         at least one full context (like vLLM's gpu_memory_utilization); else None (every lane's
         full context, the CPU)."""
-        arena = getattr(self.backend, "arena", None)
-        if cfg.kv_pages is not None or self.max_concurrency == 1 or arena is None:
+        free = self.backend.cache_budget() if cfg.kv_pages is None and self.max_concurrency > 1 else None
+        if free is None:
             return cfg.kv_pages
         if not 0.0 < cfg.kv_cache_fraction <= 1.0:
             raise InvalidRequestError(f"kv_cache_fraction must be in (0, 1], got {cfg.kv_cache_fraction}")
         c = self.max_concurrency
         slots = 2 * c + (cfg.prefix_snapshots if cfg.prefix_snapshots is not None else 2 * c + 4)
-        left = int((arena.capacity - arena.used) * cfg.kv_cache_fraction)
+        left = int(free * cfg.kv_cache_fraction)
         budget = left - slots * gdn_bytes_per_slot(self.model_config)
         page = PAGE_SIZE * kv_bytes_per_token(self.model_config, _kv_dtype(self.kv_cache))
         return max(pages_for(self.max_context), budget // page)

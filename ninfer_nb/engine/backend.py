@@ -166,6 +166,9 @@ class CpuBackend:
     def time_decode_steps(self, position: int, replays: int = 16) -> float | None:
         return None                   # no graph to replay
 
+    def cache_budget(self) -> int | None:
+        return None                   # host memory: caches sized by the context
+
     def memory_info(self) -> tuple[int | None, int | None]:
         try:
             import psutil

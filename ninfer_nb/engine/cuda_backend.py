@@ -587,6 +587,10 @@ class CudaBackend:
 
         check(driver().cuMemsetD8Async(dst.ptr, 0, dst.nbytes, self.stream.cu))
 
+    def cache_budget(self) -> int | None:
+        """What the persistent arena has left (the weights and earlier buffers are in it)."""
+        return self.arena.capacity - self.arena.used
+
     def memory_info(self) -> tuple[int | None, int | None]:
         from ..runtime import device as dev
 

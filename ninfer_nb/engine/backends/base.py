@@ -64,6 +64,11 @@ class Backend(Protocol):
         """(bytes used, bytes total) of the device memory; None where unknown."""
         ...
 
+    def cache_budget(self) -> int | None:
+        """Bytes of device memory still free for caches (the KV page pool of paged lanes), or
+        None where the engine sizes them by the context alone (the CPU)."""
+        ...
+
     # --- eager steps ------------------------------------------------------------------------
     def begin_step(self) -> None:
         """Start a model step: the per-step scratch is handed back."""
