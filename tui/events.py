@@ -97,6 +97,17 @@ class EngineStats:
     device_memory_used: int | None = None
     device_memory_total: int | None = None
     requests_running: int | None = None
+    requests_waiting: int | None = None
+    batch_size: float | None = None         # mean rows per decode round (requests decoding together)
+    prefix_hit_rate: float | None = None    # prompt tokens the prefix cache served / looked up
+    spec_per_pos: tuple[float, ...] = ()    # acceptance at each draft position (0..1)
+
+
+def spec_per_position(accepted_at: dict[int, float], rounds: float | None) -> tuple[float, ...]:
+    """Acceptance at each draft position: rounds that kept the draft there / verify rounds."""
+    if not rounds or not accepted_at:
+        return ()
+    return tuple(accepted_at.get(i, 0.0) / rounds for i in range(max(accepted_at) + 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from .events import (
     ToolCall,
     ToolCallDelta,
     TurnTimings,
+    spec_per_position,
 )
 from .rate import RateMeter
 from .settings import ChatSettings
@@ -206,9 +207,19 @@ def _opt_float(v: object) -> float | None:
 def stats_from_dict(raw: dict[str, Any]) -> EngineStats:
     """Map `LLM.stats()` to EngineStats; unknown or missing keys are fine."""
     acceptance = _opt_float(raw.get("spec_acceptance"))
-    drafted, accepted = _opt_int(raw.get("spec_draft_tokens")), _opt_int(raw.get("spec_accepted"))
+    drafted = _opt_int(raw.get("spec_draft_tokens"))
+    accepted = _opt_int(raw.get("spec_accepted_tokens", raw.get("spec_accepted")))
     if acceptance is None and drafted:
         acceptance = (accepted or 0) / drafted
+    rounds = raw.get("decode_batch_sizes")
+    batch = None
+    if isinstance(rounds, dict) and rounds:
+        n = sum(int(c) for c in rounds.values())
+        batch = sum(int(b) * int(c) for b, c in rounds.items()) / n if n else None
+    queries, hits = _opt_int(raw.get("prefix_cache_queries")), _opt_int(raw.get("prefix_cache_hits"))
+    at = raw.get("spec_accepted_per_pos")
+    per_pos = spec_per_position({i: float(v) for i, v in enumerate(at)} if isinstance(at, list) else {},
+                                _opt_float(raw.get("spec_drafts")))
     return EngineStats(
         context_tokens=_opt_int(raw.get("context_tokens")),
         max_context=_opt_int(raw.get("max_context")),
@@ -218,4 +229,9 @@ def stats_from_dict(raw: dict[str, Any]) -> EngineStats:
         device=str(raw["device"]) if raw.get("device") is not None else None,
         device_memory_used=_opt_int(raw.get("device_memory_used")),
         device_memory_total=_opt_int(raw.get("device_memory_total")),
+        requests_running=_opt_int(raw.get("num_requests_running")),
+        requests_waiting=_opt_int(raw.get("num_requests_waiting")),
+        batch_size=batch,
+        prefix_hit_rate=hits / queries if queries and hits is not None else None,
+        spec_per_pos=per_pos,
     )

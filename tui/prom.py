@@ -12,7 +12,7 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .events import EngineStats
+from .events import EngineStats, spec_per_position
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -55,6 +55,18 @@ def metric(samples: Samples, suffix: str) -> float | None:
     return total
 
 
+def per_label(samples: Samples, suffix: str, label: str) -> dict[str, float]:
+    """label value -> the sum of the samples of `suffix` carrying it."""
+    out: dict[str, float] = {}
+    for name, rows in samples.items():
+        if _short(name) != suffix:
+            continue
+        for labels, v in rows:
+            if label in labels and math.isfinite(v):
+                out[labels[label]] = out.get(labels[label], 0.0) + v
+    return out
+
+
 def _int(v: float | None) -> int | None:
     return None if v is None else int(v)
 
@@ -66,6 +78,15 @@ def stats_from_metrics(samples: Samples) -> EngineStats:
     drafted = metric(samples, "spec_decode_num_draft_tokens_total")
     accepted = metric(samples, "spec_decode_num_accepted_tokens_total")
     acceptance = accepted / drafted if drafted and accepted is not None else None
+    queries = metric(samples, "prefix_cache_queries_total")
+    hits = metric(samples, "prefix_cache_hits_total")
+    positions = per_label(samples, "spec_decode_num_accepted_tokens_per_pos_total", "position") or \
+        per_label(samples, "spec_decode_num_accepted_tokens_per_pos", "position")
+    per_pos = spec_per_position({int(k): v for k, v in positions.items() if k.isdigit()},
+                                metric(samples, "spec_decode_num_drafts_total"))
+    batch = metric(samples, "decode_batch_size")
+    if batch is None:
+        batch = metric(samples, "n_busy_slots_per_decode")
     return EngineStats(
         context_tokens=_int(metric(samples, "context_tokens")),
         max_context=_int(metric(samples, "max_context_tokens")),
@@ -76,4 +97,8 @@ def stats_from_metrics(samples: Samples) -> EngineStats:
         device_memory_used=_int(metric(samples, "device_memory_used_bytes")),
         device_memory_total=_int(metric(samples, "device_memory_total_bytes")),
         requests_running=_int(metric(samples, "num_requests_running")),
+        requests_waiting=_int(metric(samples, "num_requests_waiting")),
+        batch_size=batch,
+        prefix_hit_rate=hits / queries if queries and hits is not None else None,
+        spec_per_pos=per_pos,
     )

@@ -5,6 +5,7 @@ and history behaviour, never the text itself.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ninfer_nb.tui.settings import ChatSettings
@@ -104,6 +105,9 @@ async def test_perf_panel_toggles_and_shows_engine_numbers(
         rows = dict(_rows(panel))
         assert rows["device"] == "cpu"
         assert rows["spec acc"] == "off"
+        # the in-process engine's lanes: requests running / waiting, rows per decode round
+        assert re.fullmatch(r"\d+ run · \d+ wait · B \d+\.\d", rows["batch"]), rows["batch"]
+        assert re.fullmatch(r"\d+%", rows["prefix hit"]), rows["prefix hit"]
         assert rows["context"].split("/")[1].startswith("4096")
         assert "tok/s" in rows["decode"] and "ms" in rows["TTFT"]
         assert "CPU" in rows and "RAM" in rows   # psutil on the CPU backend

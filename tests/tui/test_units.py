@@ -176,6 +176,35 @@ def test_prometheus_text_is_parsed_leniently() -> None:
     assert stats_from_metrics(parse_metrics("")).spec_acceptance is None
 
 
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+vllm:num_requests_running{model_name="m"} 3.0
+vllm:num_requests_waiting{model_name="m"} 2.0
+vllm:kv_cache_usage_perc{model_name="m"} 0.4
+vllm:prefix_cache_queries_total{model_name="m"} 1000.0
+vllm:prefix_cache_hits_total{model_name="m"} 900.0
+vllm:spec_decode_num_drafts_total{model_name="m"} 10.0
+vllm:spec_decode_num_draft_tokens_total{model_name="m"} 30.0
+vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 15.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 5.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="2"} 2.0
+ninfer:decode_batch_size{model_name="m"} 2.5
+"""
+
+
+def test_vllm_metric_names_fill_the_batch_and_speculation_rows() -> None:
+    s = stats_from_metrics(parse_metrics(VLLM_METRICS))
+    assert (s.requests_running, s.requests_waiting, s.batch_size) == (3, 2, 2.5)
+    assert s.kv_usage == 0.4 and s.prefix_hit_rate == pytest.approx(0.9)
+    assert s.spec_acceptance == pytest.approx(0.5) and s.spec_per_pos == pytest.approx((0.8, 0.5, 0.2))
+    rows = dict(perf_rows(PerfView(engine=s)))
+    assert rows["batch"] == "3 run · 2 wait · B 2.5"
+    assert rows["prefix hit"] == "90%" and rows["spec acc"] == "50% (80/50/20)"
+    plain = dict(perf_rows(PerfView(engine=stats_from_metrics(parse_metrics(METRICS)))))
+    assert "prefix hit" not in plain and plain["batch"] == "1 run · — wait"
+
+
 def test_history_store_roundtrip_and_delete(tmp_path: Path) -> None:
     store = HistoryStore(tmp_path / "d")
     conv = Conversation(title="t1", messages=[

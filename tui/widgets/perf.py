@@ -69,8 +69,16 @@ def perf_rows(v: PerfView) -> list[tuple[str, str]]:
         rows.append(("KV cache", f"{100 * e.kv_usage:.0f}% used"))
     else:
         rows.append(("KV cache", DASH))
+    if e.requests_running is not None or e.batch_size is not None:
+        run = DASH if e.requests_running is None else str(e.requests_running)
+        wait = DASH if e.requests_waiting is None else str(e.requests_waiting)
+        size = f" · B {e.batch_size:.1f}" if e.batch_size is not None else ""
+        rows.append(("batch", f"{run} run · {wait} wait{size}"))
+    if e.prefix_hit_rate is not None:
+        rows.append(("prefix hit", f"{100 * e.prefix_hit_rate:.0f}%"))
     if e.spec_acceptance is not None:
-        rows.append(("spec acc", f"{100 * e.spec_acceptance:.0f}%"))
+        per_pos = "/".join(f"{100 * a:.0f}" for a in e.spec_per_pos)
+        rows.append(("spec acc", f"{100 * e.spec_acceptance:.0f}%" + (f" ({per_pos})" if per_pos else "")))
     elif last.draft_tokens:
         rows.append(("spec acc", f"{100 * (last.draft_accepted or 0) / last.draft_tokens:.0f}%"))
     else:
