@@ -378,11 +378,20 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--draft-tokens", default="3", help="comma-separated draft counts K (--spec)")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="--spec mtp: draft over the LM head's first N rows only (a shortlist head)")
+    p.add_argument("--prefix-cache", type=int, default=None, metavar="CTX",
+                   help="the prefix cache's benchmark instead (bench_prefix.py): a conversation of about CTX "
+                        "tokens re-sent after two others ran; each request's TTFT and prefilled tokens")
     p.add_argument("--concurrency", default=None, metavar="C[,C]",
                    help="requests at once, e.g. 1,2,4,8: per level C requests of the first --prompt-len "
                         "start together (bench_concurrency.py: aggregate and per-request decode tok/s, "
                         "TTFT); without it one request runs at a time (max_concurrency 1)")
     args = p.parse_args(list(argv))
+    if args.prefix_cache is not None:
+        from .bench_prefix import main as prefix_main
+
+        source = ["--random", args.random] if args.random else (["--model", args.model] if args.model else [])
+        return prefix_main([*source, "--device", args.device, "--context", str(args.prefix_cache),
+                            "--prefill-chunk", str(args.prefill_chunk), *(["--json", args.json] if args.json else [])])
     experimental = _experimental_names(args.experimental)      # before the peer run and the load
     if args.weights and not args.random:
         p.error("--weights needs --random (a checkpoint loads in its own format)")

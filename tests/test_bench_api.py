@@ -42,3 +42,14 @@ def test_bench_concurrency_sampled_vs_greedy(tmp_path: Path, capsys) -> None:
         assert 0 < greedy["steady_decode_tok_s"] and 0 < sampled["steady_sampled_vs_greedy"]
     err = capsys.readouterr().err
     assert "C=1 greedy" in err and "C=2 sampled" in err
+
+
+def test_bench_prefix_cache_flag(tmp_path: Path) -> None:
+    """--prefix-cache CTX runs bench_prefix.py: A's second request reuses its first's pages."""
+    out = tmp_path / "prefix.json"
+    rc = main(["bench", "--random", "tiny-qwen3.5", "--device", "cpu", "--prefix-cache", "300", "--json", str(out)])
+    assert rc == 0
+    rows = {r["request"]: r for r in json.loads(out.read_text())["rows"]}
+    first, second = rows["A first"], rows["A second"]
+    assert first["prefill_tokens"] == first["prompt_tokens"]
+    assert second["cached_tokens"] >= first["prompt_tokens"] - 64 and second["prefill_tokens"] < 100
