@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", choices=["off", "ngram", "mtp"], default="off",
                    help="speculative decoding: ngram = prompt lookup; mtp = the checkpoint's MTP head "
                         "(Qwen3.5 / 3.6 mtp.* weights; CPU backend so far)")
-    p.add_argument("--draft-tokens", type=int, default=3, help="draft tokens per verify round (default 3)")
+    p.add_argument("--draft-tokens", default="3",
+                   help="draft tokens per verify round: K (default 3), or auto / auto:K to adapt K to the "
+                        "measured acceptance, up to 5 / K")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--top-k", type=int, default=20)
