@@ -33,11 +33,13 @@ def _llm(path: Path, monkeypatch: pytest.MonkeyPatch | None = None, **engine: An
                                    show_progress=False, **engine))
 
 
-@pytest.mark.parametrize("engine", [dict(max_concurrency=2), dict(max_concurrency=1,
-                                                                   decode=DecodeChoices(decode_ahead=False))],
-                         ids=["rows", "one-sequence"])
+@pytest.mark.parametrize("engine", [dict(max_concurrency=2), dict(max_concurrency=1),
+                                    dict(max_concurrency=1, decode=DecodeChoices(decode_ahead=False))],
+                         ids=["rows", "one-sequence-ahead", "one-sequence"])
 def test_constrained_greedy_on_the_device_pick(tiny_qwen35_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                                engine: dict[str, Any]) -> None:
+    """Steps queued ahead (the ring runs a step when its token is collected, after the token
+    before it was observed: the split build's order) or not, and rounds of rows."""
     host = _llm(tiny_qwen35_dir, max_concurrency=1)
     c = compile_constraint("json_schema", SCHEMA, host.tokenizer, vocab_size=host.model_config.vocab_size)
     params = SamplingParams(max_tokens=80, temperature=0.0)
