@@ -344,8 +344,8 @@ def main(argv: Sequence[str]) -> int:
     for flag, kind, default, what in SAMPLING_FLAGS:
         p.add_argument(flag, type=kind, default=default, help=f"with --temperature: {what}")
     p.add_argument("--json-schema", default=None, metavar="FILE|builtin",
-                   help="also decode under this JSON schema (structured output: each step's grammar mask), "
-                        "measured after the plain run in the same command; builtin: a tool-parameters schema")
+                   help="also decode greedily under this JSON schema (structured output: each step's grammar "
+                        "mask), measured after the plain run in the same command; builtin: a tool-parameters schema")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="with --json-schema on --random weights: the tokenizer (a dir with tokenizer.json) "
                         "whose vocabulary the grammar masks")
@@ -395,6 +395,8 @@ def main(argv: Sequence[str]) -> int:
     experimental = _experimental_names(args.experimental)      # before the peer run and the load
     if args.weights and not args.random:
         p.error("--weights needs --random (a checkpoint loads in its own format)")
+    if args.json_schema and (args.concurrency or args.spec != "off"):
+        p.error("--json-schema runs with one request at a time (not with --concurrency / --spec)")
     from .llm import LLM
 
     lens = [int(x) for x in args.prompt_len.split(",")]
