@@ -164,6 +164,37 @@ def test_gemv_t1_swiglu(ops, fmt):
     close(out, cpu.swiglu(cpu.linear(x, wf)), T1_TOL)
 
 
+@pytest.mark.parametrize("fmt", [groupwise(4, 64), FP8_BLOCK], ids=lambda f: f.name)
+def test_gemv_t1_moe(ops, fmt):
+    """The MoE one-token builds on a stack of 4 experts, 2 tokens x 3 slots (an expert twice):
+    gate_up per routed pair, then down over each token's slots (their weights folded into x,
+    expert pointers per K-tile) into the residual."""
+    rng = np.random.default_rng(23 + fmt.bits)
+    kind, zp, split = kind_of(fmt)
+    e, inter, hid = 4, 32 if kind == "i4" else 64, 256
+    gu_args, gu = weight(rng, fmt, (e, 2 * inter, hid))
+    dn_args, dn = weight(rng, fmt, (e, hid, inter * (2 if kind == "i4" else 2)))
+    kx = dn.shape[-1]                                                   # the down experts' K (>= a K-tile)
+    ids = np.array([[2, 0, 2], [1, 3, 0]], np.int32)
+    ew = np.array([[0.5, -1.25, 0.75], [1.0, 0.25, -0.5]], np.float32)
+    xn = rnd(rng, 2, hid)
+    h = np.full((6, inter), np.nan, np.float32)
+    ops._go(K_t.gemv_t1(kind, zp, split, "swiglu", 2, 4, 3, 1, fmt.group_size, "gate_up"), (inter // 32, 6), 128, xn,
+            xn.reshape(-1), np.float32(1e-6), *gu_args, np.int32(2 * inter), np.int32(hid), h.reshape(-1), h,
+            np.int32(0), ids, ew, smem=K_t.t1_smem(kind, zp, split, 4, 3, hid))
+    want_h = np.stack([cpu.swiglu(cpu.linear(xn[p // 3:p // 3 + 1], gu[ids.flat[p]]))[0] for p in range(6)])
+    close(h, want_h, T1_TOL)
+    hh = np.concatenate([h, rnd(rng, 6, kx - inter)], axis=1)            # [6, kx]
+    r = rnd(rng, 2, hid)
+    out = r.copy()
+    ops._go(K_t.gemv_t1(kind, zp, split, "plain", 4, 4, 2, 1, fmt.group_size, "down"), (8, 2), 128,
+            hh.reshape(2, -1), hh.reshape(-1), np.float32(1e-6), *dn_args, np.int32(hid), np.int32(kx),
+            out.reshape(-1), out, np.int32(1), ids, ew, smem=K_t.t1_smem(kind, zp, split, 4, 2, 3 * kx))
+    want = r + np.stack([sum(ew[t, s] * cpu.linear(hh[3 * t + s:3 * t + s + 1], dn[ids[t, s]])[0]
+                             for s in range(3)) for t in range(2)])
+    close(out, want, T1_TOL)
+
+
 def test_gemv_tiled_moe(ops):
     """MoE on an int4 stack of 4 experts, 2 tokens x 3 slots (an expert twice): gate_up per
     routed pair, then down summed over each token's slots with their weights into the

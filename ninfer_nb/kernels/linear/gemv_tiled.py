@@ -1062,7 +1062,7 @@ _T1: dict[tuple[Any, ...], Any] = {}
 
 
 def gemv_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int, stages: int, min_blocks: int,
-            group: int = 64) -> Any:
+            group: int = 64, experts: str = "") -> Any:
     """The one-token build (registered on first use): y[1, N] = x[1, K] @ W^T on the tiled layout,
     same signature and grid as `gemv_tiled` (grid (ceil(pairs / (warps / ways)), 1), block
     32 * warps), launched with t1_smem(...) bytes of dynamic shared memory.
@@ -1082,25 +1082,27 @@ def gemv_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int, 
     rms). K slices of a pair meet in shared memory in a fixed order."""
     if kind == "fp8":
         group = 128
-    key = (kind, zp, split, mode, ways, warps, stages, min_blocks, group)
+    key = (kind, zp, split, mode, ways, warps, stages, min_blocks, group, experts)
     if key not in _T1:
         if (kind not in KINDS or mode not in MODES or ways not in (1, 2, 4, 8, 16) or warps not in (2, 4, 8, 16)
                 or ways > warps or not 2 <= stages <= 8 or not 1 <= min_blocks * warps <= 64
                 or (split and kind != "i4") or (zp and kind == "fp8") or group not in (32, 64, 128)
-                or split != (kind == "i4" and group == 32)):
+                or split != (kind == "i4" and group == 32) or experts not in ("", "gate_up", "down")
+                or (experts == "gate_up" and mode != "swiglu") or (experts == "down" and mode != "plain")):
             raise ValueError(f"gemv_t1: no build {key}")
         _T1[key] = _make_t1(*key)
     return _T1[key]
 
 
 def t1_name(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int, stages: int, min_blocks: int,
-            group: int = 64) -> str:
+            group: int = 64, experts: str = "") -> str:
     fmt = kind + ("" if kind == "fp8" else f"g{group}") + ("zp" if zp else "")
-    return f"gemv_t1_{fmt}_{mode}_w{ways}_x{warps}_s{stages}_b{min_blocks}_kernel"
+    moe = f"_moe_{experts}" if experts else ""
+    return f"gemv_t1_{fmt}_{mode}{moe}_w{ways}_x{warps}_s{stages}_b{min_blocks}_kernel"
 
 
 def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int, stages: int, min_blocks: int,
-             group: int) -> Any:
+             group: int, experts: str) -> Any:
     KIND = KINDS.index(kind)
     KTW = 64 if kind == "i4" else 32
     GSHIFT = group.bit_length() - 1
@@ -1120,6 +1122,9 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
     SM1 = int32(stages - 1)
     KPG = (group // KTW - 1) if group > KTW else 0             # K-tiles per group - 1 (a mask)
     GSTEP = (KTW // group) * 32 if group <= KTW else 0
+    GATE_UP = experts == "gate_up"
+    DOWN = experts == "down"
+    MOE = experts != ""
     SWIGLU = mode in ("swiglu", "normed_swiglu")
     NORMED = mode in ("normed", "normed_swiglu")
     WAIT = T1_WAITS[S - 2]
@@ -1146,6 +1151,27 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
             if SPLIT:
                 cp_async4(wp + zo + I8, pza + 32)
                 cp_async4(wp + zo + I12, pzb + 32)
+
+    @cuda.jit(device=True, inline=True)
+    def slot_ptrs(kt, kt_exp, eids, nt, ta, tb, lane, g, k_exp, codes, scales, zeros):
+        """MoE down: the pointers of K-tile kt of the slots' concatenated K (slot kt // kt_exp,
+        its expert from eids), as issue takes them."""
+        s_i = kt // kt_exp
+        kl = kt - s_i * kt_exp
+        e = int64(eids[s_i])
+        tea = e * nt + ta
+        teb = e * nt + tb
+        pa = _gp(codes) + (tea * kt_exp + kl) * 512 + lane * 16
+        pb = _gp(codes) + (teb * kt_exp + kl) * 512 + lane * 16
+        if KIND == 2:
+            nb = k_exp >> 7
+            oa = (tea * nb + ((kl * KTW) >> 7)) * 4
+            ob = (teb * nb + ((kl * KTW) >> 7)) * 4
+        else:
+            ng = k_exp >> GSHIFT
+            oa = ((tea * ng + ((kl * KTW) >> GSHIFT)) * 8 + g) * 4
+            ob = ((teb * ng + ((kl * KTW) >> GSHIFT)) * 8 + g) * 4
+        return pa, pb, _gp(scales) + oa, _gp(scales) + ob, _gp(zeros) + oa, _gp(zeros) + ob
 
     @cuda.jit(device=True, inline=True)
     def sstep(kt):
@@ -1183,6 +1209,7 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
     def gemv_t1_build(x, nw, eps, codes, scales, zeros, gshift, n_rows, k_exp, bias, out, has_bias, ids, ew):
         smem = cuda.shared.array(0, uint32)
         red = cuda.shared.array(64, float32)
+        eids = cuda.shared.array(32, int32)
         tid = cuda.threadIdx.x
         lane = int32(tid & 31)
         warp = int32(tid >> 5)
@@ -1190,10 +1217,17 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
         t = lane & I3
         pair = warp // WAYS
         sl = warp - pair * WAYS
-        k_dim = x.shape[1]
+        k_dim = x.shape[1]                              # DOWN: the slots' rows of h concatenated
         nt = (n_rows + 15) >> 4
         kt_all = k_dim // KTW
+        kt_exp = k_exp // KTW                           # K-tiles of one expert (dense: of the matrix)
         n_pairs = nt >> 1 if SWIGLU else (nt + 1) >> 1
+        top_k = ids.shape[1]
+        by = cuda.blockIdx.y                            # gate_up: routed pair t * k + s; down: token t
+        tq = by // top_k if GATE_UP else by             # the token whose x row the block reads
+        ebase = 0
+        if GATE_UP:
+            ebase = ids[tq, by - tq * top_k]          # (MoE builds wait at entry: ids are the router's)
         p = cuda.blockIdx.x * PAIRS + pair
         live = p < n_pairs
         p = p if live else 0
@@ -1215,16 +1249,18 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
         kt0 = int32(kt0)
         n_k = int32(n_k)
         ring = _saddr(ring)
-        pa = _gp(codes) + (int64(ta) * kt_all + kt0) * 512 + lane * 16
-        pb = _gp(codes) + (int64(tb) * kt_all + kt0) * 512 + lane * 16
+        tea = int64(ebase) * nt + ta
+        teb = int64(ebase) * nt + tb
+        pa = _gp(codes) + (tea * kt_exp + kt0) * 512 + lane * 16
+        pb = _gp(codes) + (teb * kt_exp + kt0) * 512 + lane * 16
         if KIND == 2:
-            nb = k_dim >> 7
-            sa0 = _gp(scales) + (ta * nb) * 4
-            sb0 = _gp(scales) + (tb * nb) * 4
+            nb = k_exp >> 7
+            sa0 = _gp(scales) + (tea * nb) * 4
+            sb0 = _gp(scales) + (teb * nb) * 4
         else:
-            ng = k_dim >> GSHIFT
-            sa0 = _gp(scales) + ((ta * ng) * 8 + g) * 4
-            sb0 = _gp(scales) + ((tb * ng) * 8 + g) * 4
+            ng = k_exp >> GSHIFT
+            sa0 = _gp(scales) + ((tea * ng) * 8 + g) * 4
+            sb0 = _gp(scales) + ((teb * ng) * 8 + g) * 4
         za0 = sa0
         zb0 = sb0
         if ZP:
@@ -1242,23 +1278,30 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
         psb = sb0 + so0
         pza = za0 + so0
         pzb = zb0 + so0
-        for i in range(S - 1):                          # the ring's first K-tiles: weights, before the wait
-            if i < n_k:
-                issue(ring + int32(i) * STAGE, lane, pa, pb, psa, psb, pza, pzb)
-                pa += 512
-                pb += 512
-                d = sstep(int32(kt0 + i))
-                psa += d
-                psb += d
-                pza += d
-                pzb += d
-            cp_async_commit()
+        if not MOE:
+            for i in range(S - 1):                      # the ring's first K-tiles: weights, before the wait
+                if i < n_k:
+                    issue(ring + int32(i) * STAGE, lane, pa, pb, psa, psb, pza, pzb)
+                    pa += 512
+                    pb += 512
+                    d = sstep(int32(kt0 + i))
+                    psa += d
+                    psb += d
+                    pza += d
+                    pzb += d
+                cp_async_commit()
         grid_dependency_sync()                          # x is the previous kernel's output
+        xr = tq * k_dim                                 # x row tq (dense: 0)
+        if DOWN and tid < top_k:
+            eids[tid] = ids[tq, tid]
         # stage x: max |x (* nw)| and the sum of squares, then fp16 x * 2^-e and 32-column sums
         m = float32(0.0)
         ss = float32(0.0)
         for c in range(4 * tid, k_dim, 4 * TB):
-            v = ldg_v4_f32(x, c)
+            v = ldg_v4_f32(x, xr + c)
+            if DOWN:                                    # the slot weight folded into x
+                sw = ew[tq, c // k_exp]
+                v = (v[0] * sw, v[1] * sw, v[2] * sw, v[3] * sw)
             if NORMED:
                 ss += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]
                 n4 = ldg_v4_f32(nw, c)
@@ -1287,8 +1330,12 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
             c = c0 + 8 * lane
             sx = float32(0.0)
             if c < k_dim:
-                va = ldg_v4_f32(x, c)
-                vb = ldg_v4_f32(x, c + 4)
+                va = ldg_v4_f32(x, xr + c)
+                vb = ldg_v4_f32(x, xr + c + 4)
+                if DOWN:
+                    sw = ew[tq, c // k_exp]
+                    va = (va[0] * sw, va[1] * sw, va[2] * sw, va[3] * sw)
+                    vb = (vb[0] * sw, vb[1] * sw, vb[2] * sw, vb[3] * sw)
                 if NORMED:
                     na = ldg_v4_f32(nw, c)
                     nb8 = ldg_v4_f32(nw, c + 4)
@@ -1312,6 +1359,21 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
             if c < k_dim and (lane & 3) == 0:
                 smem[xw + (c >> 5)] = f32_bits(sx)
         cuda.syncthreads()
+        if MOE:                                         # the ring's first K-tiles (the experts known now)
+            for i in range(S - 1):
+                if i < n_k:
+                    if DOWN:
+                        pa, pb, psa, psb, pza, pzb = slot_ptrs(int32(kt0 + i), kt_exp, eids, nt, ta, tb, lane, g,
+                                                               k_exp, codes, scales, zeros)
+                    issue(ring + int32(i) * STAGE, lane, pa, pb, psa, psb, pza, pzb)
+                    pa += 512
+                    pb += 512
+                    d = sstep(int32(kt0 + i))
+                    psa += d
+                    psb += d
+                    pza += d
+                    pzb += d
+                cp_async_commit()
         # the stream: per K-tile wait for the oldest group, read the slot, refill it S - 1 ahead
         aa0 = aa1 = ab0 = ab1 = float32(0.0)            # sum of s * c: tile a rows g, g + 8, tile b
         ra0 = ra1 = rb0 = rb1 = float32(0.0)            # sum of s * X (times the offset with zero points)
@@ -1345,6 +1407,9 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
                     zw4 = lds128(wp + 16)
             j = int32(i + SM1)
             if j < n_k:
+                if DOWN:
+                    pa, pb, psa, psb, pza, pzb = slot_ptrs(int32(kt0 + j), kt_exp, eids, nt, ta, tb, lane, g, k_exp,
+                                                           codes, scales, zeros)
                 issue(ws, lane, pa, pb, psa, psb, pza, pzb)
                 pa += 512
                 pb += 512
@@ -1469,19 +1534,20 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
             yb0 *= mult
             yb1 *= mult
             if SWIGLU:
-                out[0, ta * 16 + g] = ya0 / (float32(1.0) + math.exp(-ya0)) * yb0
-                out[0, ta * 16 + g + 8] = ya1 / (float32(1.0) + math.exp(-ya1)) * yb1
+                orow = by if GATE_UP else 0
+                out[orow, ta * 16 + g] = ya0 / (float32(1.0) + math.exp(-ya0)) * yb0
+                out[orow, ta * 16 + g + 8] = ya1 / (float32(1.0) + math.exp(-ya1)) * yb1
             else:
                 for h in range(4):
                     r = (ta if h < 2 else tb) * 16 + g + 8 * (h & 1)
                     v = ya0 if h == 0 else ya1 if h == 1 else yb0 if h == 2 else yb1
                     if r < n_rows and (h < 2 or has_b):
-                        out[0, r] = v + (bias[r] if has_bias != 0 else float32(0.0))
+                        out[tq, r] = v + (bias[tq * n_rows + r] if has_bias != 0 else float32(0.0))
 
-    gemv_t1_build.__name__ = t1_name(kind, zp, split, mode, ways, warps, stages, min_blocks, group)
+    gemv_t1_build.__name__ = t1_name(kind, zp, split, mode, ways, warps, stages, min_blocks, group, experts)
     return kernel((f32_2, f32_1, f32, u32_1, u32_1, u32_1, i32, i32, i32, f32_1, f32_2, i32, i32_2, f32_2),
                   sim=True, fastmath=True, launch_bounds=(TB, min_blocks), dynamic_smem=T1_SMEM_MAX,
-                  self_sync=True)(gemv_t1_build)
+                  self_sync=not MOE)(gemv_t1_build)
 
 
 # The one-token build the 27B's 5120-row weights take (registered at import for the compile tests

@@ -113,6 +113,17 @@ def t1_build(mode: str, n: int, k: int, kind: str, zp: bool = False, split: bool
     return best
 
 
+def t1_moe_build(experts: str, k_all: int, kind: str) -> tuple[int, int, int, int]:
+    """(K slices, warps, stages, blocks per SM) of the MoE gemv_t1 builds: blocks of 8 warps, an
+    8-stage ring, K slices of at least 8 K-tiles (gate_up up to 4, down up to 8: the few long
+    rows of the slots' concatenated K)."""
+    kts = k_all // tile_cols(4 if kind == "i4" else 8)
+    ways = 8 if experts == "down" else 4
+    while ways > 1 and kts < 8 * ways:
+        ways //= 2
+    return ways, 8, 8, 3
+
+
 def tiled_kind(q: QuantizedWeight) -> tuple[str, bool, bool]:
     """(kind, zero points, split) of a tiled record: the gemv_tiled build's format part."""
     fmt = q.format
@@ -247,8 +258,8 @@ class QuantLinearOps(NormOps):
         kind, zp, split = tiled_kind(q)
         n, k = q.shape[-2:]
         t = x2.shape[0]
-        if GEMV_T1 and not experts and t == 1:
-            self._t1_gemv(mode, x2, nw, eps, q, bias, out2)
+        if GEMV_T1 and (experts or t == 1):
+            self._t1_gemv(mode, x2, nw, eps, q, bias, out2, ids, ew, experts, grid_y)
             return
         if experts:
             ways, warps, blocks = moe_build(experts, n, x2.shape[1], kind, grid_y, self.sm_count)
@@ -268,21 +279,28 @@ class QuantLinearOps(NormOps):
                  (-(-pairs // (warps // ways)), grid_y), 32 * warps, x2, nw, np.float32(eps), codes, scales, zeros,
                  np.int32(gshift), np.int32(n), np.int32(k), b, out2, np.int32(bias is not None), ids, ew)
 
-    def _t1_gemv(self, mode: str, x2: Any, nw: Any, eps: float, q: QuantizedWeight, bias: Any, out2: Any) -> None:
-        """kernels/linear/gemv_tiled.py gemv_t1 for one token on a tiled record."""
+    def _t1_gemv(self, mode: str, x2: Any, nw: Any, eps: float, q: QuantizedWeight, bias: Any, out2: Any,
+                 ids: Any = None, ew: Any = None, experts: str = "", grid_y: int = 1) -> None:
+        """kernels/linear/gemv_tiled.py gemv_t1 on a tiled record: one token, or the MoE builds
+        (one x row per block: any number of tokens)."""
         kind, zp, split = tiled_kind(q)
-        n, k = q.shape
-        ways, warps, stages, blocks = t1_build(mode, n, k, kind, zp, split, self.sm_count)
+        n, k = q.shape[-2:]
+        k_all = x2.shape[1]
+        if experts:
+            ways, warps, stages, blocks = t1_moe_build(experts, k_all, kind)
+        else:
+            ways, warps, stages, blocks = t1_build(mode, n, k, kind, zp, split, self.sm_count)
         nt = -(-n // TILE_ROWS)
         pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
         scales = q.arrays["scales"].reshape(-1).view(np.uint32)
-        ids, ew = self._tiled_dummies()
-        self._go(K_t.gemv_t1(kind, zp, split, mode, ways, warps, stages, blocks, q.format.group_size),
-                 -(-pairs // (warps // ways)), 32 * warps, x2, nw, np.float32(eps),
+        if ids is None:
+            ids, ew = self._tiled_dummies()
+        self._go(K_t.gemv_t1(kind, zp, split, mode, ways, warps, stages, blocks, q.format.group_size, experts),
+                 (-(-pairs // (warps // ways)), grid_y), 32 * warps, x2, nw, np.float32(eps),
                  q.arrays["codes"].reshape(-1).view(np.uint32), scales,
                  q.arrays["zeros"].reshape(-1) if zp else scales, np.int32(q.format.group_size.bit_length() - 1),
                  np.int32(n), np.int32(k), bias if bias is not None else out2.reshape(-1), out2,
-                 np.int32(bias is not None), ids, ew, smem=K_t.t1_smem(kind, zp, split, warps, stages, k))
+                 np.int32(bias is not None), ids, ew, smem=K_t.t1_smem(kind, zp, split, warps, stages, k_all))
 
     def _tiled_dummies(self) -> tuple[Any, Any]:
         """Typed placeholders for the MoE arguments of the dense gemv_tiled builds (never read)."""
