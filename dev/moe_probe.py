@@ -168,7 +168,7 @@ def rows_probe(args: argparse.Namespace) -> None:
     env.stream.synchronize()
     expert_mb = 3 * I * H * 2 / 1e6
     print(f"{'T':>3s} {'experts':>7s} {'old us':>8s} {'new us':>8s} {'x':>5s} {'old GB/s':>8s} {'new GB/s':>8s} "
-          f"{'maxdiff':>8s}  new: prep / gate_up w8 w4 / down w8 w4 / combine / down+combine w8 us", flush=True)
+          f"{'maxdiff':>8s}  new: prep / gate_up w4 w8 / down w4 w8 / combine us", flush=True)
     for t in [int(v) for v in args.rows.split(",")]:
         ids_h = [np.stack([np.r_[rng.permutation(E)[:K], E] for _ in range(t)]).astype(np.int32) for _ in layers]
         ids = [env.up(a) for a in ids_h]
@@ -195,13 +195,9 @@ def rows_probe(args: argparse.Namespace) -> None:
                         ops.moe(x, r, K, True, True, gu, dn, residual=res)
             if t == 8 or t == 1:
                 us[("full", mode)] = env.graph_us(run_full, n_l * args.reps)
-                if mode:                             # the top-k in its own launch (moe_route)
-                    M.MOE_ROWS_FUSED_ROUTE = False
-                    us[("full", "unfused")] = env.graph_us(run_full, n_l * args.reps)
-                    M.MOE_ROWS_FUSED_ROUTE = True
             env.scratch.reset()
             outs[mode] = env.host(ops.moe_experts(x, ids[0], ws[0], layers[0][0], layers[0][1]))
-        M.MOE_ROWS = False
+        M.MOE_ROWS = True
         mb = distinct * expert_mb
         if True not in us:
             print(f"{t:3d} {distinct:7.1f} {us[False]:8.1f} {'-':>8s} {'-':>5s} {mb / us[False] * 1e3:8.0f}"
@@ -213,13 +209,12 @@ def rows_probe(args: argparse.Namespace) -> None:
         print(f"{t:3d} {distinct:7.1f} {us[False]:8.1f} {us[True]:8.1f} {us[False] / us[True]:5.2f} "
               f"{mb / us[False] * 1e3:8.0f} {mb / us[True] * 1e3:8.0f} {diff:8.1e}  "
               + " / ".join(f"{v:.1f}" for v in parts)
-              + (f"  ops.moe {us[('full', False)]:.1f} -> {us[('full', True)]:.1f} (top-k apart "
-                 f"{us[('full', 'unfused')]:.1f})" if t == 8 else ""), flush=True)
+              + (f"  ops.moe {us[('full', False)]:.1f} -> {us[('full', True)]:.1f}" if t == 8 else ""), flush=True)
 
 
 def rows_parts(env: Any, ops: Any, R: Any, layers: list, ids: list, ws: list, x: Any, t: int, reps: int) -> list[float]:
     """us per layer of each moe_rows kernel alone (the other kernels' outputs precomputed per layer):
-    prep, gate_up (8 / 4 warps), down (8 / 4 warps), combine, down with the combine fused (8 warps)."""
+    prep, gate_up (4 / 8 warps), down (4 / 8 warps), combine."""
     n_slots = K + 1
     n_pairs = t * n_slots
     n_it = R.max_items(n_pairs, E + 1)
@@ -229,14 +224,13 @@ def rows_parts(env: Any, ops: Any, R: Any, layers: list, ids: list, ws: list, x:
              "n": env.up(np.zeros(1, np.int32)), "xhi": env.up(np.zeros((t, H), np.uint16)),
              "xlo": env.up(np.zeros((t, H), np.uint16)), "hhi": env.up(np.zeros((n_pairs, I), np.uint16)),
              "hlo": env.up(np.zeros((n_pairs, I), np.uint16)), "y": env.up(np.zeros((n_pairs, H), np.float32)),
-             "out": env.up(np.zeros((t, H), np.float32)), "cnt": env.up(np.zeros(H // 128, np.int32)),
-             "none": env.up(np.zeros(0, np.int32))}
+             "out": env.up(np.zeros((t, H), np.float32))}
         bufs.append(b)
     pt = R.PREP_THREADS
 
     def prep(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
         ops._go(R.moe_rows_prep_kernel, 1 + (t * H // 8 + pt - 1) // pt, pt, i_, x, np.int32(E + 1),
-                b["items"], b["order"], b["n"], b["xhi"], b["xlo"], b["cnt"])
+                b["items"], b["order"], b["n"], b["xhi"], b["xlo"])
 
     def gate_up(w: int) -> Any:
         def f(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
@@ -244,11 +238,10 @@ def rows_parts(env: Any, ops: Any, R: Any, layers: list, ids: list, ws: list, x:
                     b["order"], b["n"], np.int32(n_slots), b["hhi"], b["hlo"])
         return f
 
-    def down(w: int, fused: bool) -> Any:
+    def down(w: int) -> Any:
         def f(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
             ops._go(R.moe_rows_down_kernel, (H // (16 * w), n_it), 32 * w, b["hhi"], b["hlo"], dn, b["items"],
-                    b["order"], b["n"], w_.reshape(-1), b["y"], i_, np.int32(E + 1), b["out"], np.int32(1),
-                    b["cnt"] if fused else b["none"])
+                    b["order"], b["n"], w_.reshape(-1), b["y"])
         return f
 
     def combine(b: dict, gu: Any, dn: Any, i_: Any, w_: Any) -> None:
@@ -257,7 +250,7 @@ def rows_parts(env: Any, ops: Any, R: Any, layers: list, ids: list, ws: list, x:
                 np.int32(1))
 
     res = []
-    for step in (prep, gate_up(8), gate_up(4), down(8, False), down(4, False), combine, down(8, True)):
+    for step in (prep, gate_up(4), gate_up(8), down(4), down(8), combine):
         for b, (gu, dn), i_, w_ in zip(bufs, layers, ids, ws):     # the inputs of the later steps
             step(b, gu, dn, i_, w_)
 

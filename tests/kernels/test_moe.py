@@ -9,7 +9,7 @@ import pytest
 
 from ninfer_nb.ops import cpu
 from ninfer_nb.runtime.tensor import bfloat16
-from tests.kernels.device import DEVICE_MARKS, SIM, shapes
+from tests.kernels.device import DEVICE_MARKS, shapes
 from tests.kernels.gpu_util import close, rnd
 
 pytestmark = DEVICE_MARKS
@@ -52,17 +52,19 @@ def test_moe_route_ties(dev):
     sim=[(9, 4, 3, 64, 128, 1)],
     gpu=[(2, 17, 9, 2048, 512, 0), (8, 33, 9, 2048, 512, 0), (16, 17, 9, 2048, 512, 1),
          (63, 17, 9, 2048, 512, 0)]))
-@pytest.mark.parametrize("fused", [True] if SIM else [True, False])
-def test_moe_experts_rows(dev, rng, monkeypatch, t, e, k, h, i, hot, fused):
+def test_moe_experts_rows(dev, rng, monkeypatch, t, e, k, h, i, hot):
     """kernels/moe/moe_rows.py (experts grouped by expert for a few tokens) vs ops.cpu.moe_experts:
     random routing with distinct experts per token, the last expert in every row (a shared slot,
     > 8 and > 16 rows on the GPU), a dropped id (-1), hot = 1: expert 0 in every row too; once
-    plain, once added into a residual; the combine fused into the down kernel or not. x and h enter
-    the MMAs as bf16 hi + lo halves (fp32-like)."""
-    from ninfer_nb.ops.cuda import moe as M
-
-    monkeypatch.setattr(M, "MOE_ROWS_FUSED_COMBINE", fused)
+    plain, once added into a residual (the simulator: the residual case only, called directly;
+    the GPU: through moe_experts, which must pick it). x and h enter the MMAs as bf16 hi + lo
+    halves (fp32-like)."""
     ops = dev.fresh()
+    names: list[str] = []
+    if dev.on_gpu:
+        go = ops._go
+        monkeypatch.setattr(ops, "_go", lambda spec, *a, **kw: (names.append(spec.name), go(spec, *a, **kw)))
+    run = ops.moe_experts if dev.on_gpu else ops._moe_experts_rows
     ids = np.stack([np.r_[rng.permutation(e - 1)[:k - 1], e - 1] for _ in range(t)]).astype(np.int32)
     if hot:
         ids[:, 0] = np.where((ids[:, 1:] == 0).any(1), ids[:, 0], 0)
@@ -78,30 +80,11 @@ def test_moe_experts_rows(dev, rng, monkeypatch, t, e, k, h, i, hot, fused):
     dn_c = np.concatenate([dn.astype(np.float32), np.zeros((1, h, i), np.float32)])
     ref = cpu.moe_experts(x, ids_c, w_c, gu_c, dn_c)
     gu_d, dn_d = dev.up(gu), dev.up(dn)
-    if dev.on_gpu:                                # (the simulator: the residual case only)
-        got = ops._moe_experts_rows(dev.up(x), dev.up(ids), dev.up(w), gu_d, dn_d, None)
+    if dev.on_gpu:
+        got = run(dev.up(x), dev.up(ids), dev.up(w), gu_d, dn_d, None)
         close(dev.host(got), ref, 1e-4)
+        assert "moe_rows_gate_up_kernel" in names and "moe_gate_up_kernel" not in names, names
     r = dev.up(res)
-    ops._moe_experts_rows(dev.up(x), dev.up(ids), dev.up(w), gu_d, dn_d, r)
+    run(dev.up(x), dev.up(ids), dev.up(w), gu_d, dn_d, r)
     close(dev.host(r), res + ref, 1e-4)
 
-
-@pytest.mark.parametrize("t,e,k,h,i", shapes(sim=[(9, 6, 2, 64, 128)], gpu=[(4, 16, 8, 2048, 512), (8, 32, 8, 2048, 512)]))
-def test_moe_rows_routed(dev, rng, monkeypatch, t, e, k, h, i):
-    """ops.moe for a few plain rows on kernels/moe/moe_rows.py with the top-k in the sort's launch
-    (moe_rows_route_prep_kernel: router blocks, the last one to arrive sorts) vs ops.cpu.moe:
-    E routed experts + the shared slot, renormalised weights, added into the residual."""
-    from ninfer_nb.ops.cuda import moe as M
-
-    monkeypatch.setattr(M, "MOE_ROWS", True)
-    ops = dev.fresh()
-    x = rnd(rng, t, h)
-    router = rnd(rng, e + 1, h).astype(bfloat16)
-    gu = (rnd(rng, e + 1, 2 * i, h) * 0.05).astype(bfloat16)
-    dn = (rnd(rng, e + 1, h, i) * 0.05).astype(bfloat16)
-    res = rnd(rng, t, h)
-    ref = cpu.moe(x, router.astype(np.float32), k, True, True, gu.astype(np.float32), dn.astype(np.float32),
-                  res.copy())
-    r = dev.up(res)
-    ops.moe(dev.up(x), dev.up(router), k, True, True, dev.up(gu), dev.up(dn), r)
-    close(dev.host(r), ref, 1e-4)

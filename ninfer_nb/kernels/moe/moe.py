@@ -20,7 +20,8 @@
   partial by its slot weight and reduces once (local arrays that ptxas keeps in registers:
   128, no spills).
 Decode-oriented (each routed pair streams its expert's weights): CudaOps.moe_experts uses them for
-T < moe_grouped.GROUPED_MIN_T; longer prefill chunks take the grouped-by-expert path (moe_grouped.py).
+one token (and for 2 .. GROUPED_MIN_T - 1 tokens whose shapes moe_rows.py does not take; it groups
+them by expert); longer prefill chunks take the grouped-by-expert path (moe_grouped.py).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ then run each expert's SwiGLU MLP as a tiled GEMM over its rows, so every expert
 streamed once per 64-row tile instead of once per routed pair.
 
 `CudaOps.moe_experts` takes this path for T >= GROUPED_MIN_T (and always under the simulator);
-smaller T (decode, short verify batches) keeps the per-pair GEMV kernels of kernels/moe/moe.py.
+smaller T: one token keeps the per-pair GEMV kernels of kernels/moe/moe.py, 2 .. GROUPED_MIN_T - 1
+(batched decode rounds, verify batches) take kernels/moe/moe_rows.py.
 From MOE_PIPELINED_MIN_PAIRS routed pairs up (ops/cuda/moe.py) the bookkeeping below stays and the
 GEMMs 4-5 are replaced by kernels/moe/moe_pipelined.py (twice as fast at a 35B prefill chunk).
 

@@ -21,9 +21,7 @@ Pairs: p = t * S + s for token t, slot s (ids [T, S], S = k (+1 shared)); P = T 
 3. `moe_rows_down_kernel`, grid (H / (16 W), max items), block 32 W: one warp per 16 output
    rows over all of I; y[p, n] = weight[p] * (down[e, n] . h[row of p]) at the pair's row.
 4. `moe_rows_combine_kernel`, grid (ceil(H / 256), T): out[t] (+)= sum of y[t S + s] in slot
-   order (deterministic; the decoder's residual add when accumulating). Or fused into 3: per
-   column slice, the block that arrives last (an arrival counter the prep kernel zeroed) sums
-   the slice's columns of every token (the same order: bitwise the same result).
+   order (deterministic; the decoder's residual add when accumulating).
 Items of up to ROWS = 16 rows (two n8 tiles; the second only when the item has more than 8);
 an expert with more rows gets several items (each reads its weights again).
 Deterministic although the rows of an expert come in arrival order: an MMA's output column
@@ -46,7 +44,6 @@ from ninfer_nb.kernels.common.ptx import (
     st_v4_u32,
 )
 from ninfer_nb.kernels.common.registry import kernel
-from ninfer_nb.kernels.moe.moe import ROUTE_MAX_E, ROW_ALIGN, _route_row
 
 ROWS = 16              # rows (routed pairs of one expert) per work item: two n8 MMA tiles
 MAX_PAIRS = 1024       # T * S the sort holds in shared memory
@@ -72,50 +69,14 @@ def _hi_lo(v0, v1):
     return wh, pack_bf16x2(v1 - h1, v0 - h0)
 
 
-@kernel((i32_2, f32_2, i32, i32_2, i32_1, i32_1, u16_2, u16_2, i32_1), launch_bounds=(PREP_THREADS, 1))
-def moe_rows_prep_kernel(ids, x, n_exp, items, order, n_items, xhi, xlo, counter):
+@kernel((i32_2, f32_2, i32, i32_2, i32_1, i32_1, u16_2, u16_2), launch_bounds=(PREP_THREADS, 1))
+def moe_rows_prep_kernel(ids, x, n_exp, items, order, n_items, xhi, xlo):
     """See the module doc, step 1. ids [T, S] int32; x [T, H] (H % 8 == 0); items [>= max_items,
-    3]; order [P]; n_items [1]; xhi, xlo [T, H] bf16 bits; counter [n] set to zeros (the fused
-    down + combine's arrival counts)."""
+    3]; order [P]; n_items [1]; xhi, xlo [T, H] bf16 bits."""
     if cuda.blockIdx.x > 0:
         _split_x(x, xhi, xlo, cuda.blockIdx.x - 1)
         return
-    _sort_pairs(ids, n_exp, items, order, n_items, counter)
-
-
-@kernel((f32_2, i32, i32, i32, i32_2, f32_2, f32_2, i32, i32_2, i32_1, i32_1, u16_2, u16_2, i32_1, i32_1),
-        launch_bounds=(PREP_THREADS, 1))
-def moe_rows_route_prep_kernel(logits, top_k, renorm, shared, ids, weights, x, n_exp, items, order, n_items,
-                               xhi, xlo, counter, arrivals):
-    """moe.moe_route_kernel and moe_rows_prep_kernel in one launch: grid T + ceil(T H / 2048),
-    block PREP_THREADS (>= 32, a power of two). Blocks t < T route token t (logits [T, E +
-    shared] -> ids, weights [T, k + shared]), then arrive on arrivals [1] (device memory, 0
-    between launches); the one that arrives last sorts the pairs (and sets arrivals back to
-    0). The blocks after them split x. n_exp: the experts of the stack (E + shared)."""
-    n_tok = logits.shape[0]
-    b = cuda.blockIdx.x
-    if b >= n_tok:
-        _split_x(x, xhi, xlo, b - n_tok)
-        return
-    tid = cuda.threadIdx.x
-    row = cuda.shared.array(ROUTE_MAX_E, float32, alignment=ROW_ALIGN)
-    last = cuda.shared.array(1, int32)
-    n_rt = logits.shape[1] - shared
-    for e in range(tid, n_rt, cuda.blockDim.x):
-        row[e] = logits[b, e]
-    gate = logits[b, n_rt] if shared != 0 else float32(0.0)
-    _route_row(row, n_rt, gate, top_k, renorm, shared, ids, weights, b)
-    cuda.threadfence()                           # this token's ids before its arrival
-    cuda.syncthreads()
-    if tid == 0:
-        last[0] = int32(cuda.atomic.add(arrivals, 0, 1) == n_tok - 1)
-    cuda.syncthreads()
-    if last[0] == 0:
-        return
-    cuda.threadfence()                           # every token's ids after the last arrival
-    if tid == 0:
-        arrivals[0] = 0
-    _sort_pairs(ids, n_exp, items, order, n_items, counter)
+    _sort_pairs(ids, n_exp, items, order, n_items)
 
 
 @cuda.jit(device=True, inline=True)
@@ -134,9 +95,9 @@ def _split_x(x, xhi, xlo, blk):
 
 
 @cuda.jit(device=True)
-def _sort_pairs(ids, n_exp, items, order, n_items, counter):
+def _sort_pairs(ids, n_exp, items, order, n_items):
     """The whole block: the pairs of ids sorted by expert into order, items and n_items (the
-    module doc, step 1); counter set to zeros."""
+    module doc, step 1)."""
     tid = cuda.threadIdx.x
     s_ids = cuda.shared.array(MAX_PAIRS, int32)
     cnt = cuda.shared.array(MAX_EXPERTS, int32)  # counts, then each expert's first sorted row
@@ -146,8 +107,6 @@ def _sort_pairs(ids, n_exp, items, order, n_items, counter):
     n_pairs = ids.shape[0] * n_slots
     for e in range(tid, n_exp, nthr):
         cnt[e] = 0
-    for e in range(tid, counter.shape[0], nthr):
-        counter[e] = 0
     for p in range(tid, n_pairs, nthr):
         t = p // n_slots
         e = ids[t, p - t * n_slots]
@@ -300,37 +259,13 @@ def moe_rows_gate_up_kernel(xhi, xlo, gate_up, items, order, n_items, n_slots, h
             hlo[r0 + col, j] = lb
 
 
-@kernel((u16_2, u16_2, u16_3, i32_2, i32_1, i32_1, f32_1, f32_2, i32_2, i32, f32_2, i32, i32_1),
-        fastmath=True, launch_bounds=(256, 2))
-def moe_rows_down_kernel(hhi, hlo, down, items, order, n_items, wts, y, ids, n_exp, out, accumulate, counter):
+@kernel((u16_2, u16_2, u16_3, i32_2, i32_1, i32_1, f32_1, f32_2), fastmath=True, launch_bounds=(256, 2))
+def moe_rows_down_kernel(hhi, hlo, down, items, order, n_items, wts, y):
     """See the module doc, step 3. down [E, H, I] bf16 (H % 16 == 0, I % (32 DN_UNROLL) == 0);
-    wts [P] slot weights; y [P, H] (rows of dropped pairs are not written).
-    counter [>= grid x] (zeros from the prep kernel): non-empty = step 4 fused in: the block of
-    column slice x that arrives last (counting the live items) combines the slice's columns."""
+    wts [P] slot weights; y [P, H] (rows of dropped pairs are not written)."""
     it = cuda.blockIdx.y
-    if it >= n_items[0]:
-        return
-    _down_item(hhi, hlo, down, items, order, wts, y, it)
-    if counter.shape[0] == 0:
-        return
-    last = cuda.shared.array(1, int32)
-    cuda.threadfence()                           # this block's y before its arrival
-    cuda.syncthreads()
-    bx = cuda.blockIdx.x
-    if cuda.threadIdx.x == 0:
-        last[0] = int32(cuda.atomic.add(counter, bx, 1) == n_items[0] - 1)
-    cuda.syncthreads()
-    if last[0] == 0:
-        return
-    cuda.threadfence()                           # every block's y of this slice after the last arrival
-    if cuda.threadIdx.x == 0:
-        counter[bx] = 0
-    ncol = 16 * (cuda.blockDim.x >> 5)
-    n0 = bx * ncol
-    ncol = min(ncol, out.shape[1] - n0)
-    for q in range(cuda.threadIdx.x, out.shape[0] * ncol, cuda.blockDim.x):
-        t = q // ncol
-        _combine_one(y, ids, n_exp, out, accumulate, t, n0 + q - t * ncol)
+    if it < n_items[0]:
+        _down_item(hhi, hlo, down, items, order, wts, y, it)
 
 
 @cuda.jit(device=True, inline=True)

@@ -29,12 +29,10 @@ MOE_PIPELINED_MIN_PAIRS = 1024
 # MoE decode expert kernels with more loads in flight per lane (kernels/moe/moe.py), for up
 # to this many tokens; batches keep the plain pair (faster there).
 MOE_UNROLLED_MAX_T = 1
-# MoE for 2 .. GROUPED_MIN_T - 1 tokens grouped by expert on the tensor cores (kernels/moe/moe_rows.py)
-# instead of the per-pair kernels.
-MOE_ROWS = False
-MOE_ROWS_WARPS = 8        # warps per block of its gate_up / down kernels (1 in the simulator)
-MOE_ROWS_FUSED_COMBINE = True    # the combine in the down kernel's last block per column slice
-MOE_ROWS_FUSED_ROUTE = True      # ops.moe: the top-k in the sort's launch (moe_rows_route_prep_kernel)
+# MoE for MOE_UNROLLED_MAX_T + 1 .. GROUPED_MIN_T - 1 tokens grouped by expert on the tensor cores
+# (kernels/moe/moe_rows.py) instead of the per-pair kernels.
+MOE_ROWS = True
+MOE_ROWS_WARPS = 4        # warps per block of its gate_up / down kernels (1 in the simulator)
 # The decode router as one thread-block cluster (kernels/moe/moe.py moe_router_cluster_kernel,
 # cc >= 9.0, up to 256 routed experts) instead of the arrival-counter kernel.
 ROUTER_CLUSTER = True
@@ -97,20 +95,8 @@ class MoeOps(LinearOps):
                 return self._moe_down_wide(h, ids, w, down, 1, hid, residual)
             ids, w, xn = self._moe_router_fused(x, r.data, top_k, renormalize, shared_slot)
             return self.moe_experts(xn, ids, w, gu, dn, residual)
-        if MOE_ROWS_FUSED_ROUTE and self._rows_take(x, r, top_k, shared_slot, gate_up, down):
-            xp = self.plain(x)
-            route = (self.linear(xp, r), top_k, renormalize, shared_slot)
-            return self._moe_experts_rows(xp, None, None, gate_up, down, residual, route)
         ids, w = self.moe_router(x, r, top_k, renormalize, shared_slot)
         return self.moe_experts(x, ids, w, gu, dn, residual)
-
-    def _rows_take(self, x: Any, r: DenseWeight, top_k: int, shared_slot: bool, gate_up: Any, down: Any) -> bool:
-        """Whether moe() routes 2 .. GROUPED_MIN_T - 1 plain rows inside kernels/moe/moe_rows.py."""
-        t = x.shape[0]
-        n_rt = r.shape[0] - int(shared_slot)
-        return (MOE_ROWS and not isinstance(x, Normed) and 2 <= t < K_moeg.GROUPED_MIN_T and n_rt <= K_moe.ROUTE_MAX_E
-                and 0 < top_k < K_moe.MAX_TOPK and gate_up.shape[0] == n_rt + int(shared_slot)
-                and self._rows_fit(x, top_k + int(shared_slot), gate_up, down))
 
     def _router_fusable(self, x: Any, w: DenseWeight, top_k: int, shared_slot: bool) -> bool:
         n, k = w.shape
@@ -203,7 +189,7 @@ class MoeOps(LinearOps):
             out = self.empty((t, hid))
             self._moe_experts_grouped(x, ids, weights, gate_up, down, out)
             return out if residual is None else self.add_into(residual, out)
-        if MOE_ROWS and t >= 2 and self._rows_fit(x, ids.shape[1], gate_up, down):
+        if MOE_ROWS and MOE_UNROLLED_MAX_T < t and self._rows_fit(x, ids.shape[1], gate_up, down):
             return self._moe_experts_rows(x, ids, weights, gate_up, down, residual)
         h = self.empty((t * top_k, inter))                               # [T*k, I]
         vec = np.int32(hid % 8 == 0 and inter % 8 == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down, h)))
@@ -257,14 +243,12 @@ class MoeOps(LinearOps):
                 and hid % (32 * K_moer.GU_UNROLL * w) == 0 and hid % 16 == 0 and inter % 16 == 0
                 and inter % (32 * K_moer.DN_UNROLL) == 0 and all(_ptr(a) % 16 == 0 for a in (x, gate_up, down)))
 
-    def _moe_experts_rows(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, residual: Any,
-                          route: tuple[Any, int, bool, bool] | None = None) -> Any:
+    def _moe_experts_rows(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, residual: Any) -> Any:
         """Routed experts grouped by expert for a few tokens (kernels/moe/moe_rows.py): the sort
         and x's bf16 hi / lo halves, gate_up + SwiGLU and down MMAs over each touched expert's
-        rows, the slot-ordered combine (+= residual). route = (logits, top_k, renormalize,
-        shared_slot): ids and weights are not given but routed in the sort's launch."""
+        rows, the slot-ordered combine (+= residual)."""
         t, hid = x.shape
-        n_slots = ids.shape[1] if route is None else route[1] + int(route[3])
+        n_slots = ids.shape[1]
         n_exp = gate_up.shape[0]
         inter = gate_up.shape[1] // 2
         n_pairs = t * n_slots
@@ -280,31 +264,16 @@ class MoeOps(LinearOps):
             hhi = self.empty((n_pairs, inter), np.uint16)                # [P, I] bf16 hi / lo of h, sorted
             hlo = self.empty((n_pairs, inter), np.uint16)
             y = self.empty((n_pairs, hid))                               # [P, H] weighted rows, pair order
-            slices = (hid + 16 * w - 1) // (16 * w)
-            counter = self.empty((slices if MOE_ROWS_FUSED_COMBINE else 0,), np.int32)   # arrivals per slice
-            acc = np.int32(residual is not None)
             pt = K_moer.PREP_THREADS
-            n_split = (t * hid // 8 + pt - 1) // pt
-            if route is None:
-                self._go(K_moer.moe_rows_prep_kernel, 1 + n_split, pt, ids, x, np.int32(n_exp), items, order,
-                         n_items, xhi, xlo, counter)
-            else:
-                logits, top_k, renorm, shared = route
-                ids = self.empty((t, n_slots), np.int32)                 # [T, k (+1 shared)]
-                weights = self.empty((t, n_slots))
-                if self._router_counter is None:      # 0 between launches; the last block resets it
-                    self._router_counter = self.zeros((1,), np.int32, persistent=True)
-                self._go(K_moer.moe_rows_route_prep_kernel, t + n_split, pt, logits, np.int32(top_k),
-                         np.int32(renorm), np.int32(shared), ids, weights, x, np.int32(n_exp), items, order,
-                         n_items, xhi, xlo, counter, self._router_counter)
+            self._go(K_moer.moe_rows_prep_kernel, 1 + (t * hid // 8 + pt - 1) // pt, pt, ids, x, np.int32(n_exp),
+                     items, order, n_items, xhi, xlo)
             self._go(K_moer.moe_rows_gate_up_kernel, (inter // 16, n_it), 32 * w, xhi, xlo, gate_up, items, order,
                      n_items, np.int32(n_slots), hhi, hlo)
-            self._go(K_moer.moe_rows_down_kernel, (slices, n_it), 32 * w, hhi, hlo, down, items, order, n_items,
-                     weights.reshape(-1), y, ids, np.int32(n_exp), out, acc, counter)
-            if not MOE_ROWS_FUSED_COMBINE:
-                ct = K_moer.COMBINE_THREADS
-                self._go(K_moer.moe_rows_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids, np.int32(n_exp), out,
-                         acc)
+            self._go(K_moer.moe_rows_down_kernel, ((hid + 16 * w - 1) // (16 * w), n_it), 32 * w, hhi, hlo, down,
+                     items, order, n_items, weights.reshape(-1), y)
+            ct = K_moer.COMBINE_THREADS
+            self._go(K_moer.moe_rows_combine_kernel, ((hid + ct - 1) // ct, t), ct, y, ids, np.int32(n_exp), out,
+                     np.int32(residual is not None))
         return out if residual is None else residual
 
     def _moe_down_wide(self, h: Any, ids: Any, weights: Any, down: Any, t: int, hid: int, residual: Any) -> Any:
