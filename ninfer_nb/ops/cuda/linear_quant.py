@@ -72,9 +72,10 @@ def quant_build(mode: str, tokens: int, n: int, row_bytes: int, sm_count: int = 
     return best, 4, blocks
 
 
-# The one-token GEMV build (gemv_tiled.gemv_t1) for T = 1 dense weights: on with NINFER_GEMV_T1=1
-# until measured faster than gemv_tiled's.
+# gemv_tiled.gemv_t1 for one token on dense weights (NINFER_GEMV_T1=1) and for the MoE experts
+# (NINFER_GEMV_T1_MOE=1), each off until measured faster than the gemv_tiled builds.
 GEMV_T1 = os.environ.get("NINFER_GEMV_T1", "0") == "1"
+GEMV_T1_MOE = os.environ.get("NINFER_GEMV_T1_MOE", "0") == "1"
 SMEM_PER_SM = 228 * 1024           # shared memory of an SM (cc 9.0); each block also takes 1 KB + its static part
 
 
@@ -258,7 +259,7 @@ class QuantLinearOps(NormOps):
         kind, zp, split = tiled_kind(q)
         n, k = q.shape[-2:]
         t = x2.shape[0]
-        if GEMV_T1 and (experts or t == 1):
+        if (GEMV_T1_MOE and experts) or (GEMV_T1 and not experts and t == 1):
             self._t1_gemv(mode, x2, nw, eps, q, bias, out2, ids, ew, experts, grid_y)
             return
         if experts:
