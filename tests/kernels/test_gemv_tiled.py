@@ -154,10 +154,14 @@ def test_gpu_tiled_linear_matches_numpy(env, name: str, t1: bool, monkeypatch) -
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("t1", [False, True], ids=["tiled", "t1"])
 @pytest.mark.parametrize("name", ["int4-g64", "fp8"])
-def test_gpu_tiled_moe_experts_match_numpy(env, name: str) -> None:
+def test_gpu_tiled_moe_experts_match_numpy(env, name: str, t1: bool, monkeypatch) -> None:
     """moe_experts on a tiled stack of the 35B's expert shape (64 experts here), 1 and 3
-    tokens x 9 slots, the residual added in place."""
+    tokens x 9 slots, the residual added in place; t1: the gemv_t1 MoE builds."""
+    from ninfer_nb.ops.cuda import linear_quant as LQ
+
+    monkeypatch.setattr(LQ, "GEMV_T1_MOE", t1)
     from ninfer_nb.ops import cpu
     from ninfer_nb.quant.dequant import dequantize
     from ninfer_nb.quant.formats import quant_format
