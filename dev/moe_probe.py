@@ -212,6 +212,14 @@ def rows_probe(args: argparse.Namespace) -> None:
               + (f"  ops.moe {us[('full', False)]:.1f} -> {us[('full', True)]:.1f}" if t == 8 else ""), flush=True)
 
 
+    one = env.up(rnd(rng, 1))
+
+    def tiny() -> None:
+        for _ in range(args.reps * n_l):
+            ops.add_into(one, one)
+    print(f"launch floor (1-element add in the graph): {env.graph_us(tiny, n_l * args.reps):.1f} us", flush=True)
+
+
 def rows_parts(env: Any, ops: Any, R: Any, layers: list, ids: list, ws: list, x: Any, t: int, reps: int) -> list[float]:
     """us per layer of each moe_rows kernel alone (the other kernels' outputs precomputed per layer):
     prep, gate_up (4 / 8 warps), down (4 / 8 warps), combine."""
