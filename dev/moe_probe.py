@@ -210,8 +210,6 @@ def rows_probe(args: argparse.Namespace) -> None:
               f"{mb / us[False] * 1e3:8.0f} {mb / us[True] * 1e3:8.0f} {diff:8.1e}  "
               + " / ".join(f"{v:.1f}" for v in parts)
               + (f"  ops.moe {us[('full', False)]:.1f} -> {us[('full', True)]:.1f}" if t == 8 else ""), flush=True)
-
-
     one = env.up(rnd(rng, 1))
 
     def tiny() -> None:
