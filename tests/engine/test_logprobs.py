@@ -153,13 +153,13 @@ def test_gpu_logprobs_on_the_decode_graph(monkeypatch: pytest.MonkeyPatch, concu
     """On the GPU a request with logprobs stays on the decode graph (one-sequence graph and
     token ring, or the B-row graphs): the host sampler takes only the prefill's token, and each
     token's logprob and top 5 come from ops.token_logprobs, matching the CPU's full forward of
-    the same tokens (bf16 weights on both; the GPU's bf16 KV cache: within 2e-2). The graph's
+    the same tokens (the twin's bf16-exact weights, fp32 KV caches: within 5e-3). The graph's
     build without logprobs runs before and after (switching builds between requests)."""
     from ninfer_nb.engine.output_hooks import HookedSampler
     from tests.engine.test_decode_ahead import _ids
     from tests.support.twin_models import twin_llm
 
-    gpu = twin_llm(monkeypatch, "small", "cuda", max_context=256, max_concurrency=concurrency)
+    gpu = twin_llm(monkeypatch, "small", "cuda", max_context=256, max_concurrency=concurrency, kv_cache="fp32")
     cpu = twin_llm(monkeypatch, "small", "cpu", max_context=256)
     host_samples = []
     real = HookedSampler.sample
@@ -177,9 +177,9 @@ def test_gpu_logprobs_on_the_decode_graph(monkeypatch: pytest.MonkeyPatch, concu
         for t, ev in enumerate(got):
             lp = ev.logprobs
             assert lp.token_id == out[t] and len(lp.top) == 5
-            assert lp.logprob == pytest.approx(ref[t, out[t]], abs=2e-2)
+            assert lp.logprob == pytest.approx(ref[t, out[t]], abs=5e-3)
             assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
             for i, v in lp.top:
-                assert v == pytest.approx(ref[t, i], abs=2e-2)
-            assert lp.top[0][1] == pytest.approx(ref[t].max(), abs=2e-2)
+                assert v == pytest.approx(ref[t, i], abs=5e-3)
+            assert lp.top[0][1] == pytest.approx(ref[t].max(), abs=5e-3)
     assert gpu.generate(prompt, plain).token_ids == before   # and back to it
