@@ -352,3 +352,4 @@ class EngineConfig:
     # GDN state it may fill (None: 2 per lane + 4)
     prefix_cache: bool = True
     prefix_snapshots: int | None = None
+    host_cache_mib: int = 0                  # host memory evicted prefix pages / snapshots move to

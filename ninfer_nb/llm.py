@@ -131,7 +131,8 @@ class LLM:
             kv_dtype=_kv_dtype(self.kv_cache), seed=cfg.seed, decode=cfg.decode,
             spec=cfg.spec, draft_tokens=cfg.draft_tokens, adaptive_draft=cfg.adaptive_draft,
             max_concurrency=self.max_concurrency, kv_pages=self._kv_pool_pages(cfg),
-            prefix_cache=cfg.prefix_cache, prefix_snapshots=cfg.prefix_snapshots)
+            prefix_cache=cfg.prefix_cache, prefix_snapshots=cfg.prefix_snapshots,
+            host_cache_mib=cfg.host_cache_mib)
         self._request_ids = itertools.count()
         self._outputs: dict[str, collections.deque[RequestOutput]] = {}   # per request, not yet read
 

@@ -166,6 +166,9 @@ class CpuBackend:
     def time_decode_steps(self, position: int, replays: int = 16) -> float | None:
         return None                   # no graph to replay
 
+    def load_(self, dst: np.ndarray, host: np.ndarray) -> None:
+        np.copyto(dst, host)
+
     def cache_budget(self) -> int | None:
         return None                   # host memory: caches sized by the context
 

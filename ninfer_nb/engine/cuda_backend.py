@@ -587,6 +587,10 @@ class CudaBackend:
 
         check(driver().cuMemsetD8Async(dst.ptr, 0, dst.nbytes, self.stream.cu))
 
+    @_on_calling_thread
+    def load_(self, dst: Any, host: np.ndarray) -> None:
+        dst.copy_from_numpy(host, self.stream)        # waits for the stream's earlier steps
+
     def cache_budget(self) -> int | None:
         """What the persistent arena has left (the weights and earlier buffers are in it)."""
         return self.arena.capacity - self.arena.used

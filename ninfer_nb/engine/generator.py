@@ -195,10 +195,8 @@ class Generator:
             return
         self.pages.adopt(hit.pages)
         self.tokens = list(prompt[: hit.length])
-        if self._has_gdn:
-            if hit.slot is None:
-                raise ValueError("adopt: a hybrid model resumes only at a GDN snapshot")
-            self.slots.restore(self.running_slot, hit.slot)
+        if self._has_gdn and self.cache is not None:
+            self.cache.restore(hit, self.running_slot)
         self._adopted_logits = hit.logits
 
     def _cache_insert(self, logits: np.ndarray | None = None) -> None:

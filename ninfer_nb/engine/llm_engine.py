@@ -53,7 +53,7 @@ from .faults import request_error
 from .generator import Generator, lane_slots
 from .kv_pages import PageAllocator, PageTable, pages_for
 from .output_hooks import HookedSampler, sampler_for
-from .prefix_cache import PrefixCache
+from .prefix_cache import HostTier, PrefixCache
 from .request import Request, RequestOutput, RequestStatus
 from .sampler import gumbel_max_pick
 from .scheduler import Run, Scheduler
@@ -77,12 +77,13 @@ class LLMEngine:
                  kv_dtype: KVDtype = "fp32", seed: int | None = None,
                  decode: DecodeChoices | None = None, spec: str = "off", draft_tokens: int = 3,
                  max_concurrency: int = 1, kv_pages: int | None = None, prefix_cache: bool = True,
-                 adaptive_draft: bool = False,
-                 prefix_snapshots: int | None = None) -> None:
+                 adaptive_draft: bool = False, prefix_snapshots: int | None = None,
+                 host_cache_mib: int = 0) -> None:
         """max_concurrency: lanes (requests decoding at once); kv_pages: the KV page pool (None:
         every lane's full context). One lane without kv_pages: the contiguous one-sequence path.
         prefix_cache (paged lanes): prefixes shared by every request (engine/prefix_cache.py)
-        with `prefix_snapshots` GDN snapshot slots (None: 2 per lane + 4)."""
+        with `prefix_snapshots` GDN snapshot slots (None: 2 per lane + 4), and `host_cache_mib`
+        MiB of host memory that evicted pages and snapshots move to (0: none)."""
         self.model_config = cfg
         self.backend = backend
         self.max_context = max_context
@@ -123,8 +124,9 @@ class LLMEngine:
             base = max_concurrency * per_lane
             state = new_state(cfg, max_context, backend.zeros, kv_dtype,
                               gdn_slots=base + (snaps if cached else 0), num_pages=allocator.num_pages)
-            cache = (PrefixCache(allocator, range(base, base + snaps), StateSlots(state, backend).copy, hybrid)
-                     if cached else None)
+            host = HostTier(state, backend, host_cache_mib << 20) if cached and host_cache_mib > 0 else None
+            cache = (PrefixCache(allocator, range(base, base + snaps), StateSlots(state, backend).copy, hybrid,
+                                 host) if cached else None)
             lanes = [Generator(cfg, decoder, backend, max_context, prefill_chunk, use_graphs=use_graphs,
                                kv_dtype=kv_dtype, verify_slot=verify_slot, state=state, slot_base=i * per_lane,
                                pages=PageTable(allocator, table_pages), cache=cache)

@@ -35,6 +35,8 @@ from .kv_pages import PageAllocator, pages_for
 from .prefix_cache import Hit, PrefixCache
 from .request import Request, RequestStatus
 
+EVICT_BATCH = 8                             # pages the prefix cache frees at least, when it must
+
 if TYPE_CHECKING:
     from .generator import Generator
     from .sampler import DevicePick, Sampler
@@ -156,14 +158,19 @@ class Scheduler:
             # a shared partial page is copied before the first write, unless the cache can let
             # its leaf go (then the request takes the page over)
             copy = hit.node is not None and hit.length % PAGE_SIZE != 0 and bool(hit.node.children)
-            need = pages_for(len(fill) + 1) - len(hit.pages) + int(copy)
-            if need > self.allocator.num_free + self.cache.evictable(keep=hit.node):
+            need = pages_for(len(fill) + 1) - len(hit.pages) + hit.missing + int(copy)
+            if need > self.allocator.num_free and need > self.allocator.num_free + self.cache.evictable(hit.node):
                 break
             self.waiting.remove(run)
             if not run.resumed:
                 self.cache.use(hit, len(fill))
             elif hit.node is not None:
                 self.cache.use(Hit(node=hit.node), 0)      # touched, not counted
+            if hit.missing:                                # pages in the host tier come back
+                short = hit.missing - self.allocator.num_free
+                if short > 0:
+                    self.cache.evict(short, keep=hit.node)
+                self.cache.load(hit)
             lane.adopt(fill, hit)
             self._start(run, lane)
             admitted.append(run)
@@ -190,7 +197,8 @@ class Scheduler:
         preempted: list[Run] = []
         while lane.pages_needed(tokens) > self.allocator.num_free:
             short = lane.pages_needed(tokens) - self.allocator.num_free
-            if self.cache is not None and (self.cache.evict(short) > 0 or lane.unshare_write_page()):
+            if self.cache is not None and (self.cache.evict(max(short, EVICT_BATCH)) > 0
+                                           or lane.unshare_write_page()):
                 continue                                   # pages only the cache held go first
             holder = next((g for g in self.idle if g.pages is not None and g.pages.pages), None)
             if holder is not None:

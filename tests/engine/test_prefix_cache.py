@@ -74,6 +74,37 @@ def test_history_plus_one_message_prefills_only_the_new_part(model_dir: Path) ->
     assert 0 < stats["prefix_cache_hits"] < stats["prefix_cache_queries"]
 
 
+class _Oracle:
+    """Drafts the plain continuation of `prompt` with every third token wrong (rounds accept
+    all, some and none of their drafts; random tiny models seldom repeat, so n-gram lookup
+    alone would seldom draft)."""
+
+    def __init__(self, prompt: list[int], plain: list[int]) -> None:
+        self.prompt, self.plain = prompt, plain
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        if tokens[: len(self.prompt)] != self.prompt:
+            return []
+        n = len(tokens) - len(self.prompt)
+        return [t + 1 if (n + i) % 3 == 0 else t for i, t in enumerate(self.plain[n : n + k])]
+
+
+def test_hit_and_miss_agree_while_speculating(tiny_qwen35_dir: Path) -> None:
+    """Speculation on paged lanes (verify and rollback next to shared pages): a follow-up
+    served by the cache gives the tokens of an engine without the cache or drafts."""
+    ids, params = prompt(8, 120), GREEDY.replace(max_tokens=12)
+    llm = make_llm(tiny_qwen35_dir, chunk=32, spec="ngram", draft_tokens=3)
+    answer = llm.generate(ids, params).token_ids
+    followup = ids + answer + prompt(9, 20)
+    want = make_llm(tiny_qwen35_dir, chunk=32, prefix_cache=False).generate(followup, params).token_ids
+    llm.engine.proposer = _Oracle(followup, want)
+    before = llm.engine.prefill_tokens
+    assert llm.generate(followup, params).token_ids == want
+    assert llm.engine.prefill_tokens - before == 21
+    stats = llm.engine.spec_stats
+    assert 0 < stats.accepted < stats.drafted
+
+
 def test_n_requests_of_one_prompt_prefill_it_once(tiny_qwen35_dir: Path) -> None:
     """Three requests with one 130-token prompt added together: the others wait for the first
     one's prefill and take its prompt-end snapshot; greedy tokens all equal, sampled seeds
@@ -189,3 +220,28 @@ def test_pool_sizing_counts_the_bytes_the_state_allocates(kv: str) -> None:
     state = new_state(cfg, 128, CpuBackend().zeros, kv, gdn_slots=3, num_pages=5)   # type: ignore[arg-type]
     assert state.kv_bytes() == 5 * PAGE_SIZE * kv_bytes_per_token(cfg, kv)          # type: ignore[arg-type]
     assert state.gdn_slot_bytes() == gdn_bytes_per_slot(cfg)
+
+
+@pytest.mark.parametrize("host_mib", [0, 64])
+def test_evicted_pages_come_back_from_the_host_tier(model_dir: Path, host_mib: int) -> None:
+    """A 12-page pool: conversations B and C evict A's pages. With a host tier they (and A's
+    snapshots) move to host memory and come back for A's follow-up, which then prefills only
+    its new part and gives a cold engine's tokens; without one A is recomputed."""
+    llm = make_llm(model_dir, kv_pages=12, host_cache_mib=host_mib)
+    cache = llm.engine.prefix_cache
+    assert cache is not None
+    history = prompt(11, 300)
+    answer = llm.generate(history, GREEDY).token_ids
+    for seed in (12, 13):
+        llm.generate(prompt(seed, 300), GREEDY)
+    if host_mib:
+        assert cache.num_host_pages > 0 and cache.host is not None and 0 < cache.host.used <= 64 << 20
+    followup = history + answer + prompt(14, 10)
+    before = llm.engine.prefill_tokens
+    hit = llm.generate(followup, GREEDY)
+    computed = llm.engine.prefill_tokens - before
+    assert computed == 11 if host_mib else computed > 100
+    cold = make_llm(model_dir, prefix_cache=False)
+    assert hit.token_ids == cold.generate(followup, GREEDY).token_ids
+    llm.engine.forget()
+    assert llm.engine.scheduler.allocator is not None and llm.engine.scheduler.allocator.num_free == 12

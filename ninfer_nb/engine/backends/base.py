@@ -64,6 +64,10 @@ class Backend(Protocol):
         """(bytes used, bytes total) of the device memory; None where unknown."""
         ...
 
+    def load_(self, dst: Any, host: np.ndarray) -> None:
+        """dst := the host array `host` (same shape and dtype), ordered with the steps."""
+        ...
+
     def cache_budget(self) -> int | None:
         """Bytes of device memory still free for caches (the KV page pool of paged lanes), or
         None where the engine sizes them by the context alone (the CPU)."""
