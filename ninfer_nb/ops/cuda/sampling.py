@@ -58,8 +58,8 @@ class SamplingOps(CudaOpsBase):
 
     def sample_pick(self, logits: Any, vocab: int, bufs: "SamplePickBuffers", ids: Any, pos: Any) -> Any:
         """The next token of each row of logits [B, >= vocab] over ids < vocab, sampled with
-        each row's parameters in `bufs` (kernels/sample_pick.py: temperature, top-k, top-p,
-        min-p, penalties, logit bias, seed; the host sampler's semantics, exactly), into out
+        each row's parameters in `bufs` (kernels/sample_pick.py: a grammar's bitmask,
+        temperature, top-k, top-p, min-p, penalties, logit bias, seed; the host sampler's semantics, exactly), into out
         [B] int32 and fed back: ids[b] = out[b], pos[b] += 1 ([B] int32, the graph's inputs),
         the row's offset + 1 and its token counted. Six kernels, no host sync (graph-safe)."""
         b = logits.shape[0]
