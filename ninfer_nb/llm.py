@@ -61,11 +61,14 @@ class LLM:
                  prefill_chunk: int = 1024, enable_thinking: bool = True, cuda_graphs: bool = True,
                  kv_cache: str = "auto", show_progress: bool = False, spec: str = "off",
                  draft_tokens: int | str = 3, max_concurrency: int | None = None,
+                 prefix_cache: bool = True, host_cache_mib: int = 0, kv_cache_fraction: float = 0.9,
                  config: EngineConfig | None = None) -> None:
         """`config` replaces every other argument (bench and tests pass kernel / decode choices
         through it). max_concurrency: requests decoding at once (None: the backend's default,
         `default_concurrency`). draft_tokens: K, or "auto" / "auto:K" (K from the measured
-        acceptance, up to 5 / K)."""
+        acceptance, up to 5 / K). prefix_cache: prefixes shared across requests (paged lanes);
+        host_cache_mib: host memory its evicted pages move to; kv_cache_fraction: the share of the
+        device memory left after the weights that the KV page pool takes (CUDA, paged lanes)."""
         try:
             draft_k, adaptive = AdaptiveK.parse(draft_tokens)
         except ValueError as exc:
@@ -74,8 +77,9 @@ class LLM:
                                      prefill_chunk=prefill_chunk, enable_thinking=enable_thinking,
                                      cuda_graphs=cuda_graphs, kv_cache=kv_cache,
                                      show_progress=show_progress, spec=spec, draft_tokens=draft_k,
-                                     adaptive_draft=adaptive,
-                                     max_concurrency=max_concurrency)
+                                     adaptive_draft=adaptive, max_concurrency=max_concurrency,
+                                     prefix_cache=prefix_cache, host_cache_mib=host_cache_mib,
+                                     kv_cache_fraction=kv_cache_fraction)
         if cfg.kv_cache not in KV_CACHE_KINDS:
             raise InvalidRequestError(f"kv_cache must be auto, fp32, bf16 or int8, got {cfg.kv_cache!r}")
         if cfg.weights is not None and not (cfg.model or "").startswith(RANDOM_PREFIX):
@@ -83,6 +87,8 @@ class LLM:
                                       "(a checkpoint loads in its own format)")
         if cfg.max_context < 2:
             raise InvalidRequestError(f"max_context must be >= 2, got {cfg.max_context}")
+        if cfg.host_cache_mib < 0:
+            raise InvalidRequestError(f"host_cache_mib must be >= 0, got {cfg.host_cache_mib}")
         if cfg.max_concurrency is not None and cfg.max_concurrency < 1:
             raise InvalidRequestError(f"max_concurrency must be >= 1, got {cfg.max_concurrency}")
         self.engine_config = cfg
