@@ -54,6 +54,50 @@ def gpu_required() -> bool:
 
 
 SIMULATOR_TEST = "test_simulator.py::test_simulator_cases"
+XDIST_WORKER = "PYTEST_XDIST_WORKER"
+# tests parametrized by a registered kernel's `name`: one worker compiles each kernel (numba types
+# a kernel once per process; its other targets then take a fraction of the first compile)
+KERNEL_BUILD_MODULES = ("tests/kernels/test_compile_ptx.py", "tests/kernels/test_ptxas.py",
+                        "tests/runtime/test_launch_abi.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With `-n N --dist loadgroup` (pytest-xdist) the groups below are dealt in collection
+    order, not largest first: the simulator's test first (_simulator_in_background)."""
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False
+    config.pluginmanager.register(_XdistGroups(), "ninfer-xdist-groups")
+
+
+class _XdistGroups:
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, the CI command): tests that share a costly
+    state run in one worker. A test that uses a module-scoped fixture, or a session-scoped one
+    defined in its own module (the converted GGUFs), is grouped with its module; a compile test
+    with its kernel. Everything else is dealt one test at a time."""
+
+    @pytest.hookimpl(tryfirst=True)        # before xdist's worker appends the group to the node ids
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if XDIST_WORKER not in os.environ:
+            return
+        for item in items:
+            group = _xdist_group(item)
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    module = item.nodeid.split("::", 1)[0]
+    callspec = getattr(item, "callspec", None)
+    name = callspec.params.get("name") if callspec is not None else None
+    if module in KERNEL_BUILD_MODULES and isinstance(name, str):
+        return f"kernel:{name}"
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    for defs in (fixtureinfo.name2fixturedefs.values() if fixtureinfo is not None else ()):
+        fixturedef = defs[-1]
+        if fixturedef.scope == "module" or (fixturedef.scope in ("package", "session")
+                                             and fixturedef.baseid == module):
+            return module
+    return None
 
 
 @pytest.hookimpl(trylast=True)          # after -m / -k deselection
@@ -71,10 +115,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _simulator_in_background(items: list[pytest.Item]) -> None:
     """With other tests selected beside the simulator cases and a core to spare: start the
-    simulator now, on all cores but one, and run its test last (tests/support/sim_runner.py)."""
+    simulator now, on all cores but one, and run its test last (tests/support/sim_runner.py).
+    Under pytest-xdist its test goes first instead: one worker waits on the simulator's
+    processes while the others run the rest."""
     sim = [item for item in items if item.nodeid.endswith(SIMULATOR_TEST)]
     cores = os.cpu_count() or 1
-    if not sim or len(items) == 1 or cores < 2:
+    if not sim or len(items) == 1:
+        return
+    if XDIST_WORKER in os.environ:
+        items[:] = sim + [item for item in items if item not in sim]
+        return
+    if cores < 2:
         return
     from tests.support.sim_runner import BACKGROUND, SimulatorRun
 
