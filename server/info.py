@@ -58,6 +58,7 @@ async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     usage, capacity = 0.0, state.engine.max_context
     spec: tuple[int, int, int, tuple[int, ...]] = (0, 0, 0, ())
+    batch_sizes: dict[int, int] = {}
     try:  # between two decode steps; a stuck engine must not hang the scrape
         stats = await asyncio.wait_for(state.worker.call(state.engine.stats), 2.0)
         total = float(stats.get("kv_cache_bytes") or 0)
@@ -66,9 +67,10 @@ async def metrics(request: web.Request) -> web.Response:
         spec = (int(stats.get("spec_drafts", 0)), int(stats.get("spec_draft_tokens", 0)),
                 int(stats.get("spec_accepted_tokens", 0)),
                 tuple(int(x) for x in stats.get("spec_accepted_per_pos", ())))
+        batch_sizes = {int(b): int(n) for b, n in dict(stats.get("decode_batch_sizes") or {}).items()}
     except Exception as exc:  # a scrape without engine stats is still useful
         log.warning("engine stats unavailable for /metrics: %s", exc)
     gauges = Gauges(running=state.worker.num_running, waiting=state.worker.num_waiting,
-                    kv_cache_usage=usage, kv_capacity_tokens=capacity, spec=spec)
+                    kv_cache_usage=usage, kv_capacity_tokens=capacity, spec=spec, batch_sizes=batch_sizes)
     return web.Response(body=state.metrics.render(gauges),
                         headers={"Content-Type": CONTENT_TYPE})

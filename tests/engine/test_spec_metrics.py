@@ -8,8 +8,8 @@ from ninfer_nb.engine.spec.stats import SpecStats
 from ninfer_nb.server.metrics import Gauges, Metrics
 
 
-def _value(text: str, name: str, extra: str = "") -> float:
-    m = re.search(rf'^ninfer:{name}{{model_name="m"{extra}}} ([0-9.e+]+)$', text, re.M)
+def _value(text: str, name: str, extra: str = "", ns: str = "ninfer") -> float:
+    m = re.search(rf'^{ns}:{name}{{model_name="m"{extra}}} ([0-9.e+]+)$', text, re.M)
     assert m, f"{name}{extra} not in /metrics"
     return float(m.group(1))
 
@@ -30,6 +30,10 @@ def test_spec_totals_become_counters() -> None:
     assert _value(text, "spec_decode_num_draft_tokens_total") == 6
     assert _value(text, "spec_decode_num_accepted_tokens_total") == 4
     assert [_value(text, "spec_decode_num_accepted_tokens_per_pos_total", f',position="{i}"') for i in range(3)] == [2, 1, 1]
+    for name, want in (("spec_decode_num_drafts_total", 2), ("spec_decode_num_draft_tokens_total", 6),
+                       ("spec_decode_num_accepted_tokens_total", 4)):
+        assert _value(text, name, ns="vllm") == want                 # vLLM's names carry the same totals
+    assert _value(text, "spec_decode_num_accepted_tokens_per_pos_total", ',position="1"', ns="vllm") == 1
     s.record(2, 0)
     text = render()                          # a later scrape counts only what is new
     assert _value(text, "spec_decode_num_drafts_total") == 3
