@@ -1054,8 +1054,8 @@ def t1_x_bytes(k: int) -> int:
 
 
 def t1_smem(kind: str, zp: bool, split: bool, warps: int, stages: int, k: int) -> int:
-    """Dynamic shared memory of a gemv_t1 launch for K = k."""
-    return t1_x_bytes(k) + warps * stages * t1_stage_bytes(kind, zp, split)
+    """Dynamic shared memory of a gemv_t1 launch for K = k (+ 128: the kernel aligns its base)."""
+    return 128 + t1_x_bytes(k) + warps * stages * t1_stage_bytes(kind, zp, split)
 
 
 _T1: dict[tuple[Any, ...], Any] = {}
@@ -1243,7 +1243,7 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
         kt0 = sl * kt_len
         n_k = min(kt_all, kt0 + kt_len) - kt0 if live else 0
         xw = k_dim >> 1                                 # words of fp16 x
-        sbase = _saddr(smem_u32(smem))
+        sbase = _saddr((smem_u32(smem) + 127) & -128)   # (the dynamic base is only 4-byte aligned by declaration)
         xsum_b = sbase + 4 * xw                         # fp32 sums of 32 columns
         ring = sbase + ((2 * k_dim + 4 * (k_dim >> 5) + 127) >> 7) * 128 + warp * (S * STAGE)
         kt0 = int32(kt0)
