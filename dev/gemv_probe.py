@@ -67,6 +67,7 @@ MMA_SHAPES = [("17408x5120", 17408, 5120, "plain"), ("GDN in", 16480, 5120, "pla
               ("down +res", 5120, 17408, "add"), ("out_proj +res", 5120, 6144, "add"),
               ("gate_up swiglu", 34816, 5120, "swiglu"), ("lm_head", 248320, 5120, "plain")]
 MMA_BUILDS = [(8, 1, 4, 2, 0), (8, 2, 2, 2, 0), (4, 1, 4, 4, 0), (4, 2, 2, 4, 0), (8, 1, 2, 2, 1), (8, 1, 4, 2, 1)]
+CHECK_SHAPE = (2 * 1000 + 8, 2048)        # the NumPy check's weight: a ragged last row group
 SWIGLU_BUILDS = [(8, 2, 2, 2, 0), (4, 2, 2, 4, 0), (8, 2, 1, 2, 1), (8, 2, 2, 2, 1)]
 
 
@@ -105,16 +106,17 @@ def mma_main(args: Any) -> None:
     def v3(build: Any, blocks: int, x: Any, out: Any, acc: int) -> Callable[[Any], None]:
         def launch(w: Any) -> None:
             n, k = w.shape
-            segs = K_gm.v3_segments(K_gm.v3_groups(build[0], build[1], build[2], n), k, blocks)
-            ws = ops.empty((segs, x.shape[0], n))
-            ops._go(K_gm.gemv_mma3(*build), blocks, 32 * build[1], x, w, out.reshape(-1), out, np.int32(0),
+            groups = K_gm.v3_groups(build[0], build[1], build[2], n)
+            p = min(blocks, groups * (k // K_gm.K_ALIGN))
+            ws = ops.empty((K_gm.v3_segments(groups, k, p), x.shape[0], n))
+            ops._go(K_gm.gemv_mma3(*build), p, 32 * build[1], x, w, out.reshape(-1), out, np.int32(0),
                     np.int32(acc), ws, counter)
         return launch
 
     # correctness of every build against NumPy: T = 16 and 3, shared and whole row groups, a ragged last group
     for mode in ("plain", "swiglu"):
         for build in mma_builds(mode):
-            n, k = 2 * 1000 + 8, 2048
+            n, k = CHECK_SHAPE
             w = rnd(rng, n, k).astype(ml_dtypes.bfloat16)
             W = env.up(w.view(np.uint16))
             errs = []
