@@ -67,11 +67,12 @@ class DevicePicker:
         # per row: (filters.key, offset) whose counts the device row holds, None: nobody's
         self._held: list[tuple[int, int] | None] = [None] * rows
 
-    def write(self, picks: Sequence[Pick]) -> None:
-        """Rows 0..len(picks)-1 take these picks at the next replay (host -> device; syncs)."""
+    def write(self, picks: Sequence[Pick], masks: bool = True) -> None:
+        """Rows 0..len(picks)-1 take these picks at the next replay (host -> device; syncs).
+        masks False: the grammar rows' bitmasks come later (write_masks_async)."""
         if len(picks) > self.rows:
             raise ValueError(f"DevicePicker: {len(picks)} picks for {self.rows} rows")
-        masks = self._masks(picks)
+        row_masks = self._masks(picks) if masks else {}
         for b, pick in enumerate(picks):
             pick = Pick(*pick)
             f = pick.filters or PickFilters()
@@ -85,8 +86,15 @@ class DevicePicker:
             self.bufs.set_row(b, temperature=pick.temperature, seed=pick.seed, offset=pick.offset, top_k=f.top_k,
                               top_p=f.top_p, min_p=f.min_p, repetition_penalty=f.repetition_penalty,
                               frequency_penalty=f.frequency_penalty, presence_penalty=f.presence_penalty,
-                              logit_bias=dict(f.logit_bias), counts=counts, mask=masks.get(b))
+                              logit_bias=dict(f.logit_bias), counts=counts, mask=row_masks.get(b),
+                              has_mask=f.matcher is not None)
         self.bufs.flush(len(picks))
+
+    def write_masks_async(self, picks: Sequence[Pick]) -> None:
+        """The grammar rows' bitmasks as their grammars allow now, uploaded without a sync
+        (ordered on the stream before the next launch: a forward may still run)."""
+        for b, mask in self._masks(picks).items():
+            self.bufs.put_mask_async(b, mask)
 
     @staticmethod
     def _masks(picks: Sequence[Pick]) -> dict[int, np.ndarray]:

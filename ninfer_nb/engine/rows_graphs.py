@@ -1,7 +1,10 @@
 """Decode rounds of B sequences on the GPU by CUDA-graph replay (CudaBackend.decode_rows /
 pick_rows): one graph per (batch size B, table width P, picked or not, logprobs or not),
 captured once and replayed for any set of requests. A picked round whose picks ask for
-logprobs also computes them on the device (engine/device_pick.py deliver_logprobs).
+logprobs also computes them on the device (engine/device_pick.py deliver_logprobs). A round
+with grammar rows is split in two graphs: the forward runs while the host computes the rows'
+bitmasks (uploaded without a sync), then the pick; a slow grammar step delays the round's pick
+by what it takes beyond the forward, not the whole batch by all of it.
 
 A graph bakes in addresses, so everything a round varies lives in fixed device buffers that
 the host fills before the replay: one int32 block per graph holding ids [B] | positions [B] |
@@ -32,6 +35,7 @@ class _Round:
     graph: Any = None
     out: Any = None            # the captured round's output: logits [B, V], or picks [B] int32
                                # (and logprobs [B, 21] fp32, their ids [B, 20] int32)
+    pick_graph: Any = None     # a split round's pick (graph: its forward)
 
 
 class RowsGraphs:
@@ -39,10 +43,10 @@ class RowsGraphs:
 
     def __init__(self, ops: Any, stream: Any, scratch: Any, pdl: bool) -> None:
         self.ops, self.stream, self.scratch, self.pdl = ops, stream, scratch, pdl
-        self._rounds: dict[tuple[int, int, bool, bool], _Round] = {}
+        self._rounds: dict[tuple[int, int, bool, bool, bool], _Round] = {}
         self._picker: Any = None
 
-    def _round(self, key: tuple[int, int, bool, bool]) -> _Round:
+    def _round(self, key: tuple[int, int, bool, bool, bool]) -> _Round:
         r = self._rounds.get(key)
         if r is None:
             b, p = key[:2]
@@ -60,8 +64,9 @@ class RowsGraphs:
             self._picker = DevicePicker(self.ops, max(rows, 8), vocab)
             for key in [k for k in self._rounds if k[2]]:
                 old = self._rounds.pop(key)
-                if old.graph is not None:
-                    old.graph.close()
+                for g in (old.graph, old.pick_graph):
+                    if g is not None:
+                        g.close()
         return self._picker
 
     def run(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int],
@@ -78,23 +83,29 @@ class RowsGraphs:
         picked = picks is not None
         picker = self._device_picker(b, vocab) if picked else None   # before _round: it may drop graphs
         lp = picked and wants_logprobs(picks or ())
-        r = self._round((b, table.shape[1], picked, lp))
+        masked = picked and any(p[3] is not None and p[3].matcher is not None for p in picks or ())
+        r = self._round((b, table.shape[1], picked, lp, masked))
         host = np.concatenate([np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
                                np.asarray(slots, np.int32), table.reshape(-1)])
         r.inputs.copy_from_numpy(host, self.stream)
         if picker is not None:
-            picker.write(list(picks or ()))
+            picker.write(list(picks or ()), masks=not masked)
 
-        def round_() -> Any:
-            logits = forward(r.ids, r.pos, r.slots, r.table)                 # [B, V]
-            if picker is None:
-                return logits
+        def forward_() -> Any:
+            return forward(r.ids, r.pos, r.slots, r.table)                   # [B, V]
+
+        def pick_(logits: Any) -> Any:
+            assert picker is not None
             out = self.ops.sample_pick(logits, vocab, picker.bufs, r.ids, r.pos)   # [B] int32
             if not lp:
                 return out
             return (out, *self.ops.token_logprobs(logits, vocab, out, LOGPROBS_TOP))
 
-        out = self._replay(r, round_)
+        if masked:
+            assert picker is not None
+            out = self._replay_split(r, forward_, pick_, lambda: picker.write_masks_async(list(picks or ())))
+        else:
+            out = self._replay(r, lambda: forward_() if picker is None else pick_(forward_()))
         if not lp:
             return np.asarray(self.ops.to_numpy(out))
         picked_ids, values, ids = (np.asarray(self.ops.to_numpy(x)) for x in out)
@@ -116,12 +127,35 @@ class RowsGraphs:
         r.graph.replay()
         return r.out
 
+    def _replay_split(self, r: _Round, forward: Callable[[], Any], pick: Callable[[Any], Any],
+                      masks: Callable[[], None]) -> Any:
+        """A round with grammar rows: the forward launched, the masks computed and uploaded while
+        it runs, then the pick (eager, capture and replay as _replay, two graphs)."""
+        from ..runtime.graph import CudaGraph
+
+        self.scratch.reset()
+        if not r.warmed:
+            r.warmed = True
+            logits = forward()
+            masks()
+            return pick(logits)
+        if r.graph is None:
+            fwd, pk = CudaGraph(self.stream), CudaGraph(self.stream)
+            with self.ops.programmatic_launches(self.pdl):
+                logits = fwd.capture(forward)
+                r.out = pk.capture(lambda: pick(logits))
+            r.graph, r.pick_graph = fwd, pk
+        r.graph.replay()
+        masks()
+        r.pick_graph.replay()
+        return r.out
+
     def time_rounds(self, b: int, picked: bool, replays: int = 16) -> float | None:
         """Device time (us) of the captured B-row round replayed back to back on its last
         inputs (each replay rewrites the caches at those positions); None if not captured."""
         from ..runtime.events import Event
 
-        r = next((v for k, v in self._rounds.items() if k[0] == b and k[2] == picked and not k[3] and v.graph), None)
+        r = next((v for k, v in self._rounds.items() if k[0] == b and k[2] == picked and not k[3] and not k[4] and v.graph), None)
         if r is None:
             return None
         r.graph.replay()

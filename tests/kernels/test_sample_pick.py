@@ -237,3 +237,35 @@ def test_token_logprobs(dev, rng, v, pad, n_top):
     np.testing.assert_allclose(dev.host(out), want, atol=2e-5, rtol=1e-5)
     if n_top:
         np.testing.assert_array_equal(dev.host(ids), want_ids)
+
+
+@pytest.mark.parametrize("v", shapes(sim=[200], gpu=[248320]))
+def test_device_picker_masks_after_the_params(dev, rng, v):
+    """DevicePicker.write(masks=False) then write_masks_async (a split round: the grammar rows'
+    bitmasks uploaded while the forward runs): each grammar row picks inside its mask, as the
+    host sampler would (greedy: its argmax; sampled: a kept id), the free row as without one."""
+    from ninfer_nb.engine.device_pick import DevicePicker
+
+    ops = _threads(dev.fresh(), dev)
+    rows = [dict(temperature=0.0, mask=0.2), dict(temperature=0.0),
+            dict(temperature=0.7, top_k=20, top_p=0.95, presence_penalty=1.0, mask=0.1)]
+    logits = (rng.standard_normal((len(rows), v)) * 3.0).astype(np.float32)
+    grammars = [FixedGrammar(_mask_words(r["mask"], v, i)) if "mask" in r else None for i, r in enumerate(rows)]
+    picks = []
+    for r, g in zip(rows, grammars):
+        params = SamplingParams(**{k: val for k, val in r.items() if k != "mask"})
+        dp = Sampler(params, v, matcher=g).device_sample()   # type: ignore[arg-type]
+        assert dp is not None and (g is None or dp.filters.matcher is g)
+        picks.append(dp.at(2))
+    picker = DevicePicker(ops, 8, v)
+    picker.write(picks, masks=False)
+    picker.write_masks_async(picks)
+    out = dev.host(ops.sample_pick(dev.up(logits), v, picker.bufs, dev.up(np.zeros(3, np.int32)),
+                                   dev.up(np.zeros(3, np.int32))))
+    for i, (r, g) in enumerate(zip(rows, grammars)):
+        z = K.penalized_ref(logits[i], r["temperature"], 1.0, 0.0, 0.0, None, None,
+                            g.mask if g is not None else None)
+        if r["temperature"] == 0.0:
+            assert out[i] == int(np.argmax(z)), i
+        else:
+            assert np.isfinite(z[out[i]]) and out[i] in K.kept_ref(z, 20, 0.95, 0.0), i

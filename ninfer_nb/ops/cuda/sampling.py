@@ -155,19 +155,20 @@ class SamplePickBuffers:
     def set_row(self, b: int, *, temperature: float, seed: int, offset: int, top_k: int = 0, top_p: float = 1.0,
                 min_p: float = 0.0, repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
                 presence_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
-                counts: np.ndarray | None = None, mask: np.ndarray | None = None) -> None:
+                counts: np.ndarray | None = None, mask: np.ndarray | None = None, has_mask: bool = False) -> None:
         """Row b's parameters for the next replay, on the host until `flush`. counts: the row's
         token counts [vocab] int32 (generated count | PROMPT_BIT) to upload now (syncs the
         stream), or None to keep what the device holds (it counts every token it picks);
         penalties read them. mask: the ids a grammar allows this step, int32 words [ceil(vocab
-        / 32)] (bit v % 32 of word v // 32), uploaded now (syncs); None: no mask. top_k 1 or
-        temperature 0: the argmax."""
+        / 32)] (bit v % 32 of word v // 32), uploaded now (syncs); None: no mask, unless
+        has_mask (put_mask_async brings it before the pick). top_k 1 or temperature 0: the
+        argmax."""
         bias = logit_bias or {}
         _need(len(bias) <= self.max_bias, f"sample_pick: {len(bias)} logit bias entries (at most {self.max_bias})")
         penalized = repetition_penalty != 1.0 or frequency_penalty != 0.0 or presence_penalty != 0.0
         self._fpar[b] = (temperature if top_k != 1 else 0.0, top_p, min_p, repetition_penalty, frequency_penalty,
                          presence_penalty, 0.0, 0.0)
-        self._ipar[b] = (top_k, seed, offset, len(bias), b if penalized else -1, int(mask is not None), 0, 0)
+        self._ipar[b] = (top_k, seed, offset, len(bias), b if penalized else -1, int(mask is not None or has_mask), 0, 0)
         if bias and self._bias[b] != bias:                # uploaded once per bias a row takes
             self._bias[b] = dict(bias)
             ids = np.zeros(self.max_bias, np.int32)
@@ -188,17 +189,20 @@ class SamplePickBuffers:
         return words
 
     def put_mask_async(self, b: int, mask: np.ndarray) -> None:
-        """Row b's bitmask for the next pick, through a pinned buffer and an async copy ordered
-        on the stream (no sync: the step before may still run). The buffer is reused by the
-        next call: the caller waits for the pick that read it first."""
+        """Row b's bitmask for the next pick, through row b of a pinned buffer and an async
+        copy ordered on the stream (no sync: the step before may still run). The row is reused
+        by the next call for b: the caller waits for the pick that read it first."""
         from ninfer_nb.runtime._drv import check, driver
         from ninfer_nb.runtime.pinned import PinnedBuffer
 
+        n = 4 * self.words
+        if isinstance(self.mask, np.ndarray):               # the simulator's buffers
+            self._put(self.mask[b], self._mask_words(mask))
+            return
         if self._pinned is None:
-            self._pinned = PinnedBuffer(4 * self.words)
-        self._pinned.array().view(np.int32)[:] = self._mask_words(mask)
-        dst = self.mask[b]
-        check(driver().cuMemcpyHtoDAsync(dst.ptr, self._pinned.ptr, 4 * self.words, self.ops.stream.cu))
+            self._pinned = PinnedBuffer(n * self.rows)
+        self._pinned.array()[b * n:(b + 1) * n].view(np.int32)[:] = self._mask_words(mask)
+        check(driver().cuMemcpyHtoDAsync(self.mask[b].ptr, self._pinned.ptr + b * n, n, self.ops.stream.cu))
 
     def flush(self, rows: int) -> None:
         """Upload the first `rows` rows' parameters (two copies; syncs the stream)."""
