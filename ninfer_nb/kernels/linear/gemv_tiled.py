@@ -1243,7 +1243,9 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
         kt0 = sl * kt_len
         n_k = min(kt_all, kt0 + kt_len) - kt0 if live else 0
         xw = k_dim >> 1                                 # words of fp16 x
-        sbase = _saddr((smem_u32(smem) + 127) & -128)   # (the dynamic base is only 4-byte aligned by declaration)
+        sraw = smem_u32(smem)
+        sbase = _saddr((sraw + 127) & -128)             # (the dynamic base is only 4-byte aligned by declaration)
+        w0 = (sbase - sraw) >> 2                        # smem[] index of sbase
         xsum_b = sbase + 4 * xw                         # fp32 sums of 32 columns
         ring = sbase + ((2 * k_dim + 4 * (k_dim >> 5) + 127) >> 7) * 128 + warp * (S * STAGE)
         kt0 = int32(kt0)
@@ -1345,10 +1347,10 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
                 h1 = pack_f16x2(va[3] * xsc, va[2] * xsc)
                 h2 = pack_f16x2(vb[1] * xsc, vb[0] * xsc)
                 h3 = pack_f16x2(vb[3] * xsc, vb[2] * xsc)
-                smem[c >> 1] = h0
-                smem[(c >> 1) + 1] = h1
-                smem[(c >> 1) + 2] = h2
-                smem[(c >> 1) + 3] = h3
+                smem[w0 + (c >> 1)] = h0
+                smem[w0 + (c >> 1) + 1] = h1
+                smem[w0 + (c >> 1) + 2] = h2
+                smem[w0 + (c >> 1) + 3] = h3
                 f0, f1 = f16x2_to_f32(h0)
                 f2, f3 = f16x2_to_f32(h1)
                 f4, f5 = f16x2_to_f32(h2)
@@ -1357,7 +1359,7 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
             sx += shfl_xor(sx, 1)
             sx += shfl_xor(sx, 2)
             if c < k_dim and (lane & 3) == 0:
-                smem[xw + (c >> 5)] = f32_bits(sx)
+                smem[w0 + xw + (c >> 5)] = f32_bits(sx)
         cuda.syncthreads()
         if MOE:                                         # the ring's first K-tiles (the experts known now)
             for i in range(S - 1):
@@ -1513,7 +1515,7 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
             yb0, yb1 = ab0 - OFF0 * rb0, (ab1 - OFF1 * rb1) * R1
         if WAYS > 1:                                    # the slices meet in their own ring areas, in order
             cuda.syncthreads()
-            rw = (ring - sbase) >> 2
+            rw = w0 + ((ring - sbase) >> 2)
             if t == 0:
                 smem[rw + 4 * g] = f32_bits(ya0)
                 smem[rw + 4 * g + 1] = f32_bits(ya1)
