@@ -346,6 +346,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--json-schema", default=None, metavar="FILE|builtin",
                    help="also decode greedily under this JSON schema (structured output: each step's grammar "
                         "mask), measured after the plain run in the same command; builtin: a tool-parameters schema")
+    p.add_argument("--logprobs", type=int, default=None, metavar="K",
+                   help="also decode greedily with logprobs (each token's and its top K, 0..20), measured after "
+                        "the plain run in the same command")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="with --json-schema on --random weights: the tokenizer (a dir with tokenizer.json) "
                         "whose vocabulary the grammar masks")
@@ -395,8 +398,8 @@ def main(argv: Sequence[str]) -> int:
     experimental = _experimental_names(args.experimental)      # before the peer run and the load
     if args.weights and not args.random:
         p.error("--weights needs --random (a checkpoint loads in its own format)")
-    if args.json_schema and (args.concurrency or args.spec != "off"):
-        p.error("--json-schema runs with one request at a time (not with --concurrency / --spec)")
+    if (args.json_schema or args.logprobs is not None) and (args.concurrency or args.spec != "off"):
+        p.error("--json-schema / --logprobs run with one request at a time (not with --concurrency / --spec)")
     from .llm import LLM
 
     lens = [int(x) for x in args.prompt_len.split(",")]
@@ -488,6 +491,10 @@ def main(argv: Sequence[str]) -> int:
             constrained = run_ours(llm, n, args.gen, 1, constraint=schema, stop_token_ids=eos)
             rows.append({"engine": "json-schema", **constrained,
                          "decode_vs_plain": constrained["decode_tok_s"] / ours["decode_tok_s"]})
+        if args.logprobs is not None:            # the same prompt with logprobs, greedy
+            with_lp = run_ours(llm, n, args.gen, 1, logprobs=args.logprobs)
+            rows.append({"engine": f"logprobs={args.logprobs}", **with_lp,
+                         "decode_vs_plain": with_lp["decode_tok_s"] / ours["decode_tok_s"]})
         if args.peer == "hf":
             if args.random:
                 peer = preset_peer[n]
@@ -551,7 +558,7 @@ def main(argv: Sequence[str]) -> int:
               "took beyond it, end to end")
     for r in rows:
         if "decode_vs_plain" in r:
-            print(f"json-schema decode at prompt {r['prompt_tokens']}: {r['decode_tok_s']:.1f} tok/s over "
+            print(f"{r['engine']} decode at prompt {r['prompt_tokens']}: {r['decode_tok_s']:.1f} tok/s over "
                   f"{r['generated']} tokens = {r['decode_vs_plain']:.1%} of unconstrained greedy "
                   f"({1.0 - r['decode_vs_plain']:.1%} cost)")
         if "decode_vs_greedy" in r:

@@ -8,19 +8,20 @@ from pathlib import Path
 from ninfer_nb.cli import main
 
 
-def test_bench_json_schema_row(tmp_path: Path, tiny_qwen35_dir: Path, capsys) -> None:
-    """A json-schema row after the plain one: its decode rate as a share of the plain one's, and
-    the run really decoded under the grammar (its text parses as JSON once the grammar ended)."""
+def test_bench_json_schema_and_logprobs_rows(tmp_path: Path, tiny_qwen35_dir: Path, capsys) -> None:
+    """json-schema and logprobs rows after the plain one, each with its decode rate as a share
+    of the plain one's; the grammar may end its run early."""
     out = tmp_path / "bench.json"
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({"type": "object", "required": ["ok"], "additionalProperties": False,
                                   "properties": {"ok": {"type": "boolean"}}}))
     rc = main(["bench", "--model", str(tiny_qwen35_dir), "--device", "cpu", "--prompt-len", "16", "--gen", "24",
-               "--repeat", "1", "--json-schema", str(schema), "--json", str(out)])
+               "--repeat", "1", "--json-schema", str(schema), "--logprobs", "5", "--json", str(out)])
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["engine"] for r in rows] == ["ninfer_nb", "json-schema"]
-    plain, constrained = rows
+    assert [r["engine"] for r in rows] == ["ninfer_nb", "json-schema", "logprobs=5"]
+    plain, constrained, with_lp = rows
+    assert with_lp["generated"] == 24 and with_lp["decode_vs_plain"] > 0
     assert plain["generated"] == 24 and 3 <= constrained["generated"] <= 24
     assert constrained["decode_vs_plain"] == constrained["decode_tok_s"] / plain["decode_tok_s"] > 0
     assert "of unconstrained greedy" in capsys.readouterr().out
