@@ -207,8 +207,9 @@ class CudaBackend:
         if lp not in self._split:
             fwd, pick = CudaGraph(self.stream), CudaGraph(self.stream)
             step = self._forward_argmax(forward, ids, pos, lp)
-            with self.ops.programmatic_launches(self.pdl):
+            with self.ops.programmatic_launches(self.pdl):      # each graph's first kernel: a plain edge
                 logits = fwd.capture(lambda: step(pick_only=False))
+            with self.ops.programmatic_launches(self.pdl):
                 outs = pick.capture(lambda: step(pick_only=True, logits=logits))
             self._split[lp] = (fwd, pick, outs)
         fwd, pick, outs = self._split[lp]

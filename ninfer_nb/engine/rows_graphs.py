@@ -141,8 +141,9 @@ class RowsGraphs:
             return pick(logits)
         if r.graph is None:
             fwd, pk = CudaGraph(self.stream), CudaGraph(self.stream)
-            with self.ops.programmatic_launches(self.pdl):
+            with self.ops.programmatic_launches(self.pdl):      # each graph's first kernel: a plain edge
                 logits = fwd.capture(forward)
+            with self.ops.programmatic_launches(self.pdl):
                 r.out = pk.capture(lambda: pick(logits))
             r.graph, r.pick_graph = fwd, pk
         r.graph.replay()
