@@ -1,8 +1,10 @@
 """Shared pieces of the family case modules tests/kernels/test_cases_<family>.py (linear,
 attention, gdn, moe, model): each case is written once against a `Device` (device.py) and runs
 on small shapes under the CUDA simulator (tests/support/sim_runner.py) and on model shapes on the
-GPU (`pytest -m gpu`). SIM_ONLY / GPU_ONLY mark the cases that exist on one side only (kernel
-internals the simulator alone can reach; timings and shapes too big for it)."""
+GPU (`pytest -m gpu`), on tests/kernels/conftest.py's `dev` (one per process, shared with the
+other family modules: under pytest-xdist no worker holds a second device arena for these).
+SIM_ONLY / GPU_ONLY mark the cases that exist on one side only (kernel internals the simulator
+alone can reach; timings and shapes too big for it)."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from ninfer_nb.ops import cpu
-from tests.kernels.device import SIM, Device, GpuDevice, SimDevice
+from tests.kernels.device import SIM, Device
 from tests.kernels.gpu_util import BF16, close
 
 SIM_ONLY = pytest.mark.skipif(not SIM, reason="a simulator case (kernel internals, patched constants)")
@@ -24,28 +26,6 @@ TOL32 = 1e-5
 # fused multiply-adds and fast exp / reduction orders leave up to ~1e-5 more (1e-4)
 TOL_F32 = TOL32 if SIM else TOL32 * 10
 TOL_TF32 = 3e-3                 # TF32 products (kernels/gdn/gdn_*_mma.py): 10 mantissa bits
-
-
-class _BigGpu(GpuDevice):
-    """The GPU device of these modules: the arena the old test_kernels_gpu.py had (24 GiB, 8 of
-    them scratch) for the vocab GEMV, the 8K / 64K caches and the 35B MoE prefill chunk."""
-
-    def __init__(self) -> None:
-        from tests.kernels.gpu_util import GpuEnv
-
-        self.env = GpuEnv()
-        self.ops = self.env.ops
-
-
-_DEVICE: list[Device] = []
-
-
-def device() -> Device:
-    """One device per process for every family case module (their `dev` fixture, which
-    overrides conftest's)."""
-    if not _DEVICE:
-        _DEVICE.append(SimDevice() if SIM else _BigGpu())
-    return _DEVICE[0]
 
 
 def launched(ops: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -11,7 +11,6 @@ import pytest
 from ninfer_nb.kernels.attention import attention as K_attn
 from ninfer_nb.models.rope import plain_table
 from ninfer_nb.ops import cpu
-from tests.kernels import case_util
 from tests.kernels.case_util import (
     GPU_ONLY,
     SIM_ONLY,
@@ -23,16 +22,11 @@ from tests.kernels.case_util import (
     launched,
     prefill_kind,
 )
-from tests.kernels.device import DEVICE_MARKS, SIM, Device, shapes
+from tests.kernels.device import DEVICE_MARKS, SIM, shapes
 from tests.kernels.gpu_util import BF16, close, rnd, rnd_bf16
 
 pytestmark = DEVICE_MARKS
 TOL32 = 1e-5
-
-
-@pytest.fixture
-def dev() -> Device:
-    return case_util.device()
 
 
 @pytest.mark.parametrize("t,heads,d,rd", shapes(sim=[(3, 2, 16, 8)],

@@ -12,18 +12,12 @@ from ninfer_nb.kernels.linear import linear as K_lin
 from ninfer_nb.ops import cpu
 from ninfer_nb.ops import cuda as cuda_ops
 from ninfer_nb.ops.cuda import linear as cuda_linear
-from tests.kernels import case_util
 from tests.kernels.case_util import GPU_ONLY, TOL_F32, gpu_only, launched, one_token
-from tests.kernels.device import DEVICE_MARKS, SIM, Device, shapes
+from tests.kernels.device import DEVICE_MARKS, SIM, shapes
 from tests.kernels.gpu_util import BF16, close, rnd, rnd_bf16
 
 pytestmark = DEVICE_MARKS
 TOL32 = 1e-5
-
-
-@pytest.fixture
-def dev() -> Device:
-    return case_util.device()
 
 
 # one-token builds (K slices, blocks per SM, warps per block) each case runs besides ops' pick

@@ -5,22 +5,15 @@ end by tests/runtime and the engine tests."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from numba import cuda  # the simulator swaps a module-level `cuda` only
 
 from ninfer_nb.kernels.common.ptx import mma_bf16, pack_bf16x2
 from ninfer_nb.ops import cpu
-from tests.kernels import case_util
 from tests.kernels.case_util import SIM_ONLY, choose
-from tests.kernels.device import DEVICE_MARKS, Device
+from tests.kernels.device import DEVICE_MARKS
 from tests.kernels.gpu_util import BF16, close, rnd
 
 pytestmark = [*DEVICE_MARKS, SIM_ONLY]
-
-
-@pytest.fixture
-def dev() -> Device:
-    return case_util.device()
 
 
 def test_whole_hybrid_model_prefill_chunk_matches_cpu(dev, rng, monkeypatch):

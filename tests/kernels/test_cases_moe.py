@@ -11,9 +11,8 @@ import pytest
 from ninfer_nb.kernels.moe import moe_grouped as G
 from ninfer_nb.ops import cpu
 from ninfer_nb.ops.cuda import moe as cuda_moe
-from tests.kernels import case_util
 from tests.kernels.case_util import GPU_ONLY, SIM_ONLY, TOL_F32, gpu_only, launched, wall_time
-from tests.kernels.device import DEVICE_MARKS, SIM, Device, shapes
+from tests.kernels.device import DEVICE_MARKS, SIM, shapes
 from tests.kernels.gpu_util import BF16, F32Experts, close, rnd, rnd_bf16
 
 pytestmark = DEVICE_MARKS
@@ -22,11 +21,6 @@ pytestmark = DEVICE_MARKS
 # tile is O(1) off)
 TOL_GROUPED = 1e-4 if SIM else 2e-3
 MOE_PATHS = ("grouped", "pipelined", "wgmma")
-
-
-@pytest.fixture
-def dev() -> Device:
-    return case_util.device()
 
 
 def _moe_ref_bf16(x, ids, w, gu, dn):
