@@ -322,6 +322,7 @@ def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pi
                     grid_dependency_sync()                      # x is the previous kernel's output
                     _mma(x, wr, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
                     kb += U
+            grid_dependency_sync()                      # (returns at once: waited above) before the stores
             # the blocks that hold units of group gr: first .. last (block of unit q: ((q + 1) P - 1) // units)
             first = int32(((int64(gr) * kbn + 1) * n_blk - 1) // n_units)
             last = int32((int64(gr + 1) * kbn * n_blk - 1) // n_units)
