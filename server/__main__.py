@@ -39,7 +39,8 @@ def load_engine(config: ServerConfig) -> ChatEngine:
     llm = LLM(config.model, device=config.device, max_context=config.max_context,
               prefill_chunk=config.prefill_chunk, enable_thinking=config.enable_thinking,
               kv_cache=config.kv_cache, max_concurrency=config.max_concurrency,
-              spec=config.spec, draft_tokens=config.draft_tokens,
+              spec=config.spec, draft_tokens=config.draft_tokens, prefix_cache=config.prefix_cache,
+              host_cache_mib=config.host_cache_mib, kv_cache_fraction=config.kv_cache_fraction,
               show_progress=True)
     print(f"ninfer-serve: loaded {llm.model_id} on {llm.device_name} "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

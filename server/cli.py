@@ -38,7 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests generating at once (default: 8 on the CPU, 1 on CUDA)")
     p.add_argument("--spec", choices=["off", "ngram", "mtp"], default="off",
                    help="speculative decoding: ngram = prompt lookup; mtp = the checkpoint's MTP head (CPU so far)")
-    p.add_argument("--draft-tokens", type=int, default=3, help="draft tokens per verify round (--spec)")
+    p.add_argument("--draft-tokens", default="3", metavar="K|auto|auto:K",
+                   help="draft tokens per verify round (--spec); auto: K from the measured acceptance "
+                        "(up to 5, or K)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="no prefix shared across requests (the prefix cache of paged lanes)")
+    p.add_argument("--host-cache-mib", type=int, default=0, metavar="N",
+                   help="host memory the prefix cache moves evicted pages and snapshots to (0: none)")
+    p.add_argument("--kv-cache-fraction", type=float, default=0.9, metavar="F",
+                   help="share of the device memory left after the weights that the KV page pool takes "
+                        "(CUDA, paged lanes)")
     p.add_argument("--max-request-mib", type=float, default=32.0, help="request body limit")
     p.add_argument("--cors", action="store_true", help="allow any origin (OPTIONS → 204)")
     p.add_argument("--no-thinking", action="store_true", help="thinking off by default")
@@ -75,6 +84,17 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         parser.error("--max-request-mib must be > 0")
     if a.shutdown_timeout < 0:
         parser.error("--shutdown-timeout must be >= 0")
+    from ninfer_nb.engine.spec.adaptive import AdaptiveK
+
+    try:
+        k, adaptive = AdaptiveK.parse(a.draft_tokens)
+    except ValueError as exc:
+        parser.error(f"--draft-tokens: {exc}")
+    draft_tokens: int | str = a.draft_tokens.strip().lower() if adaptive else k
+    if a.host_cache_mib < 0:
+        parser.error("--host-cache-mib must be >= 0")
+    if not 0.0 < a.kv_cache_fraction <= 1.0:
+        parser.error("--kv-cache-fraction must be in (0, 1]")
     sampling = SamplingDefaults(
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p,
         presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty, seed=a.seed,
@@ -88,7 +108,9 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         device=a.device, max_context=a.max_context, prefill_chunk=a.prefill_chunk,
         kv_cache=a.kv_cache,
         default_max_tokens=a.default_max_tokens, max_pending=a.max_pending,
-        max_concurrency=a.max_concurrency, spec=a.spec, draft_tokens=a.draft_tokens,
+        max_concurrency=a.max_concurrency, spec=a.spec, draft_tokens=draft_tokens,
+        prefix_cache=not a.no_prefix_cache, host_cache_mib=a.host_cache_mib,
+        kv_cache_fraction=a.kv_cache_fraction,
         max_request_bytes=int(a.max_request_mib * 1024 * 1024), cors=a.cors,
         enable_thinking=not a.no_thinking, request_log=a.request_log,
         warmup=not a.no_warmup, sampling=sampling, shutdown_timeout_s=a.shutdown_timeout,

@@ -49,7 +49,10 @@ class ServerConfig:
     max_pending: int = 16
     max_concurrency: int | None = None    # requests generating at once; None: the engine's default
     spec: str = "off"                     # speculative decoding: off | ngram | mtp
-    draft_tokens: int = 3                 # draft tokens per verify round (spec != off)
+    draft_tokens: int | str = 3           # draft tokens per verify round (spec != off): K, auto, auto:K
+    prefix_cache: bool = True             # prefixes shared across requests (paged lanes)
+    host_cache_mib: int = 0               # host memory for the prefix cache's evicted pages
+    kv_cache_fraction: float = 0.9        # of the device memory after the weights: the KV page pool
     max_request_bytes: int = 32 * 1024 * 1024   # ~8x a 1M-token prompt's JSON; 413 beyond
     cors: bool = False
     enable_thinking: bool = True

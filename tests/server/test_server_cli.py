@@ -35,6 +35,19 @@ def test_cli_flags_make_a_frozen_config() -> None:
         parse_args(["--temperature", "9"])
 
 
+def test_cli_engine_flags() -> None:
+    """--draft-tokens K | auto | auto:K, the prefix cache's flags: into the config (LLM kwargs)."""
+    cfg = parse_args(["m", "--spec", "ngram", "--draft-tokens", "auto:4", "--no-prefix-cache",
+                      "--host-cache-mib", "512", "--kv-cache-fraction", "0.5"])
+    assert (cfg.draft_tokens, cfg.prefix_cache, cfg.host_cache_mib, cfg.kv_cache_fraction) == ("auto:4", False, 512, 0.5)
+    default = parse_args(["m", "--draft-tokens", "5"])
+    assert (default.draft_tokens, default.prefix_cache, default.host_cache_mib) == (5, True, 0)
+    for bad in (["--draft-tokens", "many"], ["--draft-tokens", "0"], ["--host-cache-mib", "-1"],
+                ["--kv-cache-fraction", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(["m", *bad])
+
+
 @pytest.fixture(scope="module")
 def served(tiny_qwen35_dir: Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
