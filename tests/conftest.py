@@ -143,15 +143,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             runner.BACKGROUND.pop().kill()
 
 
-_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".npy", ".npz")
+# what Tokenizer.from_dir reads
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja",
+                    "chat_template.json")
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _tokenizers_parsed_once() -> Any:
     """Tokenizer.from_dir parses each distinct tokenizer directory once per session: every tiny
     checkpoint carries the real 248k-token Qwen3.6 tokenizer.json (~1.5 s of CPU to parse) and
-    the tests build hundreds of LLMs. Keyed by the content of the directory's non-weight files;
-    a miss (and every error) goes through the real from_dir; a hit is a shallow copy."""
+    the tests build hundreds of LLMs. Keyed by the content of the files from_dir reads; a miss
+    (and every error) goes through the real from_dir; a hit is a shallow copy."""
     import copy
     import hashlib
 
@@ -163,8 +165,8 @@ def _tokenizers_parsed_once() -> Any:
     def from_dir(cls: type, path: str | Path) -> Any:
         root = Path(path)
         try:
-            files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.endswith(_WEIGHT_SUFFIXES))
-            key = (cls, *((p.name, hashlib.sha1(p.read_bytes()).digest()) for p in files))
+            files = [root / name for name in _TOKENIZER_FILES]
+            key = (cls, *(hashlib.sha1(p.read_bytes()).digest() if p.is_file() else None for p in files))
         except OSError:
             return real(cls, path)
         if key not in parsed:
