@@ -75,10 +75,14 @@ def _assert_no_float64(ptx: str, name: str) -> None:
     assert not f64, f"{name}: float64 instructions {f64} (see FLOAT64_BY_DESIGN)"
 
 
-WEIGHT_STREAM_LOAD = "ld.global.nc.L1::no_allocate"    # ptx.ldg_stream_v4_u32: weights only
+# weights only: ptx.ldg_stream_v4_u32, and gemv_tiled's shared-memory weight ring (cp.async with an L2
+# prefetch size), whose commit / wait groups touch no global memory of their own
+WEIGHT_STREAM_LOADS = ("ld.global.nc.L1::no_allocate", "cp.async.cg.shared.global.L2::256B",
+                       "cp.async.ca.shared.global.L2::128B")
+CP_ASYNC_GROUPS = ("cp.async.commit_group", "cp.async.wait_group", "cp.async.wait_all")
 # self_sync kernels that also read, before the wait, data written two or more launches back
 # (their docstrings say why that is complete): any global load, still no store or shared access
-EARLY_READERS = {"moe_down_wide_kernel", "gdn_decode_kernel", "gdn_decode_slots_kernel"}
+EARLY_READERS = {"moe_down_wide_kernel", "gdn_decode_kernel", "gdn_decode_slots_kernel", "gdn_decode_head_slots_kernel"}
 
 
 # global memory only: a block's shared memory is its own, no earlier kernel can touch it
@@ -127,7 +131,10 @@ def _assert_waits_before_memory(ptx: str, name: str) -> None:
     assert "griddepcontrol.wait;" in body, name
     self_sync = SPECS[name].self_sync
     if self_sync:
-        body = body.replace(WEIGHT_STREAM_LOAD, "weight-stream-load")
+        for op in WEIGHT_STREAM_LOADS:
+            body = body.replace(op, "weight-stream-load")
+        for op in CP_ASYNC_GROUPS:
+            body = body.replace(op, "async-copy-group")
         if name in EARLY_READERS:
             body = body.replace("ld.global", "early-load")
     blocks, succ = _basic_blocks(body[body.index("{") + 1:])     # past the parameter list
@@ -171,6 +178,14 @@ def test_wait_check_follows_paths_not_text() -> None:
                     "ret;\n}")
     with pytest.raises(AssertionError, match="before the wait"):
         _assert_waits_before_memory(loop, name)
+    # a self_sync kernel may fill its weight ring with L2-prefetching cp.async before the wait;
+    # a plain cp.async (any other data) there fails
+    streaming = next(n for n, s in sorted(SPECS.items()) if s.self_sync and n not in EARLY_READERS)
+    ring = _HEAD + ("cp.async.cg.shared.global.L2::256B [%r1], [%rd2], 16;\ncp.async.commit_group;\n"
+                    "griddepcontrol.wait;\nst.global.f32 [%rd1], %f1;\nret;\n}")
+    _assert_waits_before_memory(ring, streaming)
+    with pytest.raises(AssertionError, match="before the wait"):
+        _assert_waits_before_memory(ring.replace(".L2::256B", ""), streaming)
 
 
 def check_other_target(cc: tuple[int, int]) -> None:
