@@ -33,17 +33,23 @@ def _llm(path: Path, monkeypatch: pytest.MonkeyPatch | None = None, **engine: An
                                    show_progress=False, **engine))
 
 
+@pytest.fixture(scope="module")
+def host_greedy(tiny_qwen35_dir: Path) -> tuple[Any, list[int]]:
+    """(the schema's constraint, the host path's greedy tokens under it): the reference."""
+    host = _llm(tiny_qwen35_dir, max_concurrency=1)
+    c = compile_constraint("json_schema", SCHEMA, host.tokenizer, vocab_size=host.model_config.vocab_size)
+    return c, host.generate(PROMPT, SamplingParams(max_tokens=80, temperature=0.0), constraint=c).token_ids
+
+
 @pytest.mark.parametrize("engine", [dict(max_concurrency=2), dict(max_concurrency=1),
                                     dict(max_concurrency=1, decode=DecodeChoices(decode_ahead=False))],
                          ids=["rows", "one-sequence-ahead", "one-sequence"])
 def test_constrained_greedy_on_the_device_pick(tiny_qwen35_dir: Path, monkeypatch: pytest.MonkeyPatch,
-                                               engine: dict[str, Any]) -> None:
+                                               host_greedy: tuple[Any, list[int]], engine: dict[str, Any]) -> None:
     """Steps queued ahead (the ring runs a step when its token is collected, after the token
     before it was observed: the split build's order) or not, and rounds of rows."""
-    host = _llm(tiny_qwen35_dir, max_concurrency=1)
-    c = compile_constraint("json_schema", SCHEMA, host.tokenizer, vocab_size=host.model_config.vocab_size)
+    c, want = host_greedy
     params = SamplingParams(max_tokens=80, temperature=0.0)
-    want = host.generate(PROMPT, params, constraint=c)
     ring = _llm(tiny_qwen35_dir, monkeypatch, **engine)
     assert ring.engine.picks_on_device
     samples = []
@@ -51,17 +57,18 @@ def test_constrained_greedy_on_the_device_pick(tiny_qwen35_dir: Path, monkeypatc
     monkeypatch.setattr(Sampler, "sample", lambda self, row: samples.append(1) or real(self, row))
     got = ring.generate(PROMPT, params, constraint=c)
     assert len(samples) == 1                                   # the prefill's token only
-    assert got.token_ids == want.token_ids and got.finish_reason == "stop"
+    assert got.token_ids == want and got.finish_reason == "stop"
     jsonschema.validate(json.loads(got.text), SCHEMA)
 
 
-def test_constrained_sampled_rows_validate(tiny_qwen35_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_constrained_sampled_rows_validate(tiny_qwen35_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                          host_greedy: tuple[Any, list[int]]) -> None:
     """Sampled with Qwen's filters, two constrained requests and a free one in the same rounds:
     each constrained output validates, the free one is unconstrained text."""
     from ninfer_nb.engine.request import Request
 
     ring = _llm(tiny_qwen35_dir, monkeypatch, max_concurrency=3)
-    c = compile_constraint("json_schema", SCHEMA, ring.tokenizer, vocab_size=ring.model_config.vocab_size)
+    c = host_greedy[0]
     p = SamplingParams(max_tokens=80, temperature=0.7, top_k=20, top_p=0.95, presence_penalty=1.0)
     reqs = [Request("a", PROMPT, p.replace(seed=1), constraint=c), Request("b", PROMPT[2:], p.replace(seed=2)),
             Request("c", PROMPT[1:], p.replace(seed=3), constraint=c)]
