@@ -25,6 +25,12 @@ GDN_PREPARE_MMA_MIN_DK = 64
 # (kernels/gdn/gdn_decode.py, cc >= 9.0: clusters of the value heads that share a key head)
 # instead of three launches.
 GDN_DECODE_FUSED = True
+# Which fused decode kernel: "cluster" (gdn_decode_kernel: clusters of a key head's row slices)
+# or "head" (gdn_decode_head_slots_kernel: a value head of a sequence per block, or per cluster of
+# S = 2 / 4 blocks when B * Hv blocks would leave SMs idle; any S gives the same bits).
+GDN_DECODE_KERNEL = "cluster"
+# The head kernel's S: 0 picks the smallest S with B * Hv * S >= the SM count (S > 1 on cc >= 9.0).
+GDN_HEAD_SPLIT = 0
 
 
 class GdnOps(NormOps):
@@ -92,17 +98,25 @@ class GdnOps(NormOps):
         return out
 
     def gdn_decode(self, mixed: Any, z: Any, a: Any, b: Any, conv_state: Any, conv_w: Any, a_log: Any,
-                   dt_bias: Any, state: Any, norm_w: Any, eps: float, n_k_heads: int, slots: Any = None) -> Any:
+                   dt_bias: Any, state: Any, norm_w: Any, eps: float, n_k_heads: int, slots: Any = None,
+                   snapshots: Any = None) -> Any:
         """ops.cpu.gdn_decode: conv, gated delta rule and gated norm of decode-sized T. One kernel
         on cc >= 9.0 for the heads it takes (kernels/gdn/gdn_decode.py), else the three ops.
         With slots [B] int32 (device): the slot pools, gdn_decode_slots_kernel (a grid row per
         sequence) or, where it does not run, the sequences' slots gathered into scratch, the
-        one-sequence ops on each, and scattered back (slots stay device data either way)."""
+        one-sequence ops on each, and scattered back (slots stay device data either way).
+        snapshots [T] int32 (device, with slots; the head kernel only): where snapshots[t] >= 0,
+        the recurrent and conv state after token t are also written to that slot of the pools."""
         if slots is not None:
             return self._gdn_decode_slots(mixed, z, a, b, conv_state, conv_w, a_log, dt_bias, state, norm_w, eps,
-                                          n_k_heads, slots)
+                                          n_k_heads, slots, snapshots)
+        _need(snapshots is None, "gdn_decode: snapshots need slot pools (slots)")
         t = mixed.shape[0]
         hv, dv, dk = state.shape
+        if t and self._head_kernel(hv, n_k_heads, dk, dv, conv_w):          # the sequence as a pool of one slot
+            return self._gdn_decode_slots(mixed, z, a, b, conv_state.reshape((1,) + tuple(conv_state.shape)), conv_w,
+                                          a_log, dt_bias, state.reshape(1, hv, dv, dk), norm_w, eps, n_k_heads,
+                                          self._gdn_buffers(n_k_heads)[0])
         if (GDN_DECODE_FUSED and t and not SIM and self.arch is not None and self.arch >= (9, 0)
                 and K_gdd.supported(hv, n_k_heads, dk, dv, conv_w.shape[1])
                 and conv_w.dtype == F32 and _ptr(conv_w) % 16 == 0):
@@ -119,8 +133,41 @@ class GdnOps(NormOps):
                                             v.reshape(t, hv, dv), a, b, a_log, dt_bias, state)
         return self.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), norm_w, eps).reshape(t, hv * dv)
 
+    def _head_kernel(self, hv: int, n_k_heads: int, dk: int, dv: int, conv_w: Any) -> bool:
+        """gdn_decode_head_slots_kernel runs this call (GDN_DECODE_KERNEL "head", shapes it takes)."""
+        return (GDN_DECODE_FUSED and GDN_DECODE_KERNEL == "head" and conv_w.shape[1] == K_gdd.CONV_K
+                and bool(self._head_splits(hv, n_k_heads, dk, dv))
+                and conv_w.dtype == F32 and (SIM or _ptr(conv_w) % 16 == 0))
+
+    def _head_splits(self, hv: int, n_k_heads: int, dk: int, dv: int) -> list[int]:
+        """The S the head kernel can run with here (S > 1: clusters, cc >= 9.0, not the simulator)."""
+        clusters = not SIM and self.arch is not None and self.arch >= (9, 0)
+        return [sp for sp in K_gdd.HEAD_SPLITS if (sp == 1 or clusters)
+                and K_gdd.head_supported(hv, n_k_heads, dk, dv, K_gdd.CONV_K, sp)]
+
+    def _head_split(self, n_seq: int, hv: int, n_k_heads: int, dk: int, dv: int) -> int:
+        """S for the head kernel: GDN_HEAD_SPLIT, else the smallest of 1, 2, 4 that gives the
+        SM count's worth of blocks (clusters: cc >= 9.0 only, never in the simulator)."""
+        ok = self._head_splits(hv, n_k_heads, dk, dv)
+        if GDN_HEAD_SPLIT:
+            _need(GDN_HEAD_SPLIT in ok, f"gdn_decode: head split {GDN_HEAD_SPLIT} not possible here ({ok})")
+            return GDN_HEAD_SPLIT
+        return next((sp for sp in ok if n_seq * hv * sp >= self.sm_count), ok[-1])
+
+    def _gdn_buffers(self, n: int) -> tuple[Any, Any, Any]:
+        """(slots [1] = 0, snapshots [1] = -1, arrivals [>= n] zeros) for the head kernel: one
+        persistent int32 buffer (the arrival counts are 0 between launches; a captured graph
+        keeps the buffer it was captured with, a larger need takes a new one)."""
+        buf = getattr(self, "_gdn_buf", None)
+        if buf is None or buf.shape[0] < n + 2:
+            host = np.zeros(max(n, 1024) + 2, np.int32)
+            host[1] = -1
+            buf = self._gdn_buf = self.from_numpy(host, persistent=True)
+        return buf[0:1], buf[1:2], buf[2:]
+
     def _gdn_decode_slots(self, mixed: Any, z: Any, a: Any, b: Any, conv_pool: Any, conv_w: Any, a_log: Any,
-                          dt_bias: Any, state_pool: Any, norm_w: Any, eps: float, n_k_heads: int, slots: Any) -> Any:
+                          dt_bias: Any, state_pool: Any, norm_w: Any, eps: float, n_k_heads: int, slots: Any,
+                          snapshots: Any = None) -> Any:
         t = mixed.shape[0]
         n_seq = slots.shape[0]
         _need(slots.dtype == I32 and len(slots.shape) == 1, "gdn_decode: slots must be [B] int32")
@@ -131,6 +178,16 @@ class GdnOps(NormOps):
         out = self.empty((t, hv * dv))                                    # [T, Hv * Dv]
         if not t:
             return out
+        if self._head_kernel(hv, n_k_heads, dk, dv, conv_w):
+            sp = self._head_split(n_seq, hv, n_k_heads, dk, dv)
+            _, no_snaps, arrivals = self._gdn_buffers(n_seq * n_k_heads)
+            self._go(K_gdd.gdn_decode_head_slots_kernel, (hv * sp, n_seq), K_gdd.head_threads(dk, dv, sp),
+                     _rows(mixed, mixed.shape[-1]), _rows(z, hv * dv), _rows(a, hv), _rows(b, hv), conv_pool,
+                     conv_w, a_log, dt_bias, state_pool, slots, no_snaps if snapshots is None else snapshots,
+                     norm_w, out, arrivals, np.int32(n_k_heads), np.int32(sp), np.float32(eps),
+                     cluster=sp if sp > 1 else 0)
+            return out
+        _need(snapshots is None, "gdn_decode: snapshots need the head kernel (GDN_DECODE_KERNEL 'head')")
         if (GDN_DECODE_FUSED and not SIM and self.arch is not None and self.arch >= (9, 0)
                 and K_gdd.supported(hv, n_k_heads, dk, dv, conv_w.shape[1])
                 and conv_w.dtype == F32 and _ptr(conv_w) % 16 == 0):
