@@ -140,6 +140,8 @@ class PrefixCache:
         self._tick = itertools.count(1)
         self.query_tokens = 0                    # vllm:prefix_cache_queries_total (tokens)
         self.hit_tokens = 0                      # vllm:prefix_cache_hits_total (tokens)
+        self.pages_to_host = 0                   # pages moved to the host tier / back (totals)
+        self.pages_from_host = 0
 
     # --- introspection ---------------------------------------------------------------------
     @property
@@ -213,6 +215,7 @@ class PrefixCache:
             node.host = None
             self._by_page[node.page] = node
             hit.pages[i] = node.page
+            self.pages_from_host += 1
 
     def restore(self, hit: Hit, running_slot: int) -> None:
         """The GDN state of `hit` into `running_slot` (from its snapshot slot or the host tier)."""
@@ -387,6 +390,7 @@ class PrefixCache:
         self._by_page.pop(node.page, None)
         self.allocator.release([node.page])
         node.page = -1
+        self.pages_to_host += 1
         return True
 
     def _remove_subtree(self, node: Node) -> None:

@@ -245,3 +245,46 @@ def test_evicted_pages_come_back_from_the_host_tier(model_dir: Path, host_mib: i
     assert hit.token_ids == cold.generate(followup, GREEDY).token_ids
     llm.engine.forget()
     assert llm.engine.scheduler.allocator is not None and llm.engine.scheduler.allocator.num_free == 12
+
+
+def test_random_shared_prefixes_under_a_tiny_pool_with_a_host_tier(tiny_qwen35_dir: Path) -> None:
+    """Three lanes over 6 pages and a host tier: prompts that share two long histories (and
+    each other's answers) arrive at random steps, some are cancelled; preemption, eviction to
+    the host, loads back and copies on write all happen. Every finished request has its solo
+    tokens (a cancelled one a prefix of them); at the end every device page is free or held
+    by the cache alone, and a clear frees them all."""
+    from tests.engine.test_scheduler import drive, tokens
+
+    rng = np.random.default_rng(4)
+    alone = make_llm(tiny_qwen35_dir, concurrency=1, chunk=32, max_context=256)
+    llm = make_llm(tiny_qwen35_dir, concurrency=3, chunk=32, max_context=256, kv_pages=6, host_cache_mib=16)
+    bases = [prompt(30, 140), prompt(31, 100)]
+    arrivals: dict[int, list[Request]] = {}
+    cancels: dict[int, list[str]] = {}
+    want = {}
+    for i in range(12):
+        base = bases[(i // 2) % 2]
+        ids = base[: int(rng.integers(60, len(base) + 1))] + prompt(40 + i, int(rng.integers(1, 12)))
+        params = GREEDY.replace(max_tokens=int(rng.integers(4, 48)))
+        if i % 3 == 2:
+            params = SamplingParams(max_tokens=params.max_tokens, temperature=0.9, seed=i, ignore_eos=True)
+        alone.engine.forget()
+        want[f"r{i}"] = alone.generate(ids, params).token_ids
+        step = 6 * i + int(rng.integers(0, 10))
+        arrivals.setdefault(step, []).append(Request(f"r{i}", ids, params))
+        if i % 5 == 4:
+            cancels.setdefault(step + int(rng.integers(2, 20)), []).append(f"r{i}")
+    outs = drive(llm.engine, arrivals, cancels)
+    for rid, got_outs in outs.items():
+        got = tokens(got_outs)
+        if got_outs[-1].finish_reason == "cancelled":
+            assert got == want[rid][: len(got)], rid
+        else:
+            assert got == want[rid], rid
+    engine, cache = llm.engine, llm.engine.prefix_cache
+    assert cache is not None and cache.host is not None and cache.hit_tokens > 0
+    assert engine.scheduler.preemptions > 0 and cache.pages_to_host > 0 and cache.pages_from_host > 0
+    assert engine.scheduler.allocator is not None
+    assert engine.scheduler.allocator.num_free + cache.num_pages == 6
+    engine.forget()
+    assert engine.scheduler.allocator.num_free == 6 and cache.host.used == 0
