@@ -62,15 +62,22 @@ KERNEL_BUILD_MODULES = ("tests/kernels/test_compile_ptx.py", "tests/kernels/test
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With `-n N --dist loadgroup` (pytest-xdist) the groups below are dealt in collection
-    order, not largest first: the simulator's test first (_simulator_in_background)."""
+    """`-n N` (pytest-xdist) without a --dist of its own means `--dist loadgroup`: the groups
+    below, dealt in collection order, not largest first (the simulator's test first:
+    _simulator_in_background). Each worker parses the command line itself, so it is told too."""
+    args = [str(a) for a in config.invocation_params.args]
+    if not any(a in ("--dist", "-d", "--distload") or a.startswith("--dist=") for a in args):
+        if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "load":
+            config.option.dist = "loadgroup"
+        elif hasattr(config, "workerinput"):
+            config.option.loadgroup = True
     if getattr(config.option, "dist", "no") == "loadgroup":
         config.option.loadscopereorder = False
     config.pluginmanager.register(_XdistGroups(), "ninfer-xdist-groups")
 
 
 class _XdistGroups:
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, the CI command): tests that share a costly
+    """Under pytest-xdist (`-n 2`, the CI command): tests that share a costly
     state run in one worker. A test that uses a module-scoped fixture, or a session-scoped one
     defined in its own module (the converted GGUFs), is grouped with its module; a compile test
     with its kernel. Everything else is dealt one test at a time."""
