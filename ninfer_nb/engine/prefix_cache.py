@@ -275,19 +275,16 @@ class PrefixCache:
             held = [n for n in self._nodes if n.slot is not None and n is not keep]
             if not held:
                 return None
-            victim = min(held, key=lambda n: (not self._snapshot_below(n), n.last_used))
+            interior: set[Node] = set()              # a deeper snapshot exists below these
+            for n in held:
+                up = n.parent
+                while up is not None and up not in interior:
+                    if up.slot is not None:
+                        interior.add(up)
+                    up = up.parent
+            victim = min(held, key=lambda n: (n not in interior, n.last_used))
             self._drop_snapshot(victim)
         return self._free_slots.pop()
-
-    @staticmethod
-    def _snapshot_below(node: Node) -> bool:
-        stack = list(node.children.values())
-        while stack:
-            n = stack.pop()
-            if n.slot is not None:
-                return True
-            stack.extend(n.children.values())
-        return False
 
     def _drop_snapshot(self, node: Node, keep_host: bool = True) -> None:
         """Free the node's snapshot slot; with a host tier the state goes there first."""
