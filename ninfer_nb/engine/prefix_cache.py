@@ -149,6 +149,10 @@ class PrefixCache:
         """Device pages the cache holds."""
         return len(self._by_page)
 
+    def sole_pages(self) -> int:
+        """Device pages only the cache holds (free for any request: evicted when needed)."""
+        return sum(1 for node in self._by_page.values() if self._sole(node))
+
     @property
     def num_host_pages(self) -> int:
         return len(self._nodes) - len(self._by_page)

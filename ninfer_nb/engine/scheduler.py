@@ -278,5 +278,9 @@ class Scheduler:
         return 0 if self.allocator is None else self.allocator.num_used
 
     def usage(self) -> float:
-        """Fraction of the KV page pool in use (0 without a pool)."""
-        return 0.0 if self.allocator is None else self.allocator.usage
+        """Fraction of the KV page pool requests hold (vllm:kv_cache_usage_perc; pages only the
+        prefix cache holds count as free, as vLLM counts its cached free blocks; 0 without a pool)."""
+        if self.allocator is None:
+            return 0.0
+        cached = self.cache.sole_pages() if self.cache is not None else 0
+        return (self.allocator.num_used - cached) / self.allocator.num_pages

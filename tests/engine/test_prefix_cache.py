@@ -72,6 +72,8 @@ def test_history_plus_one_message_prefills_only_the_new_part(model_dir: Path) ->
         assert hit.token_ids == miss.token_ids
     stats = llm.stats()
     assert 0 < stats["prefix_cache_hits"] < stats["prefix_cache_queries"]
+    # pages only the cache holds count as free for the KV usage (as vLLM's cached free blocks)
+    assert stats["prefix_cache_pages"] > 0 and stats["kv_cache_used_bytes"] == 0
 
 
 class _Oracle:
