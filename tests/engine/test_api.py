@@ -157,13 +157,20 @@ def test_moe_chat_runs(tiny_qwen35_moe_dir: Path) -> None:
     assert stats["architecture"] == "qwen3_5" and stats["context_tokens"] > 0
 
 
-@pytest.mark.parametrize("kv", ["bf16", "int8"])
-def test_compact_kv_caches_stay_close_to_fp32(tiny_qwen35_dir: Path, kv: str) -> None:
-    def make(kv_cache: str) -> LLM:      # head_dim 64: int8 groups of 64 values
-        return LLM("random:tiny-qwen3.5", device="cpu", max_context=128, prefill_chunk=32,
-                   kv_cache=kv_cache)
+def _random_tiny(kv_cache: str) -> LLM:     # head_dim 64: int8 groups of 64 values
+    return LLM("random:tiny-qwen3.5", device="cpu", max_context=128, prefill_chunk=32, kv_cache=kv_cache)
 
-    full, compact = make("fp32"), make(kv)
+
+@pytest.fixture(scope="module")
+def random_tiny_auto() -> LLM:
+    """The fp32 reference of the compact caches (random weights take seconds to draw)."""
+    return _random_tiny("auto")
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_compact_kv_caches_stay_close_to_fp32(tiny_qwen35_dir: Path, random_tiny_auto: LLM, kv: str) -> None:
+    full, compact = random_tiny_auto, _random_tiny(kv)
+    assert full.stats()["kv_cache"] == "fp32"                       # the CPU backend's default
     ids = list(range(5000, 5060))
     ref, got = full.logits(ids), compact.logits(ids)
     assert np.abs(got - ref).max() <= 2e-2 * np.abs(ref).max()
@@ -171,7 +178,6 @@ def test_compact_kv_caches_stay_close_to_fp32(tiny_qwen35_dir: Path, kv: str) ->
     p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     assert compact.generate(ids, p).token_ids == full.generate(ids, p).token_ids
     assert compact.stats()["kv_cache"] == kv
-    assert make("auto").stats()["kv_cache"] == "fp32"               # the CPU backend's default
     with pytest.raises(InvalidRequestError, match="kv_cache must be auto, fp32, bf16 or int8"):
         LLM(str(tiny_qwen35_dir), device="cpu", kv_cache="fp8")
 
