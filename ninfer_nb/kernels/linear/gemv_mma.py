@@ -387,6 +387,6 @@ def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pi
 
 # The v3 builds ops/cuda/linear.py may pick, registered at import for the compile tests; others
 # are built on first use (dev/gemv_probe.py --mma sweeps them).
-V3_BUILDS = (("plain", 8, 1, 4, 2), ("plain", 8, 2, 2, 2), ("swiglu", 8, 2, 2, 2), ("plain", 8, 1, 2, 2, 1))
+V3_BUILDS = (("plain", 4, 2, 2, 4), ("plain", 4, 1, 4, 4), ("swiglu", 4, 2, 2, 4))
 for _b in V3_BUILDS:
     gemv_mma3(*_b)

@@ -29,19 +29,23 @@ NO_BIAS = np.int32(0)     # the GEMMs' has_bias flag without a bias
 # 4 tokens with per-token work on every weight (two tokens: the SIMT GEMV, measured faster).
 GEMV_MMA = True
 GEMV_MMA_MIN_T = 3
-# v3 of the tensor-core GEMV (gemv_mma.py gemv_mma3: warps over row tiles, x shared through L1,
-# K split over blocks for weights with few rows) for 2..16 tokens, with the residual add and the
-# SwiGLU in its epilogue. Off until measured on the GPU.
-GEMV_MMA3 = False
-GEMV_MMA3_MIN_T = 2
+# 3..16 tokens: v3 of the tensor-core GEMV (gemv_mma.py gemv_mma3: warps over row tiles, x
+# shared through L1, the work split evenly over one wave of blocks), with the residual add and
+# the SwiGLU in its epilogue; measured faster than v1 + the separate add / SwiGLU launch on
+# every 27B shape at T >= 4 (docs/perf-log.md). Two tokens stay on the SIMT GEMV (faster).
+GEMV_MMA3 = True
+GEMV_MMA3_MIN_T = 3
 
 
 def mma3_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[str, int, int, int, int, int], int]:
     """(build, blocks) of gemv_mma3 for T tokens x an [n, k] weight (swiglu: n = 2I): blocks of
-    8 warps x 1 row tile (128 rows; swiglu 2 tiles: 64 gate + 64 up rows), 2 per SM, one
-    block per resident slot (the work split evenly: one wave, no tail)."""
-    build = (mode, 8, 2, 2, 2, 0) if mode == "swiglu" else (mode, 8, 1, 4, 2, 0)
-    units = K_gm.v3_groups(mode, build[1], build[2], n) * (k // K_gm.K_ALIGN)
+    4 warps, 4 per SM, one block per resident slot (the work split evenly: one wave, no tail);
+    2 row tiles per warp (x read once per 128 rows) from 8192 rows up, else 1 (the 5120-row
+    weights: fewer blocks share a row group). The best or within 3 % of the best of the builds
+    x grids measured (dev/gemv_probe.py --mma) on every 27B shape at T = 4, 8, 16."""
+    tiles = 2 if mode == "swiglu" or n >= 8192 else 1
+    build = (mode, 4, tiles, 4 // tiles, 4, 0)
+    units = K_gm.v3_groups(mode, 4, tiles, n) * (k // K_gm.K_ALIGN)
     return build, min(units, build[4] * sm_count)
 
 
@@ -238,7 +242,7 @@ class LinearOps(QuantLinearOps):
         """Whether T tokens x an [n, K] weight take gemv_mma3 (bf16 and alignment checked by the caller)."""
         return (GEMV_MMA3 and not SIM and GEMV_MMA3_MIN_T <= t <= K_gm.MAX_T and k % K_gm.K_ALIGN == 0
                 and self.arch is not None and tuple(self.arch) >= (8, 0)
-                and K_gm.v3_groups("plain", 8, 1, n) <= K_gm.MAX_GROUPS)
+                and K_gm.v3_groups("plain", 4, 1, n) <= K_gm.MAX_GROUPS)
 
     def _gemv_mma3_into(self, mode: str, x2: Any, weight: Any, b: Any, out2: Any, has_bias: Any,
                         accumulate: int) -> None:
