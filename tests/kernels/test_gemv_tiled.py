@@ -26,7 +26,8 @@ from ninfer_nb.quant.dequant import quantize
 from ninfer_nb.quant.formats import FP8_BLOCK, groupwise
 from ninfer_nb.quant.tiled import lane_map, tile, untile
 
-BUILD_NAMES = sorted({K_t.gemv_tiled(*b).name for b in K_t.BUILDS} | {K_t.dequant_tiled_bf16_kernel.name})
+BUILD_NAMES = sorted({K_t.gemv_tiled(*b).name for b in K_t.BUILDS} | {K_t.gemv_t1(*b).name for b in K_t.T1_BUILDS}
+                     | {K_t.dequant_tiled_bf16_kernel.name})
 TILEABLE = [groupwise(b, g, z) for b in (4, 8) for g in (32, 64, 128) for z in (False, True)] + [FP8_BLOCK]
 
 
