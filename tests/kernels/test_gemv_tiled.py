@@ -122,6 +122,7 @@ def test_gpu_tiled_linear_matches_numpy(env, name: str, t1: bool, monkeypatch) -
     from ninfer_nb.ops.cuda import linear_quant as LQ
 
     monkeypatch.setattr(LQ, "GEMV_T1", frozenset(("i4", "i8", "fp8") if t1 else ()))
+    monkeypatch.setattr(LQ, "GEMV_T1_MIN_K", 0)
     from ninfer_nb.ops import cpu
     from ninfer_nb.ops.cuda.norm import Normed
     from ninfer_nb.quant.dequant import dequantize

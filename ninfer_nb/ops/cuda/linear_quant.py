@@ -73,10 +73,13 @@ def quant_build(mode: str, tokens: int, n: int, row_bytes: int, sm_count: int = 
 
 
 # gemv_tiled.gemv_t1 for one token on dense weights: the kinds it takes (NINFER_GEMV_T1="i4,i8,fp8",
-# "0": none; int4 by default, measured faster than gemv_tiled on the 27B shapes, the 8-bit kinds
-# not yet on the GPU); for the MoE experts with NINFER_GEMV_T1_MOE=1 (not measured yet).
-_T1_ENV = os.environ.get("NINFER_GEMV_T1", "i4")
-GEMV_T1 = frozenset(("i4", "i8", "fp8") if _T1_ENV == "1" else [v for v in _T1_ENV.split(",") if v not in ("", "0")])
+# "1": all, "0": none) and the shortest rows (by default int4 rows of K >= 5120: measured faster
+# than gemv_tiled on the 27B shapes; the 8-bit kinds and the 35B's K <= 4096 not yet measured);
+# for the MoE experts with NINFER_GEMV_T1_MOE=1 (not measured yet).
+_T1_ENV = os.environ.get("NINFER_GEMV_T1")
+GEMV_T1 = frozenset(("i4", "i8", "fp8") if _T1_ENV == "1" else
+                    [v for v in (_T1_ENV or "i4").split(",") if v not in ("", "0")])
+GEMV_T1_MIN_K = 5120 if _T1_ENV is None else 0
 GEMV_T1_MOE = os.environ.get("NINFER_GEMV_T1_MOE", "0") == "1"
 SMEM_PER_SM = 228 * 1024           # shared memory of an SM (cc 9.0); each block also takes 1 KB + its static part
 
@@ -261,7 +264,7 @@ class QuantLinearOps(NormOps):
         kind, zp, split = tiled_kind(q)
         n, k = q.shape[-2:]
         t = x2.shape[0]
-        if (GEMV_T1_MOE and experts) or (kind in GEMV_T1 and not experts and t == 1):
+        if (GEMV_T1_MOE and experts) or (kind in GEMV_T1 and not experts and t == 1 and k >= GEMV_T1_MIN_K):
             self._t1_gemv(mode, x2, nw, eps, q, bias, out2, ids, ew, experts, grid_y)
             return
         if experts:
