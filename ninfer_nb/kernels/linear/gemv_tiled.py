@@ -34,6 +34,10 @@ slots' rows concatenated, each K-tile reading its slot's expert, the slot weight
 the scales; bias flat [T * N]). They read ids written by the previous kernel, so they wait at
 entry (not self_sync).
 
+`gemv_t1` (one token; MoE builds for any number of tokens, one x row per block) is a second
+scheme for the decode step: fp16 tensor cores, weights streamed through per-warp shared-memory
+rings of cp.async copies, x staged once per block as fp16 (see its docstring).
+
 Knows nothing about shapes or which build suits them (ops/cuda/linear_quant.py picks).
 """
 from __future__ import annotations

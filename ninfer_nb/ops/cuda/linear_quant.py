@@ -3,6 +3,7 @@ the GPU. Records in the tiled device layout (quant/tiled.py: int4 / int8 groupwi
 128 x 128 blocks; what engine/upload_policy.py uploads wherever it applies) take the
 tensor-core decode GEMVs of kernels/linear/gemv_tiled.py for 1..16 tokens; canonical groupwise
 records (shapes the tiled layout does not take) the SIMT GEMVs of kernels/linear/gemv_quant.py.
+One-token GEMVs on tiled int4 rows of K >= 5120 take gemv_tiled.gemv_t1 (GEMV_T1, t1_build).
 Prefill chunks (T > 16) dequantize the weight into a bf16 scratch matrix and run the dense bf16
 path (tensor-core GEMMs). A GEMM that dequantizes tiles in shared memory is later work.
 `LinearOps` (linear.py) routes quantized records here; `tiled_build` picks the GEMV build per
