@@ -385,8 +385,10 @@ class LLM:
 
 
 DEFAULT_CPU_CONCURRENCY = 8
-# CUDA: one request at a time (the one-sequence decode graphs, steps queued ahead) until the
-# GPU tests that drive that path pin it; front-ends that serve several clients pass 8
+# CUDA: one request at a time (the one-sequence decode graphs, steps queued ahead): a second
+# client waits for the first one's whole generation; serve several with --max-concurrency N
+# (batched rounds, prefix cache, prefill chunks taking turns). Batched by default once the
+# GPU measures C = 1 on the batched path as fast and the one-sequence GPU tests pin it.
 DEFAULT_CUDA_CONCURRENCY = 1
 
 
