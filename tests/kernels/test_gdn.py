@@ -250,3 +250,30 @@ def test_gdn_decode_head_snapshots(dev, rng, monkeypatch, n_seq, n, hk, hv, dk, 
         without = dev.best_time(lambda: ops.gdn_decode(*args, slots=SL), graph=True)[0] * 1e6
         print(f"\ngdn_decode B={n_seq} T/B={n} Hv={hv}: {n - 1} snapshots per sequence {with_s:.1f} us, "
               f"none {without:.1f} us")
+
+
+def test_gdn_decode_kernel_choice(dev, rng):
+    """GDN_DECODE_KERNEL "auto" (the default): the head kernel for rounds of at least
+    GDN_HEAD_MIN_SEQS sequences and whenever snapshots are asked for; one sequence (and smaller
+    rounds) keep the cluster kernel (GPU) or the three-op path (simulator)."""
+    from ninfer_nb.ops.cuda import gdn as cuda_gdn
+
+    assert cuda_gdn.GDN_DECODE_KERNEL == "auto"
+    hk, hv, dk, dv = 1, 2, 32, 16
+    c, vd = 2 * hk * dk + hv * dv, hv * dv
+    consts = [dev.up(x) for x in (rnd(rng, c, 4, scale=0.5), rnd(rng, hv, scale=0.5), rnd(rng, hv))]
+    nw = dev.up(rnd(rng, dv))
+    for n_seq, slotted in ((1, False), (cuda_gdn.GDN_HEAD_MIN_SEQS - 1, True), (cuda_gdn.GDN_HEAD_MIN_SEQS, True)):
+        ops = dev.fresh()
+        ops._gdn_buf = None                                      # it lived in the arena fresh() reset
+        names: list[str] = []
+        go = ops._go
+        ops._go = lambda spec, *a, _n=names, _go=go, **kw: (_n.append(spec.name), _go(spec, *a, **kw))
+        ins = [dev.up(x) for x in (rnd(rng, n_seq, c), rnd(rng, n_seq, vd), rnd(rng, n_seq, hv), rnd(rng, n_seq, hv))]
+        if slotted:
+            pools = (dev.up(rnd(rng, n_seq, 3, c)), dev.up(rnd(rng, n_seq, hv, dv, dk, scale=0.1)))
+            ops.gdn_decode(*ins, pools[0], *consts, pools[1], nw, 1e-6, hk, slots=dev.up(np.arange(n_seq, dtype=np.int32)))
+        else:
+            ops.gdn_decode(*ins, dev.up(rnd(rng, 3, c)), *consts, dev.up(rnd(rng, hv, dv, dk, scale=0.1)), nw, 1e-6, hk)
+        head = "gdn_decode_head_slots_kernel" in names
+        assert head == (n_seq >= cuda_gdn.GDN_HEAD_MIN_SEQS), (n_seq, names)

@@ -371,8 +371,8 @@ def _decode_head(mixed, z, a, b, conv_pool, conv_w, a_log, dt_bias, state_pool, 
     The S blocks of a (sequence, value head) hold Dv / S state rows each, 4 S threads per row
     with Dk / (4 S) columns as float4s (16-byte loads and stores). Every sum is taken in one
     order whatever S is (float4 partials folded by the highest index bit first, in registers
-    then across the row's lanes; the norm over 32-row groups in order), so S (picked by the
-    batch size) never changes a bit of the result. The q / k / v conv of the block's channels
+    then across the row's lanes; the norm over 32-row groups in order): S never changes a bit
+    of the result. The q / k / v conv of the block's channels
     runs one channel per thread; the key head's q / k conv state, read by (Hv / Hk) S blocks,
     is written by the last of them to arrive (an atomic count per (sequence, key head), reset
     by that block). State and conv state load before the grid-dependency wait, as in

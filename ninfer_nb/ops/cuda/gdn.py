@@ -25,11 +25,15 @@ GDN_PREPARE_MMA_MIN_DK = 64
 # (kernels/gdn/gdn_decode.py, cc >= 9.0: clusters of the value heads that share a key head)
 # instead of three launches.
 GDN_DECODE_FUSED = True
-# Which fused decode kernel: "cluster" (gdn_decode_kernel: clusters of a key head's row slices)
-# or "head" (gdn_decode_head_slots_kernel: a value head of a sequence per block, or per cluster of
-# S = 2 / 4 blocks when B * Hv blocks would leave SMs idle; any S gives the same bits).
-GDN_DECODE_KERNEL = "cluster"
-# The head kernel's S: 0 picks the smallest S with B * Hv * S >= the SM count (S > 1 on cc >= 9.0).
+# Which fused decode kernel: "cluster" (gdn_decode_kernel: clusters of a key head's row slices),
+# "head" (gdn_decode_head_slots_kernel: a value head of a sequence per block or per cluster of
+# S = 2 / 4 blocks; any S gives the same bits), or "auto": head for rounds of at least
+# GDN_HEAD_MIN_SEQS sequences (H200, 27B / 35B shapes, B = 8: 34.4 / 23.3 us vs 48.9 / 28.0;
+# B = 16: 72.0 / 48.4 vs 109.2 / 53.5), cluster below (B = 1: 9.1 / 9.0 vs 7.3 / 6.9 us).
+GDN_DECODE_KERNEL = "auto"
+GDN_HEAD_MIN_SEQS = 3
+# The head kernel's S: 0 takes the smallest the shape allows (S = 2 for Dk = 128: S = 4 was
+# slower at B = 1, 8 and 16), else this one (S > 1: clusters, cc >= 9.0).
 GDN_HEAD_SPLIT = 0
 
 
@@ -113,7 +117,7 @@ class GdnOps(NormOps):
         _need(snapshots is None, "gdn_decode: snapshots need slot pools (slots)")
         t = mixed.shape[0]
         hv, dv, dk = state.shape
-        if t and self._head_kernel(hv, n_k_heads, dk, dv, conv_w):          # the sequence as a pool of one slot
+        if t and self._head_kernel(1, hv, n_k_heads, dk, dv, conv_w):       # the sequence as a pool of one slot
             return self._gdn_decode_slots(mixed, z, a, b, conv_state.reshape((1,) + tuple(conv_state.shape)), conv_w,
                                           a_log, dt_bias, state.reshape(1, hv, dv, dk), norm_w, eps, n_k_heads,
                                           self._gdn_buffers(n_k_heads)[0])
@@ -133,9 +137,13 @@ class GdnOps(NormOps):
                                             v.reshape(t, hv, dv), a, b, a_log, dt_bias, state)
         return self.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), norm_w, eps).reshape(t, hv * dv)
 
-    def _head_kernel(self, hv: int, n_k_heads: int, dk: int, dv: int, conv_w: Any) -> bool:
-        """gdn_decode_head_slots_kernel runs this call (GDN_DECODE_KERNEL "head", shapes it takes)."""
-        return (GDN_DECODE_FUSED and GDN_DECODE_KERNEL == "head" and conv_w.shape[1] == K_gdd.CONV_K
+    def _head_kernel(self, n_seq: int, hv: int, n_k_heads: int, dk: int, dv: int, conv_w: Any,
+                     snapshots: Any = None) -> bool:
+        """gdn_decode_head_slots_kernel runs this call (GDN_DECODE_KERNEL and the round's size, or
+        snapshots asked for; shapes it takes)."""
+        mode = GDN_DECODE_KERNEL
+        wanted = mode == "head" or snapshots is not None or (mode == "auto" and n_seq >= GDN_HEAD_MIN_SEQS)
+        return (GDN_DECODE_FUSED and wanted and conv_w.shape[1] == K_gdd.CONV_K
                 and bool(self._head_splits(hv, n_k_heads, dk, dv))
                 and conv_w.dtype == F32 and (SIM or _ptr(conv_w) % 16 == 0))
 
@@ -146,13 +154,13 @@ class GdnOps(NormOps):
                 and K_gdd.head_supported(hv, n_k_heads, dk, dv, K_gdd.CONV_K, sp)]
 
     def _head_split(self, n_seq: int, hv: int, n_k_heads: int, dk: int, dv: int) -> int:
-        """S for the head kernel: GDN_HEAD_SPLIT, else the smallest of 1, 2, 4 that gives the
-        SM count's worth of blocks (clusters: cc >= 9.0 only, never in the simulator)."""
+        """S for the head kernel: GDN_HEAD_SPLIT, else the smallest the shape allows (clusters:
+        cc >= 9.0 only, never in the simulator)."""
         ok = self._head_splits(hv, n_k_heads, dk, dv)
         if GDN_HEAD_SPLIT:
             _need(GDN_HEAD_SPLIT in ok, f"gdn_decode: head split {GDN_HEAD_SPLIT} not possible here ({ok})")
             return GDN_HEAD_SPLIT
-        return next((sp for sp in ok if n_seq * hv * sp >= self.sm_count), ok[-1])
+        return ok[0]
 
     def _gdn_buffers(self, n: int) -> tuple[Any, Any, Any]:
         """(slots [1] = 0, snapshots [1] = -1, arrivals [>= n] zeros) for the head kernel: one
@@ -178,7 +186,7 @@ class GdnOps(NormOps):
         out = self.empty((t, hv * dv))                                    # [T, Hv * Dv]
         if not t:
             return out
-        if self._head_kernel(hv, n_k_heads, dk, dv, conv_w):
+        if self._head_kernel(n_seq, hv, n_k_heads, dk, dv, conv_w, snapshots):
             sp = self._head_split(n_seq, hv, n_k_heads, dk, dv)
             _, no_snaps, arrivals = self._gdn_buffers(n_seq * n_k_heads)
             self._go(K_gdd.gdn_decode_head_slots_kernel, (hv * sp, n_seq), K_gdd.head_threads(dk, dv, sp),
@@ -187,7 +195,7 @@ class GdnOps(NormOps):
                      norm_w, out, arrivals, np.int32(n_k_heads), np.int32(sp), np.float32(eps),
                      cluster=sp if sp > 1 else 0)
             return out
-        _need(snapshots is None, "gdn_decode: snapshots need the head kernel (GDN_DECODE_KERNEL 'head')")
+        _need(snapshots is None, "gdn_decode: snapshots need the head kernel (not for these shapes)")
         if (GDN_DECODE_FUSED and not SIM and self.arch is not None and self.arch >= (9, 0)
                 and K_gdd.supported(hv, n_k_heads, dk, dv, conv_w.shape[1])
                 and conv_w.dtype == F32 and _ptr(conv_w) % 16 == 0):
