@@ -9,6 +9,7 @@ eviction, copy on write, clear) on a bare page pool.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -290,3 +291,25 @@ def test_random_shared_prefixes_under_a_tiny_pool_with_a_host_tier(tiny_qwen35_d
     assert engine.scheduler.allocator.num_free + cache.num_pages == 6
     engine.forget()
     assert engine.scheduler.allocator.num_free == 6 and cache.host.used == 0
+
+
+def test_the_pool_takes_its_share_of_the_device_budget(tiny_qwen35_dir: Path) -> None:
+    """LLM._kv_pool_pages on a backend that reports a memory budget (CUDA's arena left after
+    the weights): kv_cache_fraction of it, less the GDN slots, in pages; at least one context;
+    kv_pages or one lane leave it alone."""
+    from ninfer_nb.engine.kv_pages import pages_for
+    from ninfer_nb.models.state import PAGE_SIZE, gdn_bytes_per_slot, kv_bytes_per_token
+
+    llm = make_llm(tiny_qwen35_dir, concurrency=4)
+    cfg, mc = llm.engine_config, llm.model_config
+    page = PAGE_SIZE * kv_bytes_per_token(mc, "fp32")
+    slots = (2 * 4 + 2 * 4 + 4) * gdn_bytes_per_slot(mc)
+    budget = 1000 * page + slots
+    llm.backend.cache_budget = lambda: budget           # type: ignore[method-assign]
+    assert llm._kv_pool_pages(cfg) == (int(budget * 0.9) - slots) // page
+    assert llm._kv_pool_pages(dataclasses.replace(cfg, kv_cache_fraction=0.5)) == (int(budget * 0.5) - slots) // page
+    llm.backend.cache_budget = lambda: 10                # type: ignore[method-assign]
+    assert llm._kv_pool_pages(cfg) == pages_for(llm.max_context)
+    assert llm._kv_pool_pages(dataclasses.replace(cfg, kv_pages=7)) == 7
+    llm.max_concurrency = 1
+    assert llm._kv_pool_pages(cfg) is None
