@@ -431,6 +431,7 @@ def _decode_head(mixed, z, a, b, conv_pool, conv_w, a_log, dt_bias, state_pool, 
     bias = dt_bias[h]
     nw = norm_w[row] if on_row else float32(0.0)
     q_scale = float32(1.0) / math.sqrt(float32(d_k))
+    arrived = 0
     if n_split > 1:
         cluster_arrive_relaxed()
     grid_dependency_sync()
@@ -439,6 +440,7 @@ def _decode_head(mixed, z, a, b, conv_pool, conv_w, a_log, dt_bias, state_pool, 
         xg = a[t, h] + bias
         xb = b[t, h]
         zz = z[t, h * d_v + row] if on_row else float32(0.0)
+        into = snaps[t] if t < snaps.shape[0] else -1             # loads in flight with the conv's
         if c >= 0:                                                # conv + SiLU of this thread's channel
             u0, u1, u2, u3 = ldg_stream_v4_u32(conv_w, c * CONV_K)   # with x: one latency
             win[CONV_K - 1] = mixed[t, c]
@@ -447,8 +449,8 @@ def _decode_head(mixed, z, a, b, conv_pool, conv_w, a_log, dt_bias, state_pool, 
                 win[e] = win[e + 1]
             qkv[tid] = y / (float32(1.0) + math.exp(-y))
         cuda.syncthreads()
-        if t == t0 and tid == 0:                                  # every conv_state read of this block is done
-            last[0] = i32(cuda.atomic.add(arrivals, cuda.blockIdx.y * n_k_heads + hk, 1) == ratio * n_split - 1)
+        if t == t0 and tid == 0:                                  # every conv_state read of this block is done;
+            arrived = cuda.atomic.add(arrivals, cuda.blockIdx.y * n_k_heads + hk, 1)   # read after the tokens
         kk = float32(0.0)                                         # |k|^2, |q|^2, k . q: lane l sums elements
         qq = float32(0.0)                                         # l, l + 32, .. in order, then the warp
         kq = float32(0.0)
@@ -495,17 +497,15 @@ def _decode_head(mixed, z, a, b, conv_pool, conv_w, a_log, dt_bias, state_pool, 
                 s[4 * j + 3] = s[4 * j + 3] * decay + dn * k3
         if on_row and q_l == 0:
             o_rows[row_l] = o
-        if t < snaps.shape[0]:                                    # the state after token t also into slot snaps[t]
-            into = snaps[t]
-            if into >= 0:
-                if on_row:
-                    for j in range(HEAD_MAX_N4):
-                        if j < n4:
-                            st_v4_f32(state_pool[into], base + 4 * tpr * j, s[4 * j], s[4 * j + 1], s[4 * j + 2],
-                                      s[4 * j + 3])
-                if c >= 0:                                        # q / k: every block of the key head, same values
-                    for e in range(CONV_K - 1):
-                        conv_pool[into, e, c] = win[e]
+        if into >= 0:                                             # the state after token t also into slot snaps[t]
+            if on_row:
+                for j in range(HEAD_MAX_N4):
+                    if j < n4:
+                        st_v4_f32(state_pool[into], base + 4 * tpr * j, s[4 * j], s[4 * j + 1], s[4 * j + 2],
+                                  s[4 * j + 3])
+            if c >= 0:                                            # q / k: every block of the key head, same values
+                for e in range(CONV_K - 1):
+                    conv_pool[into, e, c] = win[e]
         cuda.syncthreads()                                        # o_rows complete; qkv free for the next token
         if t == t0 and n_split > 1:
             cluster_wait()                                        # every block of the cluster has started
@@ -536,6 +536,9 @@ def _decode_head(mixed, z, a, b, conv_pool, conv_w, a_log, dt_bias, state_pool, 
         for j in range(HEAD_MAX_N4):
             if j < n4:
                 st_v4_f32(state, base + 4 * tpr * j, s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3])
+    if tid == 0:
+        last[0] = i32(arrived == ratio * n_split - 1)
+    cuda.syncthreads()
     if c >= 0 and (tid >= 2 * d_k or last[0] != 0):              # v rows by their block, q / k by the last
         for e in range(CONV_K - 1):
             conv_state[e, c] = win[e]
