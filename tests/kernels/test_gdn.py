@@ -122,7 +122,7 @@ def test_gdn_decode_head(dev, rng, monkeypatch, n_seq, n, hk, hv, dk, dv, slotte
     ops._gdn_buf = None                                          # it lived in the arena fresh() reset
     names: list[str] = []
     go = ops._go
-    ops._go = lambda spec, *a, **kw: (names.append(spec.name), go(spec, *a, **kw))
+    monkeypatch.setattr(ops, "_go", lambda spec, *a, **kw: (names.append(spec.name), go(spec, *a, **kw)))
     t, c, vd = n_seq * n, 2 * hk * dk + hv * dv, hv * dv
     n_slots = n_seq + 2 if slotted else 1
     slots = rng.permutation(n_slots)[:n_seq].astype(np.int32)
@@ -252,7 +252,7 @@ def test_gdn_decode_head_snapshots(dev, rng, monkeypatch, n_seq, n, hk, hv, dk, 
               f"none {without:.1f} us")
 
 
-def test_gdn_decode_kernel_choice(dev, rng):
+def test_gdn_decode_kernel_choice(dev, rng, monkeypatch):
     """GDN_DECODE_KERNEL "auto" (the default): the head kernel for rounds of at least
     GDN_HEAD_MIN_SEQS sequences and whenever snapshots are asked for; one sequence (and smaller
     rounds) keep the cluster kernel (GPU) or the three-op path (simulator)."""
@@ -268,7 +268,8 @@ def test_gdn_decode_kernel_choice(dev, rng):
         ops._gdn_buf = None                                      # it lived in the arena fresh() reset
         names: list[str] = []
         go = ops._go
-        ops._go = lambda spec, *a, _n=names, _go=go, **kw: (_n.append(spec.name), _go(spec, *a, **kw))
+        monkeypatch.setattr(ops, "_go", lambda spec, *a, _n=names, _go=go, **kw: (_n.append(spec.name),
+                                                                                  _go(spec, *a, **kw)))
         ins = [dev.up(x) for x in (rnd(rng, n_seq, c), rnd(rng, n_seq, vd), rnd(rng, n_seq, hv), rnd(rng, n_seq, hv))]
         if slotted:
             pools = (dev.up(rnd(rng, n_seq, 3, c)), dev.up(rnd(rng, n_seq, hv, dv, dk, scale=0.1)))
