@@ -146,7 +146,9 @@ def main() -> None:
             builds = [("pick", pick)] if not args.t1 or args.old else []
             if args.t1 and t == 1:
                 zp_, split_ = False, False
-                builds.append(("t1", LQ.t1_build(mode, n, k, kind, zp_, split_)))
+                t1b = LQ.t1_build(mode, n, k, kind, zp_, split_)
+                if t1b is not None:
+                    builds.append(("t1", t1b))
                 for spec in [b for b in args.t1_builds.split(";") if b]:
                     only_mode, _, spec = spec.rpartition(":")
                     if not only_mode or only_mode == mode:

@@ -12,6 +12,7 @@ shape. Expert stacks [E, N, K] go to ops/cuda/moe.py.
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -88,19 +89,22 @@ SMEM_PER_SM = 228 * 1024           # shared memory of an SM (cc 9.0); each block
 T1_IN_FLIGHT = 6 << 20             # bytes of weight copies in flight that keep HBM busy (assumed)
 
 
+@lru_cache(maxsize=None)
 def t1_build(mode: str, n: int, k: int, kind: str, zp: bool = False, split: bool = False,
-             sm_count: int = 132) -> tuple[int, int, int, int]:
+             sm_count: int = 132) -> tuple[int, int, int, int] | None:
     """(K slices, warps per block, ring stages, blocks per SM) of the gemv_t1 build for an [n, k]
     weight: blocks of 8 warps, up to 3 per SM (registers), fewer where the staged x and the rings
     take more shared memory. Of the stage counts (8 .. 3) and K slices (1 .. 8; each slice at
     least a ring of K-tiles) the one that keeps the most weight bytes in flight (up to
     T1_IN_FLIGHT: stages - 1 K-tiles of 1 KB per resident warp) with the least tail (a last
-    wave of blocks on part of the SMs), the fewest slices among equals."""
+    wave of blocks on part of the SMs), the fewest slices among equals. None when no block fits
+    in an SM's shared memory (rows too long to stage)."""
     warps = 8
     nt = -(-n // TILE_ROWS)
     pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
     kts = k // tile_cols(4 if kind == "i4" else 8)
-    best, best_eff = (1, warps, 4, 3), -1.0
+    best: tuple[int, int, int, int] | None = None
+    best_eff = -1.0
     for stages in range(8, 2, -1):
         per_block = K_t.t1_smem(kind, zp, split, warps, stages, k) + 1024 + 256
         bps = min(SMEM_PER_SM // per_block, 3)
@@ -265,7 +269,8 @@ class QuantLinearOps(NormOps):
         kind, zp, split = tiled_kind(q)
         n, k = q.shape[-2:]
         t = x2.shape[0]
-        if (GEMV_T1_MOE and experts) or (kind in GEMV_T1 and not experts and t == 1 and k >= GEMV_T1_MIN_K):
+        if (GEMV_T1_MOE and experts) or (kind in GEMV_T1 and not experts and t == 1 and k >= GEMV_T1_MIN_K
+                                          and t1_build(mode, n, k, kind, zp, split, self.sm_count) is not None):
             self._t1_gemv(mode, x2, nw, eps, q, bias, out2, ids, ew, experts, grid_y)
             return
         if experts:
@@ -296,7 +301,9 @@ class QuantLinearOps(NormOps):
         if experts:
             ways, warps, stages, blocks = t1_moe_build(experts, k_all, kind)
         else:
-            ways, warps, stages, blocks = t1_build(mode, n, k, kind, zp, split, self.sm_count)
+            build = t1_build(mode, n, k, kind, zp, split, self.sm_count)
+            assert build is not None
+            ways, warps, stages, blocks = build
         nt = -(-n // TILE_ROWS)
         pairs = nt // 2 if "swiglu" in mode else (nt + 1) // 2
         scales = q.arrays["scales"].reshape(-1).view(np.uint32)
