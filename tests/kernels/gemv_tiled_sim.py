@@ -195,6 +195,28 @@ def test_gemv_t1_moe(ops, fmt):
     close(out, want, T1_TOL)
 
 
+def test_cuda_ops_one_token_on_gemv_t1(ops, monkeypatch):
+    """CudaOps' one-token linear ops on a tiled int4 record through the gemv_t1 dispatch
+    (ops/cuda/linear_quant.py, its K floor lowered to this K): plain, the residual add,
+    Normed, and the normed SwiGLU, vs NumPy."""
+    from ninfer_nb.ops.cuda import linear_quant as LQ
+    from ninfer_nb.ops.cuda.norm import Normed
+
+    monkeypatch.setattr(LQ, "GEMV_T1_MIN_K", 0)
+    rng = np.random.default_rng(31)
+    fmt = groupwise(4, 64)
+    k = 256
+    q = quantize(rnd(rng, N, k) * 0.5, fmt)
+    gu = quantize(rnd(rng, 64, k) * 0.5, fmt)
+    wf, guf = dequantize(q), dequantize(gu)
+    x, nw, r = rnd(rng, 1, k), rnd(rng, k), rnd(rng, 1, N)
+    close(ops.linear(x, tile(q)), cpu.linear(x, wf), T1_TOL)
+    close(ops.linear_add(x, tile(q), r.copy()), r + cpu.linear(x, wf), T1_TOL)
+    xn = cpu.rms_norm(x, nw, 1e-6)
+    close(ops.linear(Normed(x, nw, 1e-6), tile(q)), cpu.linear(xn, wf), T1_TOL)
+    close(ops.linear_swiglu(Normed(x, nw, 1e-6), tile(gu)), cpu.linear_swiglu(xn, guf), T1_TOL)
+
+
 def test_gemv_tiled_moe(ops):
     """MoE on an int4 stack of 4 experts, 2 tokens x 3 slots (an expert twice): gate_up per
     routed pair, then down summed over each token's slots with their weights into the
