@@ -93,6 +93,64 @@ def check(env: GpuEnv, ops: Any, t1: bool = False, kinds: str = "i4,i8,fp8") -> 
                   flush=True)
 
 
+def sass_counts(spec_args: str) -> None:
+    """CPU only: compile gemv_t1 builds for sm_90a (numba + ptxas + nvdisasm of the pip CUDA
+    wheels) and print registers, spills and the streaming loop's instructions per K-tile (the
+    loop with the cp.async copies and the mmas), by opcode. spec_args: 'kind,mode,ways,warps,
+    stages,blocks[,group];...'."""
+    import collections
+    import re
+    import subprocess
+    import tempfile
+    import types
+
+    import numba.cuda.dispatcher as disp
+    from numba import cuda
+
+    disp.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
+    from ninfer_nb.kernels.common.registry import all_specs
+    from tests.kernels.test_ptxas import PTXAS
+
+    nvdisasm = str(Path(PTXAS).with_name("nvdisasm")) if PTXAS else "nvdisasm"
+    for spec in [b for b in spec_args.split(";") if b]:
+        f = spec.split(",")
+        kind, mode, nums = f[0], f[1], [int(v) for v in f[2:]]
+        group = nums[4] if len(nums) > 4 else (128 if kind != "i4" else 64)
+        name = K_t.gemv_t1(kind, False, False, mode, *nums[:4], group=group).name
+        ks = all_specs()[name]
+        ptx, _ = cuda.compile_ptx(ks.entry(), ks.sigs[0], cc=(9, 0, "a"), **ks.options)
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "k.ptx").write_text(ptx)
+            r = subprocess.run([PTXAS, "-arch=sm_90a", "-v", f"{d}/k.ptx", "-o", f"{d}/k.cubin"], capture_output=True,
+                               text=True)
+            info = re.search(r"Used (\d+) registers.*", r.stderr)
+            sass = subprocess.run([nvdisasm, "-c", f"{d}/k.cubin"], capture_output=True, text=True).stdout
+        ins, labels, pending = [], {}, None
+        for line in sass.splitlines():
+            m = re.match(r"\s*\.(L_x_\d+):", line)
+            if m:
+                pending = m.group(1)
+                continue
+            m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+            if m:
+                a = int(m.group(1), 16)
+                if pending:
+                    labels[pending], pending = a, None
+                ins.append((a, m.group(2)))
+        for a, t in ins:                                 # the backward branch around the cp.async + mma loop
+            m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", t)
+            if not (m and labels.get(m.group(1), a + 1) <= a):
+                continue
+            body = [x for b_, x in ins if labels[m.group(1)] <= b_ <= a]
+            if any("HMMA" in x for x in body) and any("LDGSTS" in x for x in body):
+                per = sum("DEPBAR.LE" in x for x in body) or 1
+                ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for x in body)
+                print(f"{spec}: {info.group(0) if info else r.stderr[-200:]}; loop {len(body) / per:.0f} "
+                      f"instructions per K-tile ({per} per pass): "
+                      + ", ".join(f"{k} {v / per:.0f}" for k, v in ops.most_common(12)))
+                break
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--min-mb", type=float, default=600.0)
@@ -105,7 +163,12 @@ def main() -> None:
     ap.add_argument("--t1", action="store_true", help="one token: gemv_t1 (ops/cuda/linear_quant.py t1_build)")
     ap.add_argument("--old", action="store_true", help="with --t1: the gemv_tiled pick too")
     ap.add_argument("--t1-builds", default="", help="extra gemv_t1 builds '[mode:]ways,warps,stages,blocks;...' (mode: only shapes of that mode)")
+    ap.add_argument("--sass", default="", help="CPU only: 'kind,mode,ways,warps,stages,blocks[,group];...' "
+                                                 "gemv_t1 builds' registers and loop instructions (sass_counts)")
     args = ap.parse_args()
+    if args.sass:
+        sass_counts(args.sass)
+        return
     env = GpuEnv(arena_bytes=8 << 30, scratch_bytes=256 << 20)
     ops = env.fresh()
     if not args.no_check:
