@@ -42,6 +42,7 @@ class GpuEnv:
         self.scratch.reset()
         self.arena.offset = self.mark
         self.ops._router_counter = None         # it lived in the persistent arena just reset
+        self.ops._gdn_buf = None                # the head GDN kernel's slot / arrival buffer, likewise
         self.ops._mma3_counter = None           # (gemv_mma3's arrival counters, likewise)
         check(driver().cuMemsetD32Async(self.scratch.base, 0x7FC00000, self.scratch.capacity // 4, self.stream.cu))
         return self.ops

@@ -207,12 +207,16 @@ def test_paged_qk_norm_rope_store(dev, rng, cache, hq, hkv, d, last, n, norm):
 @pytest.mark.parametrize("n_seq,n,hk,hv,dk,dv", shapes(
     sim=[(2, 1, 1, 2, 32, 16)],
     gpu=[(8, 1, 16, 48, 128, 128), (16, 1, 16, 32, 128, 128), (2, 4, 16, 48, 128, 128), (3, 1, 2, 6, 64, 96)]))
-def test_gdn_decode_slots(dev, rng, n_seq, n, hk, hv, dk, dv):
+def test_gdn_decode_slots(dev, rng, monkeypatch, n_seq, n, hk, hv, dk, dv):
     """gdn_decode over the slot pools (slots [B] in device memory, in no order, some slots
     idle) vs ops.cpu: every sequence's outputs, its slot's recurrent and conv state, idle slots
     untouched. GPU: gdn_decode_slots_kernel (a grid row per sequence), and each sequence equals
     the one-sequence kernel on its slot bit for bit; the simulator: the gather / three ops /
-    scatter fallback. Prints the B-sequence kernel's time (-s)."""
+    scatter fallback. Prints the B-sequence kernel's time (-s). The head kernel, the default
+    for rounds of 3+ sequences, has its own cases (test_gdn.py)."""
+    from ninfer_nb.ops.cuda import gdn as cuda_gdn
+
+    monkeypatch.setattr(cuda_gdn, "GDN_DECODE_KERNEL", "cluster")
     ops = dev.fresh()
     t, c, vd = n_seq * n, 2 * hk * dk + hv * dv, hv * dv
     n_slots = n_seq + 3
