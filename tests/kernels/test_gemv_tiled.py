@@ -95,6 +95,12 @@ def test_builds_reject_unknown_modes() -> None:
         K_t.gemv_tiled("fp8", True, False, "plain", 1, 1, 4, 4)       # fp8 has no zero points
     with pytest.raises(ValueError):
         K_t.gemv_tiled("i4", False, False, "plain", 1, 1, 4, 4, "gate_up")
+    with pytest.raises(ValueError):
+        K_t.gemv_t1("i4", False, False, "plain", 1, 8, 9, 3)               # rings of 2..8 stages
+    with pytest.raises(ValueError):
+        K_t.gemv_t1("i4", False, False, "plain", 1, 8, 4, 3, experts="gate_up")
+    with pytest.raises(ValueError):
+        K_t.gemv_t1("i4", False, False, "plain", 1, 8, 4, 3, group=32)     # int4 groups of 32: split
 
 
 # ---------------------------------------------------------------- GPU (pytest -m gpu)

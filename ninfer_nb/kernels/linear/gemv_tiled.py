@@ -1083,7 +1083,10 @@ def gemv_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int, 
     x in every column (all 8 mma columns alike: no selects), so each lane's c[0], c[2] are its
     rows g, g + 8. Offsets leave through the sums: acc += s * c, cr += s * X (X = the sum of x
     over the group's columns), y = (acc - off * cr) (* 1/16 for int4 rows g + 8) * 2^e (* 1 /
-    rms). K slices of a pair meet in shared memory in a fixed order."""
+    rms). K slices of a pair meet in shared memory in a fixed order.
+    experts "gate_up" (mode swiglu) / "down" (plain): the MoE builds with gemv_tiled's grid and
+    arguments (one x row per block); down folds the slot weights into the staged x and finds
+    each K-tile's expert; both wait for the router at entry and copy after staging."""
     if kind == "fp8":
         group = 128
     key = (kind, zp, split, mode, ways, warps, stages, min_blocks, group, experts)
