@@ -9,7 +9,8 @@ the others no longer interleave there, so it is the batched rounds' rate), the m
 per-request decode tok/s, TTFT (mean and max: the last request's first token waits for the
 others' prefill chunks), the wall time and the tokens per CPU-second of this process
 (steadier than wall figures on a shared host).
-The caches are dropped between levels. Greedy, ignore_eos. Knows nothing about HTTP (`bench
+Each level runs once untimed first (every batch size's graph compiled and captured), and the
+caches are dropped between runs. Greedy, ignore_eos. Knows nothing about HTTP (`bench
 serve` drives a server).
 """
 from __future__ import annotations
@@ -79,6 +80,9 @@ def run_concurrency_bench(llm: Any, levels: list[int], prompt_len: int, gen: int
     aggregate as a share of greedy's at that level)."""
     rows = []
     for c in levels:
+        # untimed first: every batch size up to C takes its first round eagerly (compiles) and
+        # captures its graph on the second, outside the greedy run the sampled one is held to
+        run_level(llm, c, prompt_len, min(gen, c + 3), seed=1)
         rows.append(run_level(llm, c, prompt_len, gen))
         _progress(rows[-1], "greedy")
         if sampling:
