@@ -17,13 +17,30 @@ def stable_seed(*parts: object) -> int:
     return zlib.crc32("/".join(map(str, parts)).encode())
 
 
+def default_arena_bytes() -> int:
+    """GpuEnv's default arena: NINFER_TEST_ARENA_GIB GiB (24 unset), so a run of many xdist
+    workers on one GPU can shrink the module-scoped arenas, which are never freed."""
+    import os
+
+    raw = os.environ.get("NINFER_TEST_ARENA_GIB", "").strip()
+    gib = float(raw) if raw else 24.0
+    if gib <= 0:
+        raise ValueError(f"NINFER_TEST_ARENA_GIB must be > 0, got {raw!r}")
+    return int(gib * (1 << 30))
+
+
 class GpuEnv:
-    def __init__(self, arena_bytes: int = 24 << 30, scratch_bytes: int = 8 << 30) -> None:
+    def __init__(self, arena_bytes: int | None = None, scratch_bytes: int | None = None) -> None:
+        """Defaults: default_arena_bytes(), a third of it scratch (24 GiB: 8, as before)."""
         from ninfer_nb.ops.cuda import CudaOps
         from ninfer_nb.runtime import device
         from ninfer_nb.runtime.arena import DeviceArena
         from ninfer_nb.runtime.stream import Stream
 
+        if arena_bytes is None:
+            arena_bytes = default_arena_bytes()
+        if scratch_bytes is None:
+            scratch_bytes = arena_bytes // 3 // 256 * 256
         info = device.select("cuda:0")
         self.arena = DeviceArena(arena_bytes)
         self.scratch = self.arena.carve(scratch_bytes)
