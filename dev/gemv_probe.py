@@ -66,9 +66,12 @@ def one_token_launch(ops: Any, mode: str, ways: int, blocks: int, warps: int, x:
 MMA_SHAPES = [("17408x5120", 17408, 5120, "plain"), ("GDN in", 16480, 5120, "plain"),
               ("down +res", 5120, 17408, "add"), ("out_proj +res", 5120, 6144, "add"),
               ("gate_up swiglu", 34816, 5120, "swiglu"), ("lm_head", 248320, 5120, "plain")]
-MMA_BUILDS = [(8, 1, 4, 2, 0), (8, 2, 2, 2, 0), (4, 1, 4, 4, 0), (4, 2, 2, 4, 0), (8, 1, 2, 2, 1), (8, 1, 4, 2, 1)]
+# (warps, tiles, unroll, blocks per SM, pipe, ring stages): the default builds (ops/cuda/linear.py
+# mma3_plan) and the shared-memory ring builds
+MMA_BUILDS = [(4, 2, 2, 4, 0, 0), (4, 1, 4, 4, 0, 0), (4, 1, 1, 4, 0, 8), (4, 1, 1, 5, 0, 8), (4, 1, 1, 6, 0, 6),
+              (4, 2, 1, 4, 0, 5)]
 CHECK_SHAPE = (2 * 1000 + 8, 2048)        # the NumPy check's weight: a ragged last row group
-SWIGLU_BUILDS = [(8, 2, 2, 2, 0), (4, 2, 2, 4, 0), (8, 2, 1, 2, 1), (8, 2, 2, 2, 1)]
+SWIGLU_BUILDS = [(4, 2, 2, 4, 0, 0), (4, 2, 1, 4, 0, 5), (4, 2, 1, 5, 0, 4)]
 
 
 def mma_grids(build: Any, n: int, k: int, sm_count: int) -> list[int]:
@@ -79,7 +82,10 @@ def mma_grids(build: Any, n: int, k: int, sm_count: int) -> list[int]:
     groups = K_gm.v3_groups(build[0], build[1], build[2], n)
     slots = build[4] * sm_count
     units = groups * (k // K_gm.K_ALIGN)
-    return sorted({min(units, p) for p in (groups, slots, 2 * slots, 3 * slots)})
+    return sorted({min(units, p) for p in ((slots,) if ONE_WAVE else (groups, slots, 2 * slots, 3 * slots))})
+
+
+ONE_WAVE = True     # grids of one block per resident slot only (the best in every case measured)
 
 
 def mma_builds(mode: str) -> list[tuple[str, int, int, int, int]]:
@@ -139,8 +145,12 @@ def mma_main(args: Any) -> None:
             if any(env.host(counter)):
                 raise AssertionError("counters not reset")
 
-    print(f"{'shape':14s} {'T':>2s} {'1-tok us':>8s} {'old us':>7s} {'plan us':>7s} {'best us':>7s} "
-          f"{'GB/s':>5s} {'x1tok':>5s}  best build")
+    print("us per launch: 1tok = the one-token GEMV, old = GEMV_MMA3 off (v1 / SIMT + separate add, SwiGLU),\n"
+          "def = ops' default (mma3_plan), then each build of MMA_BUILDS / SWIGLU_BUILDS at one wave; "
+          "x1 = best / 1tok")
+    for m in ("plain", "swiglu"):
+        print(f"{m} builds: " + ", ".join(f"{i}={'x%d r%d u%d b%d%s%s' % (b[1], b[2], b[3], b[4], ' p' if b[5] else '', f' s{b[6]}' if b[6] else '')}"
+                                          for i, b in enumerate(mma_builds(m))))
     for label, n, k, mode in MMA_SHAPES:
         if args.only and not any(o in label for o in args.only.split(",")):
             continue
@@ -182,17 +192,19 @@ def mma_main(args: Any) -> None:
             plan = timed(default, wb)
             L.GEMV_MMA3 = False
             best = (float("inf"), "")
+            times = []
             out = env.up(rnd(rng, t, n // 2 if mode == "swiglu" else n))
             for build in mma_builds(mode):
                 for blocks in mma_grids(build, n, k, ops.sm_count):
                     us = timed(v3(build, blocks, x, out, int(mode == "add")), ws_)
-                    name = f"x{build[1]} r{build[2]} u{build[3]} b{build[4]}{' p' if build[5] else ''} P{blocks}"
+                    name = (f"x{build[1]} r{build[2]} u{build[3]} b{build[4]}{' p' if build[5] else ''}"
+                            f"{f' s{build[6]}' if build[6] else ''} P{blocks}")
                     if full:
                         full.write(f"{label} T={t} {name} {us:.2f} us {2 * per / us / 1e3:.0f} GB/s\n")
                     best = min(best, (us, name))
-            pb = L.mma3_plan("swiglu" if mode == "swiglu" else "plain", t, n, k, ops.sm_count)
-            print(f"{label:14s} {t:2d} {one:8.2f} {old:7.2f} {plan:7.2f} {best[0]:7.2f} {2 * per / best[0] / 1e3:5.0f} "
-                  f"{best[0] / one:5.2f}  {best[1]} (plan {pb[0][1:]} P{pb[1]})", flush=True)
+                    times.append(us)
+            print(f"{label:14s} T={t:<2d} 1tok {one:6.1f} old {old:6.1f} def {plan:6.1f} | "
+                  + " ".join(f"{v:6.1f}" for v in times) + f" | x1 {best[0] / one:.2f}", flush=True)
     if full:
         full.close()
 
@@ -202,6 +214,7 @@ def rows_ab(preset: str, batches: list[int], ctx: int = 512) -> None:
     device time per round and the ratio to the one-sequence graph."""
     from ninfer_nb.engine.batch import ForwardBatch
     from ninfer_nb.engine.cuda_backend import CudaBackend
+    from ninfer_nb.engine.pick import ARGMAX
     from ninfer_nb.models.decoder import Decoder
     from ninfer_nb.models.presets import preset_config
     from ninfer_nb.models.state import PAGE_SIZE, new_state
@@ -227,11 +240,11 @@ def rows_ab(preset: str, batches: list[int], ctx: int = 512) -> None:
     for b in batches:
         table = np.random.default_rng(b).permutation(top * pages)[: b * pages].reshape(b, pages).astype(np.int32)
         res = []
-        for on in (False, True):
+        for on in (False, True):                          # (graphs of the old path first)
             L.GEMV_MMA3 = on
             be._rows = None                                   # new graphs for this setting
             for _ in range(3):
-                be.pick_rows(forward_rows, [1] * b, [ctx] * b, list(range(b)), table, [(0.0, 0, 0)] * b)
+                be.pick_rows(forward_rows, [1] * b, [ctx] * b, list(range(b)), table, [ARGMAX] * b)
             us = be.time_decode_rounds(b)
             assert us is not None
             res.append(us)
@@ -260,7 +273,7 @@ def precompile(names: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mma", action="store_true", help="the multi-token GEMVs (see the module doc)")
-    ap.add_argument("--tokens", default="2,4,8,16")
+    ap.add_argument("--tokens", default="4,8,16")
     ap.add_argument("--rows", default="", help="PRESET:B1,B2: decode rounds with gemv_mma3 off / on")
     ap.add_argument("--full", default="", help="--mma: every build's time into this file")
     ap.add_argument("--precompile", default="", help="compile one gemv_mma3 build (mode,warps,tiles,unroll,blocks)")

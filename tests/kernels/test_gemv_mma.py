@@ -71,7 +71,8 @@ def _gemv3(ops, build, X, W, B, out, blocks, has_bias=1, accumulate=0):
     sim=[(("plain", 2, 2, 2, 2), 3, 72, 320, 2, 0), (("plain", 2, 1, 4, 2), 9, 40, 288, 5, 1),
          (("plain", 2, 2, 1, 2), 16, 70, 96, 4, 0), (("swiglu", 2, 2, 2, 2), 5, 2 * 36, 192, 3, 0),
          (("swiglu", 2, 2, 2, 2), 12, 2 * 20, 160, 1, 0), (("plain", 2, 1, 2, 2, 1), 16, 40, 288, 3, 1),
-         (("swiglu", 2, 2, 1, 2, 1), 7, 2 * 40, 224, 4, 0)],
+         (("swiglu", 2, 2, 1, 2, 1), 7, 2 * 40, 224, 4, 0), (("plain", 2, 1, 1, 2, 0, 4), 10, 40, 288, 3, 1),
+         (("swiglu", 2, 2, 1, 2, 0, 3), 16, 2 * 40, 224, 4, 0)],
     gpu=[(("plain", 8, 1, 4, 2), 8, 17408, 5120, 264, 0), (("plain", 8, 2, 2, 2), 16, 5120, 17408, 520, 1),
          (("swiglu", 8, 2, 2, 2), 8, 34816, 5120, 272, 0), (("swiglu", 8, 2, 2, 2, 1), 4, 34816, 5120, 264, 0),
          (("plain", 8, 1, 4, 2), 2, 248320, 5120, 264, 0)]))
@@ -81,7 +82,8 @@ def test_gemv_mma3(dev, rng, build, t, n, k, blocks, accumulate):
     [T, I]. Small cases: N not a multiple of the block's rows; grids that give a block several
     whole row groups, part of two groups, or a share of one (the last block of each shared
     group sums the partials and resets its counter); T over 8; the prefetching builds (pipe)
-    over odd and even numbers of load rounds."""
+    over odd and even numbers of load rounds; the shared-memory ring builds (stages) over
+    segments shorter and longer than the ring."""
     ops = dev.fresh()
     mode = build[0]
     w = rnd(rng, n, k).astype(BF16)

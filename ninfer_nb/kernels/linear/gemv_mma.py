@@ -30,14 +30,18 @@ from numba import config, cuda, float32, int32, int64, uint32
 from ninfer_nb.kernels.common.bf16 import bits_f32, f32_bits
 from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, f32_3, i32, i32_1, u16_2
 from ninfer_nb.kernels.common.ptx import (
+    cp_async_commit,
     fence_acq_rel_gpu,
+    gptr,
     grid_dependency_sync,
     ldg_stream_v4_u32,
     ldg_v4_f32,
     mma_bf16,
     pack_bf16x2,
+    smem_u32,
 )
 from ninfer_nb.kernels.common.registry import kernel
+from ninfer_nb.kernels.linear.gemv_tiled import T1_WAITS, cp_async16w, lds128
 
 WARPS = 8
 THREADS = 32 * WARPS
@@ -179,7 +183,7 @@ V3_MODES = ("plain", "swiglu")
 MAX_GROUPS = 4096          # row groups of a launch (the counter's length)
 # the simulator runs the blocks one after another on coherent host memory: no fence needed
 _fence = grid_dependency_sync if config.ENABLE_CUDASIM else fence_acq_rel_gpu
-_V3: dict[tuple[str, int, int, int, int, int], Any] = {}
+_V3: dict[tuple[str, int, int, int, int, int, int], Any] = {}
 
 
 def v3_rows(warps: int, tiles: int) -> int:
@@ -201,28 +205,38 @@ def v3_segments(groups: int, k: int, blocks: int) -> int:
     return -(-kbn // per) + 1
 
 
-def v3_name(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pipe: int = 0) -> str:
-    return f"gemv_mma3_{mode}_x{warps}_r{tiles}_u{unroll}_b{min_blocks}{'_p' if pipe else ''}_kernel"
+def v3_name(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pipe: int = 0, stages: int = 0) -> str:
+    ring = f"_s{stages}" if stages else ""
+    return f"gemv_mma3_{mode}_x{warps}_r{tiles}_u{unroll}_b{min_blocks}{'_p' if pipe else ''}{ring}_kernel"
 
 
-def gemv_mma3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pipe: int = 0) -> Any:
+def gemv_mma3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pipe: int = 0,
+              stages: int = 0) -> Any:
     """The v3 tensor-core GEMV build: `warps` warps per block, `tiles` 16-row tiles per warp,
     `unroll` 32-column blocks of loads issued together, launch bounds (32 warps, min_blocks);
-    pipe: two register buffers, the next `unroll` blocks' loads issued before this one's math.
+    pipe: two register buffers, the next `unroll` blocks' loads issued before this one's math;
+    stages > 0 (unroll 1, no pipe): the weights stream through a per-warp shared-memory ring of
+    that many 32-column blocks by cp.async (stages - 1 in flight, no registers held for them).
     Signature (x [T, K] f32, w [N, K] bf16 bits, bias [N], out [T, N] ([T, N / 2] swiglu),
     has_bias, accumulate, ws [v3_segments(...), T, N] f32, counter [>= groups] int32 kept 0
     between launches). Grid: any number of blocks up to groups x K / 32, block 32 * warps."""
-    key = (mode, warps, tiles, unroll, min_blocks, pipe)
+    key = (mode, warps, tiles, unroll, min_blocks, pipe, stages)
     if key not in _V3:
         if mode not in V3_MODES or warps not in (2, 4, 8) or tiles not in (1, 2, 4) or unroll not in (1, 2, 4) \
-                or (mode == "swiglu" and tiles != 2) or not 1 <= warps * min_blocks <= 64:
+                or (mode == "swiglu" and tiles != 2) or not 1 <= warps * min_blocks <= 64 \
+                or (stages and (unroll != 1 or pipe or not 3 <= stages <= 9
+                                or warps * stages * tiles * 1024 >= 48 * 1024)):
             raise ValueError(f"gemv_mma3: no build {key}")
         _V3[key] = _make_v3(*key)
     return _V3[key]
 
 
-def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pipe: int) -> Any:
+def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pipe: int, stages: int) -> Any:
     PIPE = pipe != 0
+    RING = stages
+    SLOT = tiles * 2 * 512                      # ring bytes per warp per 32-column block
+    RING_WORDS = max(1, warps * stages * SLOT // 4)
+    WAITR = T1_WAITS[max(stages - 2, 0)]
     R = tiles
     U = unroll
     SWIGLU = mode == "swiglu"
@@ -267,6 +281,22 @@ def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pi
                             for e in range(4):
                                 acc[i, h, e] = c[e]
 
+    @cuda.jit(device=True, inline=True)
+    def _issue(slot, wp, kb, j0, g, t4, lane, inter, n_rows, k_dim):
+        """cp.async of 32-column block kb of the warp's tiles into ring slot `slot` (shared
+        address): per tile i, the lane's 16 bytes of row g at slot + 1024 i + 16 lane, of row
+        g + 8 at 512 bytes further (each lane reads back only its own copies)."""
+        col = K_ALIGN * kb + 8 * t4
+        for i in range(R):
+            if SWIGLU:
+                base = i * inter + min(j0 + g, inter - 1)
+                base2 = i * inter + min(j0 + g + 8, inter - 1)
+            else:
+                base = min(j0 + 16 * i + g, n_rows - 1)
+                base2 = min(j0 + 16 * i + g + 8, n_rows - 1)
+            cp_async16w(slot + 1024 * i + 16 * lane, wp + 2 * (base * k_dim + col))
+            cp_async16w(slot + 1024 * i + 512 + 16 * lane, wp + 2 * (base2 * k_dim + col))
+
     def gemv_mma3_kernel(x, w, bias, out, has_bias, accumulate, ws, counter):
         wr = cuda.local.array((U, R, 8), uint32)       # per block u, tile i: row g words 0..3, row g + 8 words 4..7
         acc = cuda.local.array((R, 2, 4), float32)     # per tile, token half (0..7, 8..15): the C fragment
@@ -301,7 +331,33 @@ def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pi
                 for h in range(2):
                     for e in range(4):
                         acc[i, h, e] = float32(0.0)
-            if PIPE:
+            if RING:
+                ring = cuda.shared.array(RING_WORDS, uint32)
+                rbase = int64(smem_u32(ring)) + warp * (RING * SLOT)   # (64-bit: host addresses in the simulator)
+                wp = int64(gptr(w))
+                for s_ in range(RING - 1):                      # the first RING - 1 blocks in flight
+                    if kb + s_ < kb_end:
+                        _issue(rbase + s_ * SLOT, wp, kb + s_, j0, g, t4, lane, inter, n_rows, k_dim)
+                    cp_async_commit()
+                grid_dependency_sync()                          # x is the previous kernel's output
+                rs = 0                                          # the slot block kb is in
+                while kb < kb_end:
+                    WAITR()                                     # block kb's group has landed
+                    sa = rbase + rs * SLOT
+                    for i in range(R):
+                        p = lds128(sa + 1024 * i + 16 * lane)
+                        q = lds128(sa + 1024 * i + 512 + 16 * lane)
+                        for e in range(4):
+                            wr[0, i, e] = p[e]
+                            wr[0, i, 4 + e] = q[e]
+                    if kb + RING - 1 < kb_end:                  # into the slot read last round
+                        _issue(rbase + (rs - 1 if rs > 0 else RING - 1) * SLOT, wp, kb + RING - 1, j0, g, t4,
+                               lane, inter, n_rows, k_dim)
+                    cp_async_commit()
+                    _mma(x, wr, acc, kb, kb_end, xa_base, xb_base, ok_lo, ok_hi, two)
+                    kb += 1
+                    rs = rs + 1 if rs + 1 < RING else 0
+            elif PIPE:
                 wr2 = cuda.local.array((U, R, 8), uint32)
                 _load(w, wr, kb, kb_end, j0, g, t4, inter, n_rows, k_dim)
                 grid_dependency_sync()                          # x is the previous kernel's output
@@ -380,7 +436,7 @@ def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pi
             u = int64(gr) * kbn + kb_end
         grid_dependency_sync()                          # a block with no units has waited too
 
-    gemv_mma3_kernel.__name__ = v3_name(mode, warps, tiles, unroll, min_blocks, pipe)
+    gemv_mma3_kernel.__name__ = v3_name(mode, warps, tiles, unroll, min_blocks, pipe, stages)
     return kernel((f32_2, u16_2, f32_1, f32_2, i32, i32, f32_3, i32_1), sim=True, fastmath=True,
                   launch_bounds=(32 * warps, min_blocks), self_sync=True)(gemv_mma3_kernel)
 
