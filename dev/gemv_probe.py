@@ -65,7 +65,8 @@ def one_token_launch(ops: Any, mode: str, ways: int, blocks: int, warps: int, x:
 
 MMA_SHAPES = [("17408x5120", 17408, 5120, "plain"), ("GDN in", 16480, 5120, "plain"),
               ("down +res", 5120, 17408, "add"), ("out_proj +res", 5120, 6144, "add"),
-              ("gate_up swiglu", 34816, 5120, "swiglu"), ("lm_head", 248320, 5120, "plain")]
+              ("gate_up swiglu", 34816, 5120, "swiglu"), ("lm_head", 248320, 5120, "plain"),
+              ("35B GDN in", 12352, 2048, "plain"), ("35B out +res", 2048, 4096, "add")]
 # (warps, tiles, unroll, blocks per SM, pipe, ring stages): the default builds (ops/cuda/linear.py
 # mma3_plan) and the shared-memory ring builds
 MMA_BUILDS = [(4, 2, 2, 4, 0, 0), (4, 1, 4, 4, 0, 0), (4, 1, 1, 4, 0, 8), (4, 1, 1, 5, 0, 8), (4, 1, 1, 6, 0, 6),

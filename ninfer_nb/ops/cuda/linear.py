@@ -35,6 +35,10 @@ GEMV_MMA_MIN_T = 3
 # every 27B shape at T >= 4 (docs/perf-log.md). Two tokens stay on the SIMT GEMV (faster).
 GEMV_MMA3 = True
 GEMV_MMA3_MIN_T = 3
+# Measured on the 27B's weights (K >= 5120); shorter rows (the 35B's K = 2048 / 4096: a few
+# columns per block at one wave) keep v1 unless the weight is large (its LM head).
+GEMV_MMA3_MIN_K = 5120
+GEMV_MMA3_MIN_WEIGHT = 64 << 20
 
 
 def mma3_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[str, int, int, int, int, int], int]:
@@ -241,6 +245,7 @@ class LinearOps(QuantLinearOps):
     def _gemv_mma3(self, t: int, k: int, n: int) -> bool:
         """Whether T tokens x an [n, K] weight take gemv_mma3 (bf16 and alignment checked by the caller)."""
         return (GEMV_MMA3 and not SIM and GEMV_MMA3_MIN_T <= t <= K_gm.MAX_T and k % K_gm.K_ALIGN == 0
+                and (k >= GEMV_MMA3_MIN_K or n * k >= GEMV_MMA3_MIN_WEIGHT)
                 and self.arch is not None and tuple(self.arch) >= (8, 0)
                 and K_gm.v3_groups("plain", 4, 1, n) <= K_gm.MAX_GROUPS)
 
