@@ -243,8 +243,9 @@ class LinearOps(QuantLinearOps):
                 and tuple(self.arch) >= (8, 0))
 
     def _gemv_mma3(self, t: int, k: int, n: int) -> bool:
-        """Whether T tokens x an [n, K] weight take gemv_mma3 (bf16 and alignment checked by the caller)."""
-        return (GEMV_MMA3 and not SIM and GEMV_MMA3_MIN_T <= t <= K_gm.MAX_T and k % K_gm.K_ALIGN == 0
+        """Whether T tokens x an [n, K] weight take gemv_mma3 (bf16 and alignment checked by the
+        caller); GEMV_MMA = False turns off both tensor-core GEMVs (the SIMT ones run)."""
+        return (GEMV_MMA and GEMV_MMA3 and not SIM and GEMV_MMA3_MIN_T <= t <= K_gm.MAX_T and k % K_gm.K_ALIGN == 0
                 and (k >= GEMV_MMA3_MIN_K or n * k >= GEMV_MMA3_MIN_WEIGHT)
                 and self.arch is not None and tuple(self.arch) >= (8, 0)
                 and K_gm.v3_groups("plain", 4, 1, n) <= K_gm.MAX_GROUPS)
