@@ -116,6 +116,7 @@ def mma_main(args: Any) -> None:
             groups = K_gm.v3_groups(build[0], build[1], build[2], n)
             p = min(blocks, groups * (k // K_gm.K_ALIGN))
             ws = ops.empty((K_gm.v3_segments(groups, k, p), x.shape[0], n))
+            K_gm.prefer_shared(K_gm.gemv_mma3(*build))
             ops._go(K_gm.gemv_mma3(*build), p, 32 * build[1], x, w, out.reshape(-1), out, np.int32(0),
                     np.int32(acc), ws, counter)
         return launch

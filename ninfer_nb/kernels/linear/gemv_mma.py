@@ -191,6 +191,27 @@ def v3_rows(warps: int, tiles: int) -> int:
     return warps * 16 * tiles
 
 
+_CARVED: set[str] = set()
+
+
+def prefer_shared(spec: Any) -> None:
+    """Ask for the largest shared-memory carveout for a ring build (stages > 0: 24-40 KB of ring
+    per block, 4-6 blocks per SM) so the driver does not trade its occupancy for L1; once per
+    build, GPU only (the attribute is set on every compiled overload's CUkernel)."""
+    if spec.name in _CARVED or config.ENABLE_CUDASIM or "_s" not in spec.name.rsplit("_b", 1)[-1]:
+        return
+    _CARVED.add(spec.name)
+    try:
+        from numba.cuda.cudadrv.driver import binding, driver
+
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        for overload in spec.get().overloads.values():
+            f = overload._codelibrary.get_cufunc()
+            driver.cuKernelSetAttribute(attr, 100, f.handle, f.device.id)
+    except Exception as exc:                # a hint: the kernel runs without it
+        print(f"gemv_mma3: no shared-memory carveout for {spec.name}: {exc}")
+
+
 def v3_groups(mode: str, warps: int, tiles: int, n: int) -> int:
     """Row groups (one block's rows) of an [n, K] weight (swiglu: n = 2I)."""
     rows = v3_rows(warps, tiles) // (2 if mode == "swiglu" else 1)

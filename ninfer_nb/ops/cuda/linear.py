@@ -262,8 +262,9 @@ class LinearOps(QuantLinearOps):
             counter = self._mma3_counter = self.zeros((K_gm.MAX_GROUPS,), np.int32, persistent=True)
         segs = K_gm.v3_segments(K_gm.v3_groups(mode, build[1], build[2], n), k, blocks)
         ws = self.empty((segs, t, n))       # partial sums of the row groups that blocks share
-        self._go(K_gm.gemv_mma3(*build), blocks, 32 * build[1], x2, weight, b, out2, has_bias, np.int32(accumulate),
-                 ws, counter)
+        spec = K_gm.gemv_mma3(*build)
+        K_gm.prefer_shared(spec)            # (ring builds only)
+        self._go(spec, blocks, 32 * build[1], x2, weight, b, out2, has_bias, np.int32(accumulate), ws, counter)
 
     def _gemv_mma_into(self, x2: Any, weight: Any, b: Any, out2: Any, has_bias: Any) -> None:
         """out2 [T, N] = x2 [T, K] @ weight^T (+ b) by gemv_mma_kernel (16 rows per block, its 8
