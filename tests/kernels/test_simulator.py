@@ -1,8 +1,8 @@
 """The simulator cases (the family modules tests/kernels/test_cases_*.py, test_norm.py, ...:
 tests/support/sim_runner.py CASE_FILES) under the CUDA simulator, in subprocesses. In a
 whole-suite run they were started in the background when the session began and this test,
-moved to the end, collects their result; run on its own it starts them here, one process per
-core."""
+moved to the end, collects their result; run on its own, or first in one pytest-xdist worker
+(CI's -n 2, tests/conftest.py), it starts them here, one process per core."""
 from __future__ import annotations
 
 import os
