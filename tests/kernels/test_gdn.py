@@ -252,29 +252,18 @@ def test_gdn_decode_head_snapshots(dev, rng, monkeypatch, n_seq, n, hk, hv, dk, 
               f"none {without:.1f} us")
 
 
-def test_gdn_decode_kernel_choice(dev, rng, monkeypatch):
+def test_gdn_decode_kernel_choice(dev, rng):
     """GDN_DECODE_KERNEL "auto" (the default): the head kernel for rounds of at least
-    GDN_HEAD_MIN_SEQS sequences and whenever snapshots are asked for; one sequence (and smaller
-    rounds) keep the cluster kernel (GPU) or the three-op path (simulator)."""
+    GDN_HEAD_MIN_SEQS sequences and whenever snapshots are asked for; one sequence (the
+    one-sequence path, a verify) and smaller rounds keep the cluster kernel (GPU) or the
+    three-op path (simulator). "head" / "cluster" force one."""
     from ninfer_nb.ops.cuda import gdn as cuda_gdn
 
     assert cuda_gdn.GDN_DECODE_KERNEL == "auto"
+    ops = dev.fresh()
     hk, hv, dk, dv = 1, 2, 32, 16
-    c, vd = 2 * hk * dk + hv * dv, hv * dv
-    consts = [dev.up(x) for x in (rnd(rng, c, 4, scale=0.5), rnd(rng, hv, scale=0.5), rnd(rng, hv))]
-    nw = dev.up(rnd(rng, dv))
-    for n_seq, slotted in ((1, False), (cuda_gdn.GDN_HEAD_MIN_SEQS - 1, True), (cuda_gdn.GDN_HEAD_MIN_SEQS, True)):
-        ops = dev.fresh()
-        ops._gdn_buf = None                                      # it lived in the arena fresh() reset
-        names: list[str] = []
-        go = ops._go
-        monkeypatch.setattr(ops, "_go", lambda spec, *a, _n=names, _go=go, **kw: (_n.append(spec.name),
-                                                                                  _go(spec, *a, **kw)))
-        ins = [dev.up(x) for x in (rnd(rng, n_seq, c), rnd(rng, n_seq, vd), rnd(rng, n_seq, hv), rnd(rng, n_seq, hv))]
-        if slotted:
-            pools = (dev.up(rnd(rng, n_seq, 3, c)), dev.up(rnd(rng, n_seq, hv, dv, dk, scale=0.1)))
-            ops.gdn_decode(*ins, pools[0], *consts, pools[1], nw, 1e-6, hk, slots=dev.up(np.arange(n_seq, dtype=np.int32)))
-        else:
-            ops.gdn_decode(*ins, dev.up(rnd(rng, 3, c)), *consts, dev.up(rnd(rng, hv, dv, dk, scale=0.1)), nw, 1e-6, hk)
-        head = "gdn_decode_head_slots_kernel" in names
-        assert head == (n_seq >= cuda_gdn.GDN_HEAD_MIN_SEQS), (n_seq, names)
+    conv_w = dev.up(rnd(rng, 2 * hk * dk + hv * dv, 4, scale=0.5))
+    low = cuda_gdn.GDN_HEAD_MIN_SEQS - 1
+    assert [ops._head_kernel(n, hv, hk, dk, dv, conv_w) for n in (1, low, low + 1, 16)] == [False, False, True, True]
+    assert ops._head_kernel(1, hv, hk, dk, dv, conv_w, snapshots=np.zeros(1, np.int32))
+    assert not ops._head_kernel(1, hv, hk, 96, dv, conv_w, snapshots=np.zeros(1, np.int32))   # Dk 96: no head
