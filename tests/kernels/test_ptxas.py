@@ -29,7 +29,9 @@ NO_SPILL = {"gemv_bf16_kernel", "gemv_bf16_splitk_kernel", "gemv_bf16_splitk2_ke
             "add_rms_norm_kernel", "gdc_prepare_mma_kernel",
             "gemv_bf16_plain_w2_b2_kernel", "gemv_bf16_plain_w2_b3_kernel", "gemv_bf16_normed_w1_b2_kernel",
             "gemv_bf16_swiglu_w1_b2_kernel", "gemv_bf16_plain_w2_b4_x4_kernel", "gemv_bf16_plain_w2_b6_x4_kernel", "gemv_bf16_plain_w1_b5_x4_kernel",
-            "gemv_bf16_normed_w1_b4_x4_kernel", "gemv_bf16_swiglu_w1_b4_x4_kernel"}
+            "gemv_bf16_normed_w1_b4_x4_kernel", "gemv_bf16_swiglu_w1_b4_x4_kernel",
+            "gemv_mma3_plain_x4_r2_u2_b4_kernel", "gemv_mma3_plain_x4_r1_u4_b4_kernel", "gemv_mma3_swiglu_x4_r2_u2_b4_kernel",
+            "moe_rows_gate_up_kernel", "moe_rows_down_kernel"}
 # simulator-safe kernels whose PTX intrinsics are emulated there (ptx_sim.py), assembled here too
 SIM_EMULATED_PTX = {"gdc_state_mma_kernel", "gdc_prepare_mma_kernel"}
 # the inline-PTX / shuffle ones, and the simulator-safe mma kernels (emulated there)
