@@ -97,11 +97,11 @@ def test_disconnect_mid_stream_frees_the_slot(scripted) -> None:
 
 
 def test_disconnect_while_waiting_non_streaming(scripted) -> None:
-    srv = scripted("word " * 100, engine_kw={"token_delay_s": 0.02}, default_max_tokens=100)
+    srv = scripted("word " * 200, engine_kw={"token_delay_s": 0.02}, default_max_tokens=200)
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "go"}]}
     with httpx.Client(base_url=srv.url, headers=AUTH) as client:
-        try:
-            client.post("/v1/chat/completions", json=body, timeout=0.3)
+        try:   # hang up 1 s into a 4 s generation: started even on a loaded machine
+            client.post("/v1/chat/completions", json=body, timeout=1.0)
         except httpx.TimeoutException:
             pass
         time.sleep(0.5)
