@@ -180,19 +180,31 @@ def gptr(typingctx, arr):
     return types.int64(arr), codegen
 
 
-@intrinsic
-def cp_async16(typingctx, saddr, gaddr):
-    """cp.async.cg 16 bytes global -> shared (L2 only, bypasses L1)."""
-    if not isinstance(saddr, types.Integer) or not isinstance(gaddr, types.Integer):
-        return None
+def _make_cp_async(name: str, asm: str, doc: str) -> Any:
+    """An intrinsic (shared u32 address, global address) that emits the cp.async `asm`."""
+    def impl(typingctx, saddr, gaddr):
+        if not isinstance(saddr, types.Integer) or not isinstance(gaddr, types.Integer):
+            return None
 
-    def codegen(context, builder, sig, args):
-        s = _u32(context, builder, args[0], sig.args[0])
-        g = context.cast(builder, args[1], sig.args[1], types.int64)
-        _asm(builder, "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}", ir.VoidType(), [s, g])
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            s = _u32(context, builder, args[0], sig.args[0])
+            g = context.cast(builder, args[1], sig.args[1], types.int64)
+            _asm(builder, asm, "r,l,~{memory}", ir.VoidType(), [s, g])
+            return context.get_dummy_value()
 
-    return types.void(saddr, gaddr), codegen
+        return types.void(saddr, gaddr), codegen
+
+    impl.__name__, impl.__doc__ = name, doc
+    return intrinsic(impl)
+
+
+cp_async16 = _make_cp_async("cp_async16", "cp.async.cg.shared.global [$0], [$1], 16;",
+                            "cp.async.cg 16 bytes global -> shared (L2 only, bypasses L1).")
+# With an L2 prefetch size: the compile tests let these weight copies start before the grid wait.
+cp_async16_l2 = _make_cp_async("cp_async16_l2", "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;",
+                               "cp.async.cg 16 bytes of weights global -> shared, 256-byte L2 prefetch.")
+cp_async4_l2 = _make_cp_async("cp_async4_l2", "cp.async.ca.shared.global.L2::128B [$0], [$1], 4;",
+                              "cp.async.ca 4 bytes (scale words) global -> shared, 128-byte L2 prefetch.")
 
 
 def _make_noarg(name: str, asm: str, sm90: bool = False) -> Any:
@@ -471,18 +483,26 @@ def ex2(typingctx, x):
     return types.float32(x), codegen
 
 
-@intrinsic
-def pack_bf16x2(typingctx, hi, lo):
-    """Two fp32 -> bf16x2 (round to nearest even): `hi` in bits 31:16, `lo` in bits 15:0."""
-    if not isinstance(hi, types.Float) or not isinstance(lo, types.Float):
-        return None
+def _make_pack_x2(name: str, cvt: str) -> Any:
+    """An intrinsic packing two fp32 into a 16-bit pair with `cvt` (round to nearest even):
+    `hi` in bits 31:16, `lo` in bits 15:0."""
+    def impl(typingctx, hi, lo):
+        if not isinstance(hi, types.Float) or not isinstance(lo, types.Float):
+            return None
 
-    def codegen(context, builder, sig, args):
-        h = context.cast(builder, args[0], sig.args[0], types.float32)
-        lo_ = context.cast(builder, args[1], sig.args[1], types.float32)
-        return _asm(builder, "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", _I32, [h, lo_], side_effect=False)
+        def codegen(context, builder, sig, args):
+            h = context.cast(builder, args[0], sig.args[0], types.float32)
+            lo_ = context.cast(builder, args[1], sig.args[1], types.float32)
+            return _asm(builder, f"{cvt} $0, $1, $2;", "=r,f,f", _I32, [h, lo_], side_effect=False)
 
-    return types.uint32(hi, lo), codegen
+        return types.uint32(hi, lo), codegen
+
+    impl.__name__ = name
+    return intrinsic(impl)
+
+
+pack_bf16x2 = _make_pack_x2("pack_bf16x2", "cvt.rn.bf16x2.f32")
+pack_f16x2 = _make_pack_x2("pack_f16x2", "cvt.rn.f16x2.f32")
 
 
 @intrinsic

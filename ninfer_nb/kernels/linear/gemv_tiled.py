@@ -59,6 +59,8 @@ from ninfer_nb.kernels.common.ptx import (
     _make_mma,
     _make_noarg,
     as_f32,
+    cp_async4_l2,
+    cp_async16_l2,
     cp_async_commit,
     f16x2_to_f32,
     fma_bf16x2,
@@ -69,6 +71,7 @@ from ninfer_nb.kernels.common.ptx import (
     ldg_v4_f32,
     mma_bf16,
     pack_bf16x2,
+    pack_f16x2,
     shfl_xor,
     smem_u32,
     st_v4_u32,
@@ -831,51 +834,6 @@ def _t1_lop3_or(typingctx, a, b, c):
 
 
 @intrinsic
-def _t1_cp_async16(typingctx, saddr, gaddr):
-    """cp.async.cg 16 bytes of weights global -> shared, 256-byte L2 prefetch (the compile tests
-    take a cp.async with an L2 prefetch size for a weight copy, allowed before the grid wait)."""
-    if not isinstance(saddr, nbtypes.Integer) or not isinstance(gaddr, nbtypes.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        s = context.cast(builder, args[0], sig.args[0], nbtypes.uint32)
-        g = context.cast(builder, args[1], sig.args[1], nbtypes.int64)
-        _asm(builder, "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;", "r,l,~{memory}", ir.VoidType(), [s, g])
-        return context.get_dummy_value()
-
-    return nbtypes.void(saddr, gaddr), codegen
-
-
-@intrinsic
-def _t1_cp_async4(typingctx, saddr, gaddr):
-    """cp.async.ca 4 bytes of weights (scale words) global -> shared, 128-byte L2 prefetch."""
-    if not isinstance(saddr, nbtypes.Integer) or not isinstance(gaddr, nbtypes.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        s = context.cast(builder, args[0], sig.args[0], nbtypes.uint32)
-        g = context.cast(builder, args[1], sig.args[1], nbtypes.int64)
-        _asm(builder, "cp.async.ca.shared.global.L2::128B [$0], [$1], 4;", "r,l,~{memory}", ir.VoidType(), [s, g])
-        return context.get_dummy_value()
-
-    return nbtypes.void(saddr, gaddr), codegen
-
-
-@intrinsic
-def _t1_pack_f16x2(typingctx, hi, lo):
-    """Two fp32 -> f16x2 (round to nearest even): `hi` in bits 31:16."""
-    if not isinstance(hi, nbtypes.Float) or not isinstance(lo, nbtypes.Float):
-        return None
-
-    def codegen(context, builder, sig, args):
-        h = context.cast(builder, args[0], sig.args[0], nbtypes.float32)
-        lo_ = context.cast(builder, args[1], sig.args[1], nbtypes.float32)
-        return _asm(builder, "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", _I32, [h, lo_], side_effect=False)
-
-    return nbtypes.uint32(hi, lo), codegen
-
-
-@intrinsic
 def _t1_f32_bits(typingctx, v):
     """The bits of an fp32 as uint32 (mov.b32)."""
     if not isinstance(v, nbtypes.Float):
@@ -925,10 +883,9 @@ lds64 = _t1_lds(2)
 lds128 = _t1_lds(4)
 prmt_lo = _t1_prmt(0x4140)          # bytes 0, 1 of a -> low bytes of the halves, b's byte 0 above
 prmt_hi = _t1_prmt(0x4342)          # bytes 2, 3 of a likewise
-cp_async4 = _t1_cp_async4
-cp_async16w = _t1_cp_async16
+cp_async4 = cp_async4_l2
+cp_async16w = cp_async16_l2
 lop3_or = _t1_lop3_or
-pack_f16x2 = _t1_pack_f16x2
 f32_bits = _t1_f32_bits
 e4m3x4 = _t1_e4m3x4
 T1_WAITS = {n: _make_noarg(f"cp_async_wait{n}", f"cp.async.wait_group {n};") for n in range(8)}
