@@ -34,6 +34,20 @@ def arena_fraction() -> float:
     if not 0 < value <= 1:
         raise ValueError(f"NINFER_ARENA_FRACTION must be in (0, 1], got {raw}")
     return value
+
+
+def arena_size(free: int) -> int:
+    """The arena's bytes: NINFER_ARENA_GIB (a fixed size, so xdist workers sharing one GPU each
+    get the same arena whatever the others hold), else free memory times arena_fraction()."""
+    raw = os.environ.get("NINFER_ARENA_GIB", "").strip()
+    if not raw:
+        return int(free * arena_fraction())
+    gib = float(raw)
+    if gib <= 0:
+        raise ValueError(f"NINFER_ARENA_GIB must be > 0, got {raw}")
+    return min(int(gib * (1 << 30)), free)
+
+
 SCRATCH_FRACTION = 0.25
 SCRATCH_MAX = 24 << 30
 TOKEN_RING = 4                 # token slots of the steps queued ahead (2 are ever in flight)
@@ -89,7 +103,7 @@ class CudaBackend:
         self.device_name = info.name
         self.stream = Stream()
         free, _ = dev.mem_info()
-        size = arena_bytes or int(free * arena_fraction())
+        size = arena_bytes or arena_size(free)
         self.arena = DeviceArena(size)
         self.scratch = self.arena.carve(min(int(size * SCRATCH_FRACTION), SCRATCH_MAX))
         self.ops = CudaOps(self.scratch, self.stream, persistent=self.arena,
