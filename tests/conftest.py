@@ -107,6 +107,15 @@ def _xdist_group(item: pytest.Item) -> str | None:
     return None
 
 
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Free a GPU test's device memory now: backends and arenas caught in reference cycles would
+    otherwise outlive it, and xdist workers sharing one GPU run out of memory."""
+    if "gpu" in item.keywords:
+        import gc
+
+        gc.collect()
+
+
 @pytest.hookimpl(trylast=True)          # after -m / -k deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if any("gpu" in item.keywords for item in items) and (reason := _cuda_unusable_reason()):
