@@ -68,6 +68,105 @@ def _run(llm: Any, prompt: list[int], gen: int) -> tuple[list[int], float, float
     return list(out.token_ids), out.timings.decode_tok_s, out.timings.decode_s
 
 
+def first_divergence(llm: Any, prompt: list[int], plain: list[int], spec: list[int],
+                     k: int) -> dict[str, Any] | None:
+    """Where greedy speculative output first leaves plain output, and how close a call the plain
+    step made there: output index j, both tokens, the plain decode step's logits at j (prefill,
+    then one-token steps of plain[:j]) and the K + 1 verify's row at j (same state, then a
+    verify of [plain[j-1], plain[j:j+K]]). logit gaps are plain's token minus the spec's token;
+    `forward_diff` is max |verify row - plain step row|: the two forwards' arithmetic difference
+    on one identical state. A gap within a few forward_diff is a near-tie (summation order);
+    a gap far above it points at a bug. None when the outputs agree."""
+    j = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
+    if j is None:
+        return None
+    gen, vocab = llm.engine.generator, llm.valid_vocab
+    out: dict[str, Any] = {"index": j, "plain_token": plain[j], "spec_token": spec[j]}
+
+    def replay(steps: int) -> np.ndarray:
+        gen.forget()
+        logits, _ = gen.prefill(prompt)
+        for t in plain[:steps]:
+            logits = gen.decode(t)
+        return np.asarray(logits[:vocab], np.float64)
+
+    step = replay(j)
+    top2 = np.partition(step, -2)[-2:]
+    out.update(plain_gap=float(step[plain[j]] - step[spec[j]]), top2_gap=float(top2[1] - top2[0]),
+               logit_std=float(step.std()))
+    if j > 0:
+        replay(j - 1)
+        rows = gen.verify([plain[j - 1]] + plain[j : j + k], 0)
+        gen.rollback(1)
+        row = np.asarray(rows[0][:vocab], np.float64)
+        out.update(verify_gap=float(row[plain[j]] - row[spec[j]]),
+                   forward_diff=float(np.abs(row - step).max()))
+    llm.engine.forget()
+    return out
+
+
+def verify_profile(llm: Any, n: int, position: int) -> dict[str, float]:
+    """Device us per op family (linear layers per weight shape) of one eager n-token forward
+    with logits at every row (a verify's forward; n = 1: a decode step's), each op timed alone
+    in a graph (bench.py's profiler). Rewrites the caches: the engine forgets its prefix."""
+    from ...bench import _ProfiledOps
+    from ..batch import ForwardBatch
+    from ..generator import RUNNING_SLOT
+
+    gen = llm.engine.generator
+    prof = _ProfiledOps(gen.backend)
+    gen.backend.begin_step()
+    ids, pos = gen.backend.ids([1000 + i for i in range(n)], position)
+    gen.decoder.forward(prof, ForwardBatch.single(ids, pos, RUNNING_SLOT, all_logits=True), gen.state)
+    llm.engine.forget()
+    return {k: 1e6 * v[0] for k, v in prof.stats.items()}
+
+
+def round_breakdown(llm: Any, prompt: list[int], k: int, reps: int = 8) -> dict[str, float] | None:
+    """Host-side costs of a K + 1 verify round on CUDA, in ms: `verify_wall` one
+    Generator.verify + rollback (all kept) from the call to the argmax ids on the host;
+    `state_copy_host` / `state_copy_wall` the GDN copy taken before a verify (host launch time
+    / with its device time); `replay_host` the verify graph's launch call alone. None off CUDA."""
+    import time
+
+    b = llm.backend
+    if b.name != "cuda" or not (n := k + 1) or (n, llm.valid_vocab) not in getattr(b, "_multi", {}):
+        return None
+    gen = llm.engine.generator
+    reps = min(reps, (gen.max_context - len(prompt) - 1) // n)
+    if reps < 1:
+        return None
+    gen.forget()
+    gen.prefill(prompt)
+    sync = b.stream.synchronize
+    out: dict[str, float] = {}
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        gen.verify([1000 + i for i in range(n)], llm.valid_vocab)
+        gen.rollback(n)
+    out["verify_wall"] = 1e3 * (time.perf_counter() - t0) / reps
+    slot = getattr(gen, "_verify_slot", None)
+    if slot is not None and gen.slots.num_slots:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            gen.slots.snapshot(gen.running_slot, slot)
+        out["state_copy_host"] = 1e3 * (time.perf_counter() - t0) / reps
+        sync()
+        out["state_copy_wall"] = 1e3 * (time.perf_counter() - t0) / reps
+    graph = b._multi[(n, llm.valid_vocab)].graph
+    if graph is not None:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            graph.replay()
+        out["replay_host"] = 1e3 * (time.perf_counter() - t0) / reps
+        sync()
+    llm.engine.forget()
+    return out
+
+
 def _device_us(llm: Any, n: int, position: int) -> tuple[float | None, float | None]:
     """(decode step, n-token verify) device times in us from their graphs replayed back to back
     (CUDA; None elsewhere); the replays rewrite the caches, so the engine forgets its prefix."""
@@ -79,10 +178,11 @@ def _device_us(llm: Any, n: int, position: int) -> tuple[float | None, float | N
 
 
 def run_spec_bench(llm: Any, kind: str, draft_tokens: list[int], gen: int,
-                   prompt_len: int = 512) -> list[dict[str, Any]]:
+                   prompt_len: int = 512, profile: bool = False) -> list[dict[str, Any]]:
     """Rows: speculation of `kind` (oracle | ngram | mtp) at each K, each against a plain decode
     of the same prompt run just before it (a loaded machine's speed drifts; adjacent runs share
-    the drift)."""
+    the drift). profile: also the verify's op families against a decode step's and the round's
+    host costs (round_breakdown), printed after the table."""
     engine = llm.engine
     if engine.proposer is None:
         raise SystemExit(f"bench --spec {kind}: the engine has no proposer (spec off?)")
@@ -97,7 +197,7 @@ def run_spec_bench(llm: Any, kind: str, draft_tokens: list[int], gen: int,
         _run(llm, prompt, 8)                                           # warm-up: the decode graph
         plain, plain_tok_s, plain_s = _run(llm, prompt, gen)
         engine.draft_tokens = k
-        recorded, passes = plain, 0
+        recorded, passes, first = plain, 0, None
         while True:                            # oracle: until every draft is kept (at most 3 passes)
             passes += 1
             engine.proposer = OracleProposer(tuple(prompt), tuple(recorded)) if kind == "oracle" else proposer
@@ -105,13 +205,19 @@ def run_spec_bench(llm: Any, kind: str, draft_tokens: list[int], gen: int,
             engine.spec_stats = SpecStats()
             tokens, tok_s, spec_s = _run(llm, prompt, gen)
             st: SpecStats = engine.spec_stats
+            first = tokens if first is None else first
             # a verify's argmax can differ from the plain step's (other kernels for K + 1 rows):
             # the oracle then re-records the speculative run's own output and runs again
             if kind != "oracle" or tokens == recorded or passes == 3:
                 break
             recorded = tokens
         forwards = st.rounds + st.plain_steps
+        diverged = first_divergence(llm, prompt, plain, first, k) if first != plain else None
         step_us, verify_us = _device_us(llm, k + 1, len(prompt) + gen // 2)
+        extra: dict[str, Any] = {}
+        if profile:
+            extra["host_ms"] = round_breakdown(llm, prompt, k)
+            extra["ops_us"] = {n: verify_profile(llm, n, len(prompt)) for n in (1, k + 1)}
         rows.append({"k": k, "plain_tok_s": plain_tok_s, "tok_s": tok_s, "tokens": len(tokens),
                      "speedup": tok_s / plain_tok_s if plain_tok_s else 0.0,
                      "tokens_per_round": st.tokens_per_round, "acceptance": st.acceptance,
@@ -119,7 +225,7 @@ def run_spec_bench(llm: Any, kind: str, draft_tokens: list[int], gen: int,
                      "round_ms": 1e3 * spec_s / forwards if forwards else 0.0,
                      "plain_step_ms": 1e3 * plain_s / max(len(plain) - 1, 1),
                      "device_step_us": step_us, "device_verify_us": verify_us,
-                     "same_output": tokens == plain, "oracle_passes": passes})
+                     "same_output": tokens == plain, "oracle_passes": passes, "divergence": diverged, **extra})
         load.append(os.getloadavg()[0])
     engine.proposer = proposer
     what = {"oracle": "random-token prompt; ORACLE drafts = the plain run's own continuation: "
@@ -148,6 +254,28 @@ def run_spec_bench(llm: Any, kind: str, draft_tokens: list[int], gen: int,
             print(f"K={r['k']}: the verify's greedy tokens differ from plain decode's; the oracle re-recorded "
                   f"the speculative output and ran {r['oracle_passes']} times (same output: the last pass "
                   f"against the plain run)")
+    for r in rows:
+        d = r["divergence"]
+        if d is None:
+            continue
+        print(f"K={r['k']}: first divergence at output token {d['index']}: plain {d['plain_token']}, "
+              f"speculative {d['spec_token']}; plain step logit gap {d['plain_gap']:.3g} (its top-2 gap "
+              f"{d['top2_gap']:.3g}, logit std {d['logit_std']:.3g})", end="")
+        if "forward_diff" in d:
+            tie = abs(d["plain_gap"]) <= 4 * d["forward_diff"]
+            print(f"; verify row gap {d['verify_gap']:.3g}; max |verify - step| on one state "
+                  f"{d['forward_diff']:.3g}: {'a near-tie (summation order)' if tie else 'NOT a near-tie: suspect a bug'}")
+        else:
+            print("; at the first token (prefill): NOT a verify difference: suspect nondeterminism")
+    for r in rows:
+        if r.get("host_ms"):
+            print(f"K={r['k']}: host ms per round: " + ", ".join(f"{n} {v:.2f}" for n, v in r["host_ms"].items()))
+        if r.get("ops_us"):
+            one, many = r["ops_us"][1], r["ops_us"][r["k"] + 1]
+            print(f"K={r['k']}: op families, us each alone, 1 token vs {r['k'] + 1} "
+                  f"(sum {sum(one.values()):.0f} vs {sum(many.values()):.0f}):")
+            for name in sorted(many, key=lambda n: -(many[n] - one.get(n, 0.0)))[:8]:
+                print(f"  {name:<28}{one.get(name, 0.0):>9.0f}{many[name]:>9.0f}")
     for r in rows:
         if r["device_verify_us"]:
             bound = (r["k"] + 1) * r["device_step_us"] / r["device_verify_us"]
