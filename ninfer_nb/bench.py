@@ -92,6 +92,40 @@ def decode_bytes(llm: Any, context: int) -> int:
     return total + kv + 2 * gdn
 
 
+def arena_used(arena: Any, scratch: Any) -> int:
+    """Bytes of `arena` really used: its high-water mark with the per-step `scratch` region (carved
+    whole from it at start) counted at the scratch's own high-water mark, not its size."""
+    return int(arena.peak) - int(scratch.capacity) + int(scratch.peak)
+
+
+def device_memory(llm: Any) -> dict[str, int] | None:
+    """The device memory a run used (CUDA; None elsewhere). `arena_used`: the arena's high-water
+    mark of what was allocated (weights, KV cache for the whole max context, GDN state, rings,
+    graph buffers) plus the scratch's high-water mark; `outside_arena`: what the device holds
+    beyond the arena now (total - free - arena size: the CUDA context, kernel images, graph
+    executables; on a shared device also other processes'); `peak` their sum. The arena itself
+    takes most of the free memory at start, so its size says nothing."""
+    backend = llm.backend
+    arena, scratch = getattr(backend, "arena", None), getattr(backend, "scratch", None)
+    if arena is None or scratch is None:
+        return None
+    from .runtime import device as dev
+
+    backend.stream.synchronize()
+    free, total = dev.mem_info()
+    used = arena_used(arena, scratch)
+    outside = max(0, total - free - int(arena.capacity))
+    return {"arena_used": used, "outside_arena": outside, "peak": used + outside,
+            "weights": weight_bytes(llm), "scratch_peak": int(scratch.peak), "device_total": total}
+
+
+def weight_bytes(llm: Any) -> int:
+    """Bytes of every weight array on the device (shared records once)."""
+    from .models.weights import unique_arrays
+
+    return sum(int(a.nbytes) for a in unique_arrays(llm.engine.generator.decoder.weights))
+
+
 def run_ours(llm: Any, prompt_len: int, gen: int, repeat: int = 3, temperature: float = 0.0,
              constraint: Any = None, **sampling: Any) -> dict[str, Any]:
     """Warm-up, then `repeat` cold prefills of prompts that differ in their first token (no
@@ -323,6 +357,10 @@ def main(argv: Sequence[str]) -> int:
                    help="with --random: the matrices in this quantized format (int4-g64, int8-g128, ...; "
                         "embedding, routers and expert stacks stay bf16)")
     p.add_argument("--prefill-chunk", type=int, default=1024)
+    p.add_argument("--max-context", type=int, default=None, metavar="N",
+                   help="the context the engine allocates (KV cache, scratch) for; default: the longest "
+                        "prompt + --gen + 8. With a prompt that fills it, the peak column is the footprint "
+                        "of that context (e.g. --max-context 32768 --prompt-len 32704 --gen 32)")
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument("--kv-cache", choices=list(KV_CACHE_KINDS), default="auto",
                    help="KV cache storage (auto: bf16 on CUDA, fp32 on the CPU)")
@@ -417,10 +455,13 @@ def main(argv: Sequence[str]) -> int:
         preset_peer = {int(r["prompt_tokens"]): r
                        for r in preset_rows_in_subprocess(args.random, lens, args.gen, args.device)}
         peer_s = time.perf_counter() - t_peer
+    needed = max(lens + ([768] if args.spec in ("ngram", "mtp") else [])) + args.gen + 8
+    if args.max_context is not None and args.max_context < max(lens) + args.gen:
+        p.error(f"--max-context {args.max_context} is shorter than the longest prompt + --gen")
     t_load = time.perf_counter()
     llm = LLM(config=EngineConfig(
         model, device=args.device, show_progress=True,
-        max_context=max(lens + ([768] if args.spec in ("ngram", "mtp") else [])) + args.gen + 8,
+        max_context=max(needed, args.max_context or 0),
         prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph, kv_cache=args.kv_cache,
         kernels=kernel_choices(args), weights=args.weights,
         decode=DecodeChoices(device_pick=not args.host_argmax, decode_ahead=not args.no_decode_ahead),
@@ -460,7 +501,8 @@ def main(argv: Sequence[str]) -> int:
             raise SystemExit(f"bench: --experimental / --decode-attention need the CUDA backend "
                              f"(this run is on {llm.backend.name})")
         llm.backend.ops.experimental = experimental
-    first = llm.generate([1, 2, 3], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    # one token: compiles what a decode step runs, not the 2..16-token GEMVs nothing timed here takes
+    first = llm.generate([1], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     start_to_first_token = time.time() - process_start_time() - peer_s
     sys.stderr.write(f"bench: {llm.model_id} on {llm.device_name}; loaded in {load_s:.1f} s, "
                      f"first token {start_to_first_token:.1f} s after the command started "
@@ -478,6 +520,9 @@ def main(argv: Sequence[str]) -> int:
         limit = bw / nbytes                # HBM/DRAM bandwidth is shared by reads and writes
         row: dict[str, Any] = {"engine": "ninfer_nb", **ours, "bytes_per_token": nbytes,
                                "limit_tok_s": limit, "fraction_of_limit": ours["decode_tok_s"] / limit}
+        mem = device_memory(llm)                  # the run so far: the arena's marks only grow
+        if mem is not None:
+            row["peak_device_bytes"], row["device_memory"] = mem["peak"], mem
         step_us = device_step_us(llm)
         if step_us is not None and ours["decode_tok_s"] > 0:   # what the host adds to a token
             row["device_step_us"] = step_us
@@ -518,7 +563,7 @@ def main(argv: Sequence[str]) -> int:
         step_gap = {"decode_step_us": 1e6 / last["decode_tok_s"],
                     "decode_ops_us": sum(r["time_us"] for r in profile),
                     "decode_ops": sum(r["calls"] for r in profile)}
-    report = {"model": llm.model_id, "weights": args.weights, "profile": profile, "prefill_profile": prefill_profile, **step_gap,
+    report = {"model": llm.model_id, "weights": args.weights, "max_context": llm.max_context, "profile": profile, "prefill_profile": prefill_profile, **step_gap,
               "load_s": load_s,
               "start_to_first_token_s": start_to_first_token, "device": llm.device_name,
               "kv_cache": llm.kv_cache, "decode_attention": args.decode_attention, "temperature": args.temperature,
@@ -546,13 +591,21 @@ def main(argv: Sequence[str]) -> int:
           f"{', tokens picked on the device' if report['device_argmax'] else ''}"
           f"{', each step queued before the last token is read' if report['decode_ahead'] else ''}")
     print(f"{'engine':<13}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
-          f"{'limit t/s':>10}{'of limit':>9}{'vs peer':>8}{'step us':>9}{'host us':>8}")
+          f"{'limit t/s':>10}{'of limit':>9}{'vs peer':>8}{'step us':>9}{'host us':>8}{'peak GiB':>9}")
     nan = float("nan")
     for r in rows:
         print(f"{r['engine']:<13}{r['prompt_tokens']:>7}{r['ttft_ms']:>9.1f}{r['prefill_tok_s']:>12.1f}"
               f"{r['decode_tok_s']:>11.1f}{r.get('limit_tok_s', nan):>10.1f}"
               f"{r.get('fraction_of_limit', nan):>9.2f}{r.get('decode_vs_peer', nan):>8.2f}"
-              f"{r.get('device_step_us', nan):>9.1f}{r.get('host_gap_us', nan):>8.1f}")
+              f"{r.get('device_step_us', nan):>9.1f}{r.get('host_gap_us', nan):>8.1f}"
+              f"{r.get('peak_device_bytes', nan) / 2**30:>9.2f}")
+    mems = [r["device_memory"] for r in rows if "device_memory" in r]
+    if mems:
+        m = mems[-1]
+        print(f"peak GiB: device memory used up to that row: the arena's high-water mark "
+              f"({m['arena_used'] / 2**30:.2f} GiB at the end: weights {m['weights'] / 2**30:.2f}, KV cache and "
+              f"state for a {llm.max_context}-token context, scratch peak {m['scratch_peak'] / 2**30:.2f}) "
+              f"+ {m['outside_arena'] / 2**30:.2f} GiB outside it (CUDA context, kernels, graphs)")
     if any("device_step_us" in r for r in rows):
         print("step us: the decode graph replayed back to back (the device alone); host us: what a token "
               "took beyond it, end to end")

@@ -11,9 +11,11 @@ from ninfer_nb.cli import main
 def test_bench_reports_every_figure_and_profiles(tmp_path: Path, capsys) -> None:
     out = tmp_path / "bench.json"
     rc = main(["bench", "--random", "tiny-qwen3.5", "--device", "cpu", "--prompt-len", "24,40",
-               "--gen", "6", "--prefill-chunk", "16", "--profile", "--json", str(out)])
+               "--gen", "6", "--prefill-chunk", "16", "--profile", "--max-context", "128", "--json", str(out)])
     assert rc == 0
     report = json.loads(out.read_text())
+    assert report["max_context"] == 128                # --max-context over the 40 + 6 (+ 8) the run needs
+    assert all("peak_device_bytes" not in r for r in report["rows"])   # the CPU backend has no arena
     assert report["copy_bandwidth_GBps"] > 0
     assert report["kv_cache"] == "fp32"          # --kv-cache auto on the CPU backend
     rows = report["rows"]
@@ -96,3 +98,28 @@ def test_bench_concurrency_levels(tmp_path: Path, capsys) -> None:
         assert 0 < r["ttft_mean_s"] <= r["ttft_max_s"] and r["gen_tokens"] == 5
     assert rows[0]["max_batch"] == 1 and rows[1]["max_batch"] == 3
     assert "aggregate t/s" in capsys.readouterr().out
+
+
+def test_bench_max_context_shorter_than_the_run_is_refused(capsys) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--random", "tiny-qwen3.5", "--device", "cpu", "--prompt-len", "24", "--gen", "8",
+              "--max-context", "31"])
+    assert e.value.code == 2 and "--max-context 31 is shorter" in capsys.readouterr().err
+
+
+def test_arena_used_counts_the_scratch_at_its_high_water_mark() -> None:
+    """bench's peak column: the arena's high-water mark, with the scratch region (carved whole at
+    start) counted at what its steps really took."""
+    from ninfer_nb.bench import arena_used
+    from ninfer_nb.runtime.arena import Arena
+
+    arena = Arena(0, 1 << 20)
+    scratch = arena.carve(64 << 10)                   # 64 KiB reserved, as the backend does at start
+    arena.alloc(1000)                                 # a weight: 1024 B (256-byte aligned)
+    scratch.alloc(3000)                               # one step's scratch: 3072 B
+    scratch.reset()
+    scratch.alloc(100)                                # a smaller step later: the mark stays
+    arena.alloc(5000)                                 # the KV cache: 5120 B
+    assert arena_used(arena, scratch) == 1024 + 3072 + 5120
