@@ -580,6 +580,30 @@ class CudaBackend:
         out = self._rows_graphs().run(forward, tokens, positions, slots, page_table, picks, self._pick_vocab)
         return [int(x) for x in out]
 
+    # rounds queued ahead: launch (host-fed), launch_rows_fed (on the picks the last one fed
+    # back), collect_rows (the oldest launch's picks); engine/rows_graphs.py
+    @_on_calling_thread
+    def launch_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
+                    slots: Sequence[int], page_table: np.ndarray, picks: Sequence[Pick]) -> None:
+        if not self._pick_vocab:
+            raise RuntimeError("launch_rows: enable_token_pick was not called")
+        self._rows_graphs().launch(forward, tokens, positions, slots, page_table, picks, self._pick_vocab)
+
+    def rows_ahead_ready(self) -> bool:
+        return self._rows is not None and self._rows.ahead_ready()
+
+    @_on_calling_thread
+    def launch_rows_fed(self, page_table: np.ndarray) -> None:
+        self._rows_graphs().launch_fed(page_table)
+
+    @_on_calling_thread
+    def collect_rows(self) -> list[int]:
+        return [int(x) for x in self._rows_graphs().collect()]
+
+    def discard_rows(self) -> None:
+        if self._rows is not None:
+            self._rows.discard()
+
     @_on_calling_thread
     def time_decode_rounds(self, batch: int, picked: bool = True, replays: int = 16) -> float | None:
         """Device time (us) of the captured B-row decode round replayed back to back; None if

@@ -47,7 +47,7 @@ from ..config import DecodeChoices, ModelConfig
 from ..errors import ContextLengthExceededError, InvalidRequestError
 from ..models.decoder import Decoder
 from ..models.state import KVDtype, new_state
-from .backends.base import Backend, RowsForward
+from .backends.base import Backend, Pick, RowsForward
 from .batch import ForwardBatch
 from .faults import request_error
 from .generator import Generator, lane_slots
@@ -69,6 +69,13 @@ SPEC_KINDS = ("off", "ngram", "mtp")
 
 
 _Run = Run                  # the engine's side of a request (engine/scheduler.py)
+
+
+def _whole_round(rows: list[_Run], picks: list[Pick]) -> bool:
+    """A round that cannot be queued ahead: a row asks for logprobs, has a grammar, or its
+    sampler must see each token before the next is picked (a hooked sampler)."""
+    return (any(p[3] is not None and (p[3].logprobs >= 0 or p[3].matcher is not None) for p in picks)
+            or any(run.sampler.matcher is not None or isinstance(run.sampler, HookedSampler) for run in rows))
 
 
 class LLMEngine:
@@ -139,6 +146,12 @@ class LLMEngine:
         # decode rounds pick where the logits are (the CUDA graph's pick kernel) when every row can
         self._round_picks = use_graphs and backend.decode_graphs and self.paged
         self._errors: list[RequestOutput] = []   # requests a failed round ended, reported next step
+        # paged lanes: the rounds queue ahead where the backend can (CUDA: engine/rows_graphs.py)
+        self._rows_ahead = (self._round_picks and decode.decode_ahead
+                            and callable(getattr(backend, "launch_rows", None)))
+        # the round in flight whose picks are not read yet: its rows and each one's admission
+        # (a row whose run left its lane since is not this round's any more)
+        self._inflight: list[tuple[_Run, int]] | None = None
         self.batch_sizes: dict[int, int] = {}    # decode round size -> rounds run (metrics, bench)
 
     # --- requests ------------------------------------------------------------------------
@@ -201,11 +214,11 @@ class LLMEngine:
         sched.admit()
         try:
             decoding = [run for run in sched.running if run.decoding]
-            if decoding:
-                if not self.paged:
+            if not self.paged:
+                if decoding:
                     outs += self._steps(decoding, self._next_tokens)
-                else:
-                    outs += self._decode_round(decoding)
+            elif decoding or self._inflight is not None:
+                outs += self._decode_round(decoding)
             # prefill chunks take turns: a long prompt delays another's first token by one chunk
             prefilling = [run for run in sched.running if not run.decoding]
             if prefilling:
@@ -267,7 +280,11 @@ class LLMEngine:
 
     def _decode_round(self, runs: list[_Run]) -> list[RequestOutput]:
         """Paged lanes: speculating requests verify on their own; the rest feed one token each
-        in one forward of B rows, each row sampled by its own request."""
+        in one forward of B rows, each row sampled by its own request. A round whose rows all
+        pick on the device queues the next round of the same rows before its picks are read
+        (`_collect`); the next step then only collects, while the set of rows is unchanged."""
+        if self._inflight is not None:
+            return self._continue_round(runs)
         sched, outs = self.scheduler, []
         plain = []
         for run in runs:
@@ -291,7 +308,10 @@ class LLMEngine:
             forward = self._rows_forward(lanes[0])
             self.batch_sizes[len(rows)] = self.batch_sizes.get(len(rows), 0) + 1
             picks = [run.pick.at(len(run.request.output_ids)) for run in rows if run.pick is not None]
-            if self._round_picks and len(picks) == len(rows):
+            if self._rows_ahead and len(picks) == len(rows) and not _whole_round(rows, picks):
+                self.backend.launch_rows(forward, tokens, positions, slots, table, picks)  # type: ignore[attr-defined]
+                picked = self._collect(rows, ahead=True)
+            elif self._round_picks and len(picks) == len(rows):
                 picked = self.backend.pick_rows(forward, tokens, positions, slots, table, picks)
             else:
                 logits = self.backend.decode_rows(forward, tokens, positions, slots, table)
@@ -302,6 +322,67 @@ class LLMEngine:
             run.sampler.observe(token)
             outs.append(self._emit(run, [token]))
         return outs
+
+    def _continue_round(self, runs: list[_Run]) -> list[RequestOutput]:
+        """A round is in flight (queued by the last step): its picks, and the next round of the
+        same rows queued first when every row still decodes and nothing joined."""
+        rows, self._inflight = self._inflight or [], None
+        alive = [run for run, order in rows if run.lane is not None and run.order == order and run.decoding]
+        if not alive:                            # every row finished: nobody reads its picks
+            self.backend.discard_rows()          # type: ignore[attr-defined]
+            return []
+        same = len(alive) == len(rows) == len(runs) and all(a is b for a, b in zip(alive, runs))
+        try:
+            picked = self._collect([run for run, _ in rows], ahead=same)
+        except BaseException as exc:
+            self._raise_failed(alive, exc)
+        outs = []
+        for (run, order), token in zip(rows, picked):
+            if run.lane is not None and run.order == order and run.decoding:
+                run.sampler.observe(token)
+                outs.append(self._emit(run, [token]))
+        return outs
+
+    def _collect(self, rows: list[_Run], ahead: bool) -> list[int]:
+        """The picks of the round in flight; before reading them, the next round of the same
+        rows is queued (fed on the device by these picks) when `ahead` and every row allows
+        it: then each lane counts its pick as fed and the new round is in flight."""
+        queue = ahead and self._can_queue(rows)
+        if queue:
+            for run in rows:
+                assert run.lane is not None
+                self.scheduler.reserve(run, len(run.lane.tokens) + 1)      # free pages: no preemption
+            lanes = [run.lane for run in rows if run.lane is not None]
+            self.backend.launch_rows_fed(np.stack([lane.pages.row for lane in lanes  # type: ignore[attr-defined]
+                                                   if lane.pages is not None]))
+            self.batch_sizes[len(rows)] = self.batch_sizes.get(len(rows), 0) + 1
+        try:
+            picked = self.backend.collect_rows()                               # type: ignore[attr-defined]
+        except BaseException:
+            self.backend.discard_rows()                                        # type: ignore[attr-defined]
+            raise
+        if queue:
+            for run, token in zip(rows, picked):
+                assert run.lane is not None
+                run.lane.tokens.append(token)
+            self._inflight = [(run, run.order) for run in rows]
+        return picked
+
+    def _can_queue(self, rows: list[_Run]) -> bool:
+        """The round after the one in flight can be queued now: the backend has its graph,
+        no row's pick in flight is its last token or fills the context, no row speculates,
+        and the pages it writes are free (no eviction or preemption behind a round in flight)."""
+        if not self.backend.rows_ahead_ready():                                # type: ignore[attr-defined]
+            return False
+        need = 0
+        for run in rows:
+            lane = run.lane
+            if (lane is None or len(run.request.output_ids) + 1 >= run.budget
+                    or len(lane.tokens) >= self.max_context or self._can_speculate(run)):
+                return False
+            need += lane.pages_needed(len(lane.tokens) + 1)
+        allocator = self.scheduler.allocator
+        return allocator is None or need <= allocator.num_free
 
     def _pick(self, run: _Run, row: np.ndarray) -> int:
         """The next token from a logits row: the device pick's rule on the host, or the sampler."""

@@ -13,6 +13,13 @@ sampler's per-row parameters (engine/device_pick.py DevicePicker; one shared set
 many as the largest B so far). The first round of a key runs eagerly (it compiles the B-row
 kernels), the second captures (capture records, then one replay runs it), every later one
 replays. Knows nothing about requests: rows are whatever the scheduler put there.
+
+Rounds queued ahead (`launch`, `launch_fed`, `collect`): a picked round's ids come back through
+a slot of a pinned ring, signalled by the slot's event, so the host can queue the next round
+before it reads them. `launch_fed` replays the last launched round on what its pick fed back
+into the graph inputs (each row's token, position + 1, the pick's offset and counts): the same
+rows, one token further; only page-table entries that changed are copied (async, from a pinned
+mirror), so the device never waits for the host between rounds.
 """
 from __future__ import annotations
 
@@ -36,6 +43,12 @@ class _Round:
     out: Any = None            # the captured round's output: logits [B, V], or picks [B] int32
                                # (and logprobs [B, 21] fp32, their ids [B, 20] int32)
     pick_graph: Any = None     # a split round's pick (graph: its forward)
+    table_host: Any = None     # [B, P] int32: the page table the device buffer holds (queued rounds)
+    table_pinned: Any = None   # PinnedBuffer mirror of it (async copies of changed entries)
+
+
+RING = 4                       # ring slots of queued rounds (2 are ever in flight)
+RING_ROWS = 256                # rows per slot: the largest B a queued round may have
 
 
 class RowsGraphs:
@@ -45,6 +58,11 @@ class RowsGraphs:
         self.ops, self.stream, self.scratch, self.pdl = ops, stream, scratch, pdl
         self._rounds: dict[tuple[int, int, bool, bool, bool], _Round] = {}
         self._picker: Any = None
+        self._ring: Any = None          # PinnedBuffer [RING, RING_ROWS] int32: queued rounds' picks
+        self._events: list[Any] = []
+        self._pending: list[tuple[int, int]] = []     # (slot, B) launched, not collected, oldest first
+        self._launches = 0
+        self._last: _Round | None = None              # the round launch_fed replays
 
     def _round(self, key: tuple[int, int, bool, bool, bool]) -> _Round:
         r = self._rounds.get(key)
@@ -73,7 +91,29 @@ class RowsGraphs:
             page_table: np.ndarray, picks: Sequence[Pick] | None = None, vocab: int = 0) -> np.ndarray:
         """One round: logits [B, V] fp32 (picks None) or the B picked ids [B] int32 (picks[b]
         for row b over ids < vocab; the logprobs its filters ask for delivered), on the host."""
-        from .device_pick import LOGPROBS_TOP, deliver_logprobs, wants_logprobs
+        from .device_pick import deliver_logprobs
+
+        if self._pending:
+            raise RuntimeError("decode round: queued rounds are not collected")
+        self._last = None
+        r, fn, masked, lp, picker = self._prepare(forward, tokens, positions, slots, page_table, picks, vocab)
+        if masked:
+            assert picker is not None
+            out = self._replay_split(r, fn[0], fn[1], lambda: picker.write_masks_async(list(picks or ())))
+        else:
+            out = self._replay(r, fn[2])
+        if not lp:
+            return np.asarray(self.ops.to_numpy(out))
+        picked_ids, values, ids = (np.asarray(self.ops.to_numpy(x)) for x in out)
+        deliver_logprobs(list(picks or ()), picked_ids, values, ids)
+        return picked_ids
+
+    def _prepare(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
+                 slots: Sequence[int], page_table: np.ndarray, picks: Sequence[Pick] | None,
+                 vocab: int) -> tuple[_Round, tuple[Callable[..., Any], ...], bool, bool, Any]:
+        """The round's graph inputs written (syncs the stream) and its functions: (round,
+        (forward, pick(logits), whole round), masked, logprobs, picker)."""
+        from .device_pick import LOGPROBS_TOP, wants_logprobs
 
         table = np.asarray(page_table, dtype=np.int32)
         b = len(tokens)
@@ -88,6 +128,7 @@ class RowsGraphs:
         host = np.concatenate([np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
                                np.asarray(slots, np.int32), table.reshape(-1)])
         r.inputs.copy_from_numpy(host, self.stream)
+        r.table_host = None                          # the mirror is rewritten by the next launch
         if picker is not None:
             picker.write(list(picks or ()), masks=not masked)
 
@@ -101,16 +142,96 @@ class RowsGraphs:
                 return out
             return (out, *self.ops.token_logprobs(logits, vocab, out, LOGPROBS_TOP))
 
-        if masked:
-            assert picker is not None
-            out = self._replay_split(r, forward_, pick_, lambda: picker.write_masks_async(list(picks or ())))
-        else:
-            out = self._replay(r, lambda: forward_() if picker is None else pick_(forward_()))
-        if not lp:
-            return np.asarray(self.ops.to_numpy(out))
-        picked_ids, values, ids = (np.asarray(self.ops.to_numpy(x)) for x in out)
-        deliver_logprobs(list(picks or ()), picked_ids, values, ids)
-        return picked_ids
+        def whole() -> Any:
+            return forward_() if picker is None else pick_(forward_())
+
+        return r, (forward_, pick_, whole), masked, lp, picker
+
+    # --- rounds queued ahead ---------------------------------------------------------------
+    def launch(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int],
+               page_table: np.ndarray, picks: Sequence[Pick], vocab: int) -> None:
+        """Enqueue a picked round fed by the host (no logprobs, no grammar rows) and the copy of
+        its picks into a ring slot; does not wait for it (collect does)."""
+        if self._pending:
+            raise RuntimeError("launch: queued rounds are not collected (launch_fed continues them)")
+        if len(tokens) > RING_ROWS:
+            raise ValueError(f"launch: {len(tokens)} rows, a queued round holds at most {RING_ROWS}")
+        r, fn, masked, lp, _ = self._prepare(forward, tokens, positions, slots, page_table, picks, vocab)
+        if masked or lp:
+            raise ValueError("launch: rounds with grammar rows or logprobs run whole (run)")
+        out = self._replay(r, fn[2])
+        self._mirror(r, np.asarray(page_table, dtype=np.int32))
+        self._last = r
+        self._copy_back(out, len(tokens))
+
+    def ahead_ready(self) -> bool:
+        """launch_fed can continue the last launched round (its graph is captured)."""
+        return self._last is not None and self._last.graph is not None and len(self._pending) < RING
+
+    def launch_fed(self, page_table: np.ndarray) -> None:
+        """Enqueue the last launched round again on what its pick fed back (the same rows, one
+        token further; page_table [B, P]: their tables now, new entries copied async)."""
+        from ..runtime._drv import check, driver
+
+        r = self._last
+        if r is None or r.graph is None or r.table_host is None or not self.ahead_ready():
+            raise RuntimeError("launch_fed: no captured round to continue")
+        table = np.asarray(page_table, dtype=np.int32)
+        if table.shape != r.table_host.shape:
+            raise ValueError(f"launch_fed: page table {table.shape} for a round of {r.table_host.shape}")
+        changed = np.flatnonzero(table != r.table_host)
+        if changed.size:
+            lo, hi = int(changed[0]), int(changed[-1]) + 1
+            r.table_host[...] = table
+            mirror = r.table_pinned.array().view(np.int32)
+            mirror[lo:hi] = table.reshape(-1)[lo:hi]
+            check(driver().cuMemcpyHtoDAsync(r.table.ptr + 4 * lo, r.table_pinned.ptr + 4 * lo, 4 * (hi - lo),
+                                             self.stream.cu))
+        assert self._picker is not None
+        self._picker.stepped(table.shape[0])
+        self.scratch.reset()
+        r.graph.replay()
+        self._copy_back(r.out, table.shape[0])
+
+    def collect(self) -> np.ndarray:
+        """The picks [B] int32 of the oldest uncollected launch (waits for that round alone)."""
+        if not self._pending:
+            raise RuntimeError("collect: no round in flight")
+        slot, b = self._pending.pop(0)
+        self._events[slot].synchronize()
+        return self._ring.array().view(np.int32)[slot * RING_ROWS : slot * RING_ROWS + b].copy()
+
+    def discard(self) -> None:
+        """Forget the uncollected launches (their rounds still run, in stream order; nothing
+        reads their picks)."""
+        self._pending.clear()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def _mirror(self, r: _Round, table: np.ndarray) -> None:
+        """What the device's page table now holds, on the host and in pinned memory."""
+        from ..runtime.pinned import PinnedBuffer
+
+        if r.table_pinned is None:
+            r.table_pinned = PinnedBuffer(max(4, table.nbytes))
+        r.table_host = table.copy()
+        r.table_pinned.array().view(np.int32)[: table.size] = table.reshape(-1)
+
+    def _copy_back(self, out: Any, b: int) -> None:
+        from ..runtime._drv import check, driver
+        from ..runtime.events import Event
+        from ..runtime.pinned import PinnedBuffer
+
+        if self._ring is None:
+            self._ring = PinnedBuffer(4 * RING * RING_ROWS)
+            self._events = [Event(timing=False) for _ in range(RING)]
+        slot = self._launches % RING
+        self._launches += 1
+        check(driver().cuMemcpyDtoHAsync(self._ring.ptr + 4 * slot * RING_ROWS, out.ptr, 4 * b, self.stream.cu))
+        self._events[slot].record(self.stream)
+        self._pending.append((slot, b))
 
     def _replay(self, r: _Round, fn: Callable[[], Any]) -> Any:
         from ..runtime.graph import CudaGraph
