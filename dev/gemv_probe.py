@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,31 +68,60 @@ MMA_SHAPES = [("17408x5120", 17408, 5120, "plain"), ("GDN in", 16480, 5120, "pla
               ("down +res", 5120, 17408, "add"), ("out_proj +res", 5120, 6144, "add"),
               ("gate_up swiglu", 34816, 5120, "swiglu"), ("lm_head", 248320, 5120, "plain"),
               ("35B GDN in", 12352, 2048, "plain"), ("35B out +res", 2048, 4096, "add")]
-# (warps, tiles, unroll, blocks per SM, pipe, ring stages): the default builds (ops/cuda/linear.py
-# mma3_plan) and the shared-memory ring builds
-MMA_BUILDS = [(4, 2, 2, 4, 0, 0), (4, 1, 4, 4, 0, 0), (4, 1, 1, 4, 0, 8), (4, 1, 1, 5, 0, 8), (4, 1, 1, 6, 0, 6),
-              (4, 2, 1, 4, 0, 5)]
+# v3 builds (warps, tiles, unroll, blocks per SM, pipe, ring stages): the defaults (ops/cuda/linear.py
+# mma3_plan); v4 builds ("v4", warps, tiles, kb, stages, blocks per SM): gemv_mma4 (cp.async rings of
+# 32 kb-column stages)
+MMA_BUILDS: list[tuple[Any, ...]] = [(4, 2, 2, 4, 0, 0), (4, 1, 4, 4, 0, 0), ("v4", 4, 2, 4, 3, 2), ("v4", 4, 1, 8, 3, 2),
+                                     ("v4", 4, 1, 4, 4, 3), ("v4", 8, 1, 4, 3, 2), ("v4", 4, 2, 2, 4, 3)]
 CHECK_SHAPE = (2 * 1000 + 8, 2048)        # the NumPy check's weight: a ragged last row group
-SWIGLU_BUILDS = [(4, 2, 2, 4, 0, 0), (4, 2, 1, 4, 0, 5), (4, 2, 1, 5, 0, 4)]
+SWIGLU_BUILDS: list[tuple[Any, ...]] = [(4, 2, 2, 4, 0, 0), ("v4", 4, 2, 4, 3, 2), ("v4", 4, 2, 2, 4, 3),
+                                        ("v4", 4, 2, 8, 2, 1)]
+
+
+def is_v4(build: Any) -> bool:
+    return build[0] == "v4"
 
 
 def mma_grids(build: Any, n: int, k: int, sm_count: int) -> list[int]:
-    """Block counts to try: one per row group (no K split), and 1, 2, 3 blocks per resident slot
-    (the work split evenly, stream-K)."""
+    """Block counts to try: one block per resident slot (the work split evenly, stream-K)."""
     from ninfer_nb.kernels.linear import gemv_mma as K_gm
 
+    if is_v4(build):
+        mode, warps, tiles, kb, _, per_sm = build[1:]
+        units = K_gm.v3_groups(mode, warps, tiles, n) * (k // (32 * kb))
+        return [min(units, per_sm * sm_count)]
     groups = K_gm.v3_groups(build[0], build[1], build[2], n)
     slots = build[4] * sm_count
     units = groups * (k // K_gm.K_ALIGN)
-    return sorted({min(units, p) for p in ((slots,) if ONE_WAVE else (groups, slots, 2 * slots, 3 * slots))})
+    return [min(units, slots)]
 
 
-ONE_WAVE = True     # grids of one block per resident slot only (the best in every case measured)
-
-
-def mma_builds(mode: str) -> list[tuple[str, int, int, int, int]]:
+def mma_builds(mode: str) -> list[tuple[Any, ...]]:
     m = "swiglu" if mode == "swiglu" else "plain"
-    return [(m, *b) for b in (SWIGLU_BUILDS if mode == "swiglu" else MMA_BUILDS)]
+    return [("v4", m, *b[1:]) if is_v4(b) else (m, *b) for b in (SWIGLU_BUILDS if mode == "swiglu" else MMA_BUILDS)]
+
+
+def build_label(build: Any) -> str:
+    if is_v4(build):
+        return "v4 x%d r%d k%d s%d b%d" % build[2:]
+    return "x%d r%d u%d b%d%s%s" % (build[1], build[2], build[3], build[4], " p" if build[5] else "",
+                                     f" s{build[6]}" if build[6] else "")
+
+
+def occupancy(spec: Any, threads: int, smem: int) -> int:
+    """Resident blocks per SM the driver grants (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
+    from numba.cuda.cudadrv.driver import binding
+
+    try:
+        f = next(iter(spec.get().overloads.values()))._codelibrary.get_cufunc()
+        h = f.handle
+        if isinstance(h, binding.CUkernel):
+            h = binding.cuKernelGetFunction(h)[1]
+        err, n = binding.cuOccupancyMaxActiveBlocksPerMultiprocessor(h, threads, smem)
+        return int(n)
+    except Exception as exc:                # a diagnostic only
+        print(f"occupancy: {type(exc).__name__}: {exc}")
+        return -1
 
 
 def mma_main(args: Any) -> None:
@@ -99,6 +129,10 @@ def mma_main(args: Any) -> None:
     from ninfer_nb.ops.cuda import linear as L
     from tests.kernels.gpu_util import close
 
+    if args.builds:
+        MMA_BUILDS[:] = [MMA_BUILDS[int(i)] for i in args.builds.split(",")]
+    if args.swiglu_builds:
+        SWIGLU_BUILDS[:] = [SWIGLU_BUILDS[int(i)] for i in args.swiglu_builds.split(",")]
     env = GpuEnv(arena_bytes=8 << 30, scratch_bytes=512 << 20)
     ops = env.fresh()
     counter = ops.zeros((K_gm.MAX_GROUPS,), np.int32, persistent=True)
@@ -111,6 +145,21 @@ def mma_main(args: Any) -> None:
     tokens = [int(v) for v in args.tokens.split(",")]
 
     def v3(build: Any, blocks: int, x: Any, out: Any, acc: int) -> Callable[[Any], None]:
+        if is_v4(build):
+            mode, warps, tiles, kb, stages, per_sm = build[1:]
+            spec = K_gm.gemv_mma4(mode, warps, tiles, kb, stages, per_sm)
+            smem = K_gm.v4_smem(warps, tiles, kb, stages)
+
+            def launch4(w: Any) -> None:
+                n, k = w.shape
+                groups = K_gm.v3_groups(mode, warps, tiles, n)
+                p = min(blocks, groups * (k // (32 * kb)))
+                ws = ops.empty((K_gm.v3_segments(groups, k, p, 32 * kb), x.shape[0], n))
+                K_gm.prefer_shared(spec, force=True)
+                ops._go(spec, p, 32 * warps, x, w, out.reshape(-1), out, np.int32(0), np.int32(acc), ws, counter,
+                        smem=smem)
+            return launch4
+
         def launch(w: Any) -> None:
             n, k = w.shape
             groups = K_gm.v3_groups(build[0], build[1], build[2], n)
@@ -142,17 +191,20 @@ def mma_main(args: Any) -> None:
                     close(got, want, 2e-5)
                 except AssertionError:
                     errs.append(float("inf"))
-            print(f"check {K_gm.v3_name(*build)}: {'ok' if max(errs) < 1 else 'FAIL'} (max rel err "
-                  f"{max(errs):.1e})", flush=True)
+            if is_v4(build):
+                occ = occupancy(K_gm.gemv_mma4(*build[1:]), 32 * build[2], K_gm.v4_smem(*build[2:6]))
+                name = f"{K_gm.v4_name(*build[1:])} ({occ} blocks/SM)"
+            else:
+                name = K_gm.v3_name(*build)
+            print(f"check {name}: {'ok' if max(errs) < 1 else 'FAIL'} (max rel err {max(errs):.1e})", flush=True)
             if any(env.host(counter)):
                 raise AssertionError("counters not reset")
 
     print("us per launch: 1tok = the one-token GEMV, old = GEMV_MMA3 off (v1 / SIMT + separate add, SwiGLU),\n"
-          "def = ops' default (mma3_plan), then each build of MMA_BUILDS / SWIGLU_BUILDS at one wave; "
+          "def = ops' default (mma3_plan), mma4 = KernelChoices(multi_token_gemv='mma4') (mma4_plan), then each build of MMA_BUILDS / SWIGLU_BUILDS at one wave; "
           "x1 = best / 1tok")
     for m in ("plain", "swiglu"):
-        print(f"{m} builds: " + ", ".join(f"{i}={'x%d r%d u%d b%d%s%s' % (b[1], b[2], b[3], b[4], ' p' if b[5] else '', f' s{b[6]}' if b[6] else '')}"
-                                          for i, b in enumerate(mma_builds(m))))
+        print(f"{m} builds: " + ", ".join(f"{i}={build_label(b)}" for i, b in enumerate(mma_builds(m))))
     for label, n, k, mode in MMA_SHAPES:
         if args.only and not any(o in label for o in args.only.split(",")):
             continue
@@ -189,9 +241,13 @@ def mma_main(args: Any) -> None:
                 else:
                     ops.linear(x, w)
             L.GEMV_MMA3 = False
-            old = timed(default, wb)
+            old = timed(default, wb) if not args.no_old else float("nan")
             L.GEMV_MMA3 = True
             plan = timed(default, wb)
+            choices = ops.choices
+            ops.choices = replace(choices, multi_token_gemv="mma4")
+            plan4 = timed(default, wb)
+            ops.choices = choices
             L.GEMV_MMA3 = False
             best = (float("inf"), "")
             times = []
@@ -199,13 +255,12 @@ def mma_main(args: Any) -> None:
             for build in mma_builds(mode):
                 for blocks in mma_grids(build, n, k, ops.sm_count):
                     us = timed(v3(build, blocks, x, out, int(mode == "add")), ws_)
-                    name = (f"x{build[1]} r{build[2]} u{build[3]} b{build[4]}{' p' if build[5] else ''}"
-                            f"{f' s{build[6]}' if build[6] else ''} P{blocks}")
+                    name = f"{build_label(build)} P{blocks}"
                     if full:
                         full.write(f"{label} T={t} {name} {us:.2f} us {2 * per / us / 1e3:.0f} GB/s\n")
                     best = min(best, (us, name))
                     times.append(us)
-            print(f"{label:14s} T={t:<2d} 1tok {one:6.1f} old {old:6.1f} def {plan:6.1f} | "
+            print(f"{label:14s} T={t:<2d} 1tok {one:6.1f} old {old:6.1f} def {plan:6.1f} mma4 {plan4:6.1f} | "
                   + " ".join(f"{v:6.1f}" for v in times) + f" | x1 {best[0] / one:.2f}", flush=True)
     if full:
         full.close()
@@ -256,8 +311,9 @@ def rows_ab(preset: str, batches: list[int], ctx: int = 512) -> None:
 
 
 def precompile(names: str) -> None:
-    """Compile kernels into numba's disk cache: gemv_mma3 builds as mode,warps,tiles,unroll,blocks
-    or registered kernel names, separated by ';'."""
+    """Compile kernels into numba's disk cache: gemv_mma3 builds as mode,warps,tiles,unroll,blocks,
+    gemv_mma4 builds as v4,mode,warps,tiles,kb,stages,blocks, or registered kernel names, separated
+    by ';'."""
     from ninfer_nb.kernels.common.registry import all_specs
     from ninfer_nb.kernels.linear import gemv_mma as K_gm
     from ninfer_nb.runtime import device
@@ -265,7 +321,10 @@ def precompile(names: str) -> None:
     device.select("cuda:0")
     specs = all_specs()
     for name in names.split(";"):
-        if "," in name:
+        if name.startswith("v4,"):
+            _, mode, *rest = name.split(",")
+            K_gm.gemv_mma4(mode, *(int(v) for v in rest)).get()
+        elif "," in name:
             mode, *rest = name.split(",")
             K_gm.gemv_mma3(mode, *(int(v) for v in rest)).get()
         else:
@@ -282,6 +341,9 @@ def main() -> None:
     ap.add_argument("--min-mb", type=float, default=600.0, help="weight bytes per graph, at least")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-separated substrings of the shape labels to run")
+    ap.add_argument("--no-old", action="store_true", help="--mma: skip the path before gemv_mma3")
+    ap.add_argument("--builds", default="", help="--mma: comma-separated indices of MMA_BUILDS to time (default all)")
+    ap.add_argument("--swiglu-builds", default="", help="--mma: indices of SWIGLU_BUILDS (default all)")
     args = ap.parse_args()
     if args.precompile:
         precompile(args.precompile)

@@ -103,14 +103,19 @@ def test_gemv_mma3(dev, rng, build, t, n, k, blocks, accumulate):
 
 
 @pytest.mark.skipif(not DEVICE_MARKS, reason="ops picks gemv_mma3 on the GPU only")
+@pytest.mark.parametrize("pick", ["mma3", "mma4"])
 @pytest.mark.parametrize("t,n,k", [(8, 17408, 5120), (4, 5120, 17408), (16, 5120, 6144), (2, 1000, 2048)])
-def test_ops_gemv_mma3(dev, rng, monkeypatch, t, n, k):
+def test_ops_gemv_mma3(dev, rng, monkeypatch, t, n, k, pick):
     """ops.linear (+ bias), linear_add (the residual in place) and linear_swiglu on T rows with
-    GEMV_MMA3 on (mma3_plan's build and K splits) vs NumPy."""
+    GEMV_MMA3 on, by gemv_mma3 (mma3_plan's build and K splits) or gemv_mma4 (mma4_plan;
+    KernelChoices.multi_token_gemv) vs NumPy."""
+    from dataclasses import replace
+
     from ninfer_nb.ops.cuda import linear as L
 
     monkeypatch.setattr(L, "GEMV_MMA3", True)
     ops = dev.fresh()
+    monkeypatch.setattr(ops, "choices", replace(ops.choices, multi_token_gemv=pick))
     ops._mma3_counter = None                   # the persistent arena was reset
     w = rnd(rng, n, k).astype(BF16)
     x, bias, res = rnd(rng, t, k), rnd(rng, n), rnd(rng, t, n)
@@ -121,3 +126,43 @@ def test_ops_gemv_mma3(dev, rng, monkeypatch, t, n, k):
     ops.linear_add(X, W, R)
     close(dev.host(R), y + res, 2e-5)
     close(dev.host(ops.linear_swiglu(X, W)), cpu.swiglu(y), 2e-5)
+
+
+def _gemv4(ops, build, X, W, B, out, blocks, has_bias=1, accumulate=0):
+    """gemv_mma4 `build` (mode, warps, tiles, kb, stages, min_blocks) on `blocks` blocks, with
+    its dynamic shared memory; also returns the arrival counters (0 again after the launch)."""
+    mode, warps, tiles, kb, stages = build[:5]
+    t, (n, k) = X.shape[0], W.shape
+    ws = ops.empty((K.v3_segments(K.v3_groups(mode, warps, tiles, n), k, blocks, 32 * kb), t, n))
+    counter = ops.zeros((K.MAX_GROUPS,), np.int32, persistent=True)
+    ops._go(K.gemv_mma4(*build), blocks, 32 * warps, X, W, B, out, np.int32(has_bias), np.int32(accumulate), ws,
+            counter, smem=K.v4_smem(warps, tiles, kb, stages))
+    return out, counter
+
+
+@pytest.mark.parametrize("build,t,n,k,blocks,accumulate", shapes(
+    sim=[(("plain", 2, 1, 2, 3, 2), 10, 40, 320, 3, 1), (("plain", 2, 2, 4, 2, 2), 3, 72, 384, 2, 0),
+         (("swiglu", 2, 2, 2, 3, 2), 16, 2 * 40, 256, 4, 0), (("plain", 2, 1, 8, 3, 2), 5, 36, 512, 1, 0)],
+    gpu=[(("plain", 4, 1, 8, 3, 2), 8, 17408, 5120, 264, 0), (("plain", 4, 2, 4, 3, 2), 16, 5120, 17408, 264, 1),
+         (("swiglu", 4, 2, 4, 3, 2), 8, 34816, 5120, 264, 0), (("plain", 4, 1, 4, 4, 3), 4, 248320, 5120, 396, 0)]))
+def test_gemv_mma4(dev, rng, build, t, n, k, blocks, accumulate):
+    """The v4 builds (weights through per-warp cp.async rings of wide stages) vs NumPy: plain
+    with a bias (and the residual when accumulate), swiglu into [T, I]. Small cases: N not a
+    multiple of the block's rows, segments shorter and longer than the ring, groups shared by
+    blocks and whole, T over 8, stages of 2, 4 and 8 column blocks (4, 2, 1 rows per copy)."""
+    ops = dev.fresh()
+    mode = build[0]
+    w = rnd(rng, n, k).astype(BF16)
+    x, bias = rnd(rng, t, k), rnd(rng, n)
+    W = dev.up(w).view(np.uint16) if dev.on_gpu else w.view(np.uint16)
+    X, B = dev.up(x), dev.up(bias)
+    y = cpu.linear(x, w.astype(np.float32))
+    if mode == "swiglu":
+        want = cpu.swiglu(y)
+        out0 = np.full((t, n // 2), np.nan, np.float32)
+    else:
+        out0 = rnd(rng, t, n)
+        want = y + bias + (out0 if accumulate else 0)
+    out, counter = _gemv4(ops, build, X, W, B, dev.up(out0), blocks, int(mode == "plain"), accumulate)
+    close(dev.host(out), want, 2e-5)
+    assert not dev.host(counter).any()

@@ -194,11 +194,12 @@ def v3_rows(warps: int, tiles: int) -> int:
 _CARVED: set[str] = set()
 
 
-def prefer_shared(spec: Any) -> None:
-    """Ask for the largest shared-memory carveout for a ring build (stages > 0: 24-40 KB of ring
-    per block, 4-6 blocks per SM) so the driver does not trade its occupancy for L1; once per
-    build, GPU only (the attribute is set on every compiled overload's CUkernel)."""
-    if spec.name in _CARVED or config.ENABLE_CUDASIM or "_s" not in spec.name.rsplit("_b", 1)[-1]:
+def prefer_shared(spec: Any, force: bool = False) -> None:
+    """Ask for the largest shared-memory carveout for a ring build (v3 stages > 0: 24-40 KB of ring
+    per block, 4-6 blocks per SM; force: any build, v4's) so the driver does not trade its
+    occupancy for L1; once per build, GPU only (the attribute is set on every compiled overload's
+    CUkernel)."""
+    if spec.name in _CARVED or config.ENABLE_CUDASIM or (not force and "_s" not in spec.name.rsplit("_b", 1)[-1]):
         return
     _CARVED.add(spec.name)
     try:
@@ -218,10 +219,11 @@ def v3_groups(mode: str, warps: int, tiles: int, n: int) -> int:
     return (n // (2 if mode == "swiglu" else 1) + rows - 1) // rows
 
 
-def v3_segments(groups: int, k: int, blocks: int) -> int:
+def v3_segments(groups: int, k: int, blocks: int, cols: int = K_ALIGN) -> int:
     """At most how many blocks share one row group when `blocks` blocks split the groups x
-    (K / 32) column-block units evenly (the workspace's first dimension); blocks <= units."""
-    kbn = k // K_ALIGN
+    (K / cols) column-block units evenly (the workspace's first dimension); blocks <= units
+    (v4: cols = its stage's columns)."""
+    kbn = k // cols
     per = groups * kbn // blocks                   # units per block, at least
     return -(-kbn // per) + 1
 
@@ -467,3 +469,280 @@ def _make_v3(mode: str, warps: int, tiles: int, unroll: int, min_blocks: int, pi
 V3_BUILDS = (("plain", 4, 2, 2, 4), ("plain", 4, 1, 4, 4), ("swiglu", 4, 2, 2, 4))
 for _b in V3_BUILDS:
     gemv_mma3(*_b)
+
+
+# ---- v4: the weights through per-warp cp.async rings of wide stages (gemv_mma4) ----------------
+# v3 reads each weight row 64 bytes at a time (a lane's 16 bytes feed the mma directly: 4 lanes
+# per row), so the memory sees many short runs held in registers. Here a warp copies its
+# 16 R rows x 32 KB columns per stage with cp.async, each instruction a contiguous 256-512 byte
+# run of one or two rows, into a shared-memory ring of `stages` slots (stages - 1 in flight, no
+# registers held for them); lanes then read their mma fragments from the slot (the 16-byte
+# chunks of odd rows stored XOR 4, so the reads are free of bank conflicts). Same units (row
+# group x stage), stream-K split, partial sums and epilogues as v3.
+V4_SMEM_MAX = 227 * 1024
+_V4: dict[tuple[str, int, int, int, int, int], Any] = {}
+
+
+def v4_stage_bytes(tiles: int, kb: int) -> int:
+    """Ring bytes of one stage of a warp: 16 tiles rows x 32 kb bf16 columns."""
+    return tiles * 16 * kb * 64
+
+
+def v4_smem(warps: int, tiles: int, kb: int, stages: int) -> int:
+    """Dynamic shared memory of a gemv_mma4 launch (+ 128: the kernel aligns its base)."""
+    return 128 + warps * stages * v4_stage_bytes(tiles, kb)
+
+
+def v4_name(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks: int) -> str:
+    return f"gemv_mma4_{mode}_x{warps}_r{tiles}_k{kb}_s{stages}_b{min_blocks}_kernel"
+
+
+def gemv_mma4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks: int) -> Any:
+    """The v4 build: `warps` warps per block, `tiles` 16-row tiles per warp, stages of `kb`
+    32-column blocks (K % (32 kb) == 0), a ring of `stages` of them per warp, launch bounds
+    (32 * warps, min_blocks). v3's signature and workspace (v3_segments with cols = 32 kb);
+    launched with v4_smem(...) bytes of dynamic shared memory."""
+    key = (mode, warps, tiles, kb, stages, min_blocks)
+    if key not in _V4:
+        if (mode not in V3_MODES or warps not in (2, 4, 8) or tiles not in (1, 2) or kb not in (2, 4, 8)
+                or not 2 <= stages <= 8 or (mode == "swiglu" and tiles != 2) or not 1 <= warps * min_blocks <= 64
+                or v4_smem(warps, tiles, kb, stages) > V4_SMEM_MAX):
+            raise ValueError(f"gemv_mma4: no build {key}")
+        _V4[key] = _make_v4(*key)
+    return _V4[key]
+
+
+if config.ENABLE_CUDASIM:
+    def _syncwarp() -> None:
+        """The simulator: a rendezvous of the warp's 32 lanes (ptx_sim's collective-op barrier)."""
+        from ninfer_nb.kernels.common import ptx_sim
+
+        ptx_sim._slot()[1].wait()
+else:
+    @cuda.jit(device=True, inline=True)
+    def _syncwarp():
+        cuda.syncwarp()
+
+
+@cuda.jit(device=True, inline=True)
+def _x_split(x, xi):
+    """_x_words without the mask: 8 fp32 of x at flat xi as 4 bf16x2 words of the high parts and
+    4 of the remainders (v4 reads a valid token row for every lane; tokens past T fill
+    C columns that are not stored)."""
+    a = ldg_v4_f32(x, xi)
+    b = ldg_v4_f32(x, xi + 4)
+    h0, l0 = _split(a[0])
+    h1, l1 = _split(a[1])
+    h2, l2 = _split(a[2])
+    h3, l3 = _split(a[3])
+    h4, l4 = _split(b[0])
+    h5, l5 = _split(b[1])
+    h6, l6 = _split(b[2])
+    h7, l7 = _split(b[3])
+    return ((pack_bf16x2(h1, h0), pack_bf16x2(h3, h2), pack_bf16x2(h5, h4), pack_bf16x2(h7, h6)),
+            (pack_bf16x2(l1, l0), pack_bf16x2(l3, l2), pack_bf16x2(l5, l4), pack_bf16x2(l7, l6)))
+
+
+def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks: int) -> Any:
+    from ninfer_nb.kernels.linear.gemv_tiled import _gp, _saddr
+
+    R = tiles
+    KB = kb
+    S = stages
+    SWIGLU = mode == "swiglu"
+    RB = warps * 16 * tiles                     # w rows per group (swiglu: half gate, half up)
+    KS = 32 * kb                                # columns per stage
+    ROWB = 64 * kb                              # bytes of a row in a stage
+    CPR = 4 * kb                                # 16-byte chunks of a row in a stage
+    RPI = 32 // CPR                             # rows per cp.async instruction of the warp
+    NI = 16 // RPI                              # instructions per tile and stage
+    SLOT = v4_stage_bytes(tiles, kb)
+    WAIT = T1_WAITS[S - 2]
+    SMEM = v4_smem(warps, tiles, kb, stages)
+
+    @cuda.jit(device=True, inline=True)
+    def _issue(slot, pc, dsw):
+        """cp.async of the next stage into ring slot `slot`: copy m of tile i from pc[i, m] (the
+        lane's 16-byte chunk c = lane % CPR of row RPI m + lane // CPR of the tile, the rows past
+        N clamped; then moved on a stage), stored at chunk c ^ 4 (row & 1) of that row of the
+        slot (dsw: its byte offset for even / odd rows)."""
+        for i in range(R):
+            for m in range(NI):
+                cp_async16w(slot + (i * 16 + m * RPI) * ROWB + dsw[m & 1 if RPI == 1 else 0], pc[i, m])
+                pc[i, m] += 2 * KS
+
+    @cuda.jit(device=True, inline=True)
+    def _blk(x, sa, co, xc, xb_base, two, acc, wr):
+        """One 32-column block of a stage: the lane's fragments of rows g, g + 8 of each tile from
+        slot address sa (+ chunk offset co), x of tokens g (flat xc), g + 8 (xb_base + xc - xa)."""
+        for i in range(R):
+            p = lds128(sa + i * 16 * ROWB + co)
+            q = lds128(sa + (i * 16 + 8) * ROWB + co)
+            for e in range(4):
+                wr[i, e] = p[e]
+                wr[i, 4 + e] = q[e]
+        for h in range(2):
+            if h == 0 or two:
+                xh, xl = _x_split(x, xc if h == 0 else xb_base)
+                for i in range(R):
+                    a1 = (wr[i, 0], wr[i, 4], wr[i, 1], wr[i, 5])
+                    a2 = (wr[i, 2], wr[i, 6], wr[i, 3], wr[i, 7])
+                    c = (acc[i, h, 0, 0], acc[i, h, 0, 1], acc[i, h, 0, 2], acc[i, h, 0, 3])
+                    c = mma_bf16(a1, xh[0], xh[1], c)
+                    c = mma_bf16(a2, xh[2], xh[3], c)
+                    d = (acc[i, h, 1, 0], acc[i, h, 1, 1], acc[i, h, 1, 2], acc[i, h, 1, 3])
+                    d = mma_bf16(a1, xl[0], xl[1], d)
+                    d = mma_bf16(a2, xl[2], xl[3], d)
+                    for e in range(4):
+                        acc[i, h, 0, e] = c[e]
+                        acc[i, h, 1, e] = d[e]
+
+    def gemv_mma4_kernel(x, w, bias, out, has_bias, accumulate, ws, counter):
+        smem = cuda.shared.array(0, uint32)
+        flag = cuda.shared.array(1, int32)
+        acc = cuda.local.array((R, 2, 2, 4), float32)  # tile, token half, (x high part, remainder), C fragment
+        wr = cuda.local.array((R, 8), uint32)          # tile i: row g words 0..3, row g + 8 words 4..7
+        pc = cuda.local.array((R, NI), int64)          # the global addresses of the lane's next copies
+        dsw = cuda.local.array(2, int32)
+        lane = int32(cuda.threadIdx.x & 31)
+        warp = int32(cuda.threadIdx.x >> 5)
+        g = lane >> 2
+        t4 = lane & 3
+        n_rows = w.shape[0]
+        k_dim = w.shape[1]
+        n_tok = x.shape[0]
+        inter = out.shape[1] if SWIGLU else 0
+        rows = inter if SWIGLU else n_rows
+        rbo = RB // 2 if SWIGLU else RB
+        nst = k_dim // KS
+        n_units = int64((rows + rbo - 1) // rbo) * nst
+        n_blk = int64(cuda.gridDim.x)
+        b = int64(cuda.blockIdx.x)
+        u = b * n_units // n_blk
+        u_end = (b + 1) * n_units // n_blk
+        xa_base = min(g, n_tok - 1) * k_dim + 8 * t4   # tokens past T read token T - 1: unstored columns
+        xd = (min(g + 8, n_tok - 1) - min(g, n_tok - 1)) * k_dim
+        two = n_tok > 8
+        sraw = smem_u32(smem)
+        ring = _saddr(((sraw + 127) & -128) + int64(warp) * (S * SLOT))
+        wp = _gp(w)
+        c_cp = lane % CPR                              # this lane's copy chunk and row within a copy
+        r_cp = int32(lane // CPR)
+        dsw[0] = (r_cp * ROWB + ((c_cp ^ (4 * (r_cp & 1))) << 4))
+        dsw[1] = ((r_cp + 1) * ROWB + ((c_cp ^ (4 * ((r_cp + 1) & 1))) << 4)) - ROWB
+        sa0 = ring + g * ROWB
+        swz = 4 * (g & 1)                              # rows g, g + 8: their chunks' XOR
+        while u < u_end:
+            gr = int32(u // nst)
+            st = int32(u - int64(gr) * nst)
+            st_end = int32(min(int64(nst), u_end - int64(gr) * nst))
+            j0 = int32(gr * rbo + warp * 16 * (1 if SWIGLU else R))
+            for i in range(R):
+                for m in range(NI):
+                    r = j0 + m * RPI + r_cp
+                    if SWIGLU:
+                        row = i * inter + min(r, inter - 1)
+                    else:
+                        row = min(r + 16 * i, n_rows - 1)   # rows past N: the last row, unused
+                    pc[i, m] = wp + (int64(row) * k_dim + st * KS + 8 * c_cp) * 2
+                for h in range(2):
+                    for p_ in range(2):
+                        for e in range(4):
+                            acc[i, h, p_, e] = float32(0.0)
+            _syncwarp()                                # every lane is done with the ring
+            for s_ in range(S - 1):                    # the first S - 1 stages in flight
+                if st + s_ < st_end:
+                    _issue(ring + s_ * SLOT, pc, dsw)
+                cp_async_commit()
+            grid_dependency_sync()                     # x is the previous kernel's output
+            rs = 0                                     # the slot stage st is in
+            while st < st_end:
+                WAIT()                                 # this lane's copies of stage st have landed
+                _syncwarp()                            # ... and every lane's; slot rs - 1 is read
+                if st + S - 1 < st_end:
+                    _issue(ring + (rs - 1 if rs > 0 else S - 1) * SLOT, pc, dsw)
+                cp_async_commit()
+                sa = sa0 + rs * SLOT
+                xc = xa_base + st * KS
+                _blk(x, sa, ((0 + t4) ^ swz) << 4, xc, xc + xd, two, acc, wr)
+                if KB > 1:
+                    _blk(x, sa, ((4 + t4) ^ swz) << 4, xc + 32, xc + 32 + xd, two, acc, wr)
+                if KB > 2:
+                    _blk(x, sa, ((8 + t4) ^ swz) << 4, xc + 64, xc + 64 + xd, two, acc, wr)
+                    _blk(x, sa, ((12 + t4) ^ swz) << 4, xc + 96, xc + 96 + xd, two, acc, wr)
+                if KB > 4:
+                    _blk(x, sa, ((16 + t4) ^ swz) << 4, xc + 128, xc + 128 + xd, two, acc, wr)
+                    _blk(x, sa, ((20 + t4) ^ swz) << 4, xc + 160, xc + 160 + xd, two, acc, wr)
+                    _blk(x, sa, ((24 + t4) ^ swz) << 4, xc + 192, xc + 192 + xd, two, acc, wr)
+                    _blk(x, sa, ((28 + t4) ^ swz) << 4, xc + 224, xc + 224 + xd, two, acc, wr)
+                st += 1
+                rs = rs + 1 if rs + 1 < S else 0
+            for i in range(R):
+                for h in range(2):
+                    for e in range(4):
+                        acc[i, h, 0, e] = acc[i, h, 0, e] + acc[i, h, 1, e]
+            grid_dependency_sync()
+            first = int32(((int64(gr) * nst + 1) * n_blk - 1) // n_units)
+            last = int32((int64(gr + 1) * nst * n_blk - 1) // n_units)
+            done = True
+            if last > first:                          # partial sums meet in ws; the last to arrive adds them
+                seg = int32(b) - first
+                for i in range(R):
+                    for h in range(2):
+                        for e in range(4):
+                            tok = 8 * h + 2 * t4 + (e & 1)
+                            jj = j0 + 16 * (0 if SWIGLU else i) + g + 8 * (e >> 1)
+                            if jj < rows and tok < n_tok:
+                                ws[seg, tok, i * inter + jj if SWIGLU else jj] = acc[i, h, 0, e]
+                _fence()
+                cuda.syncthreads()
+                if cuda.threadIdx.x == 0:
+                    flag[0] = int32(cuda.atomic.add(counter, gr, 1) == last - first)
+                cuda.syncthreads()
+                done = flag[0] != 0
+                if done:
+                    _fence()
+                    if cuda.threadIdx.x == 0:
+                        counter[gr] = 0
+                    for i in range(R):
+                        for h in range(2):
+                            for e in range(4):
+                                tok = 8 * h + 2 * t4 + (e & 1)
+                                jj = j0 + 16 * (0 if SWIGLU else i) + g + 8 * (e >> 1)
+                                if jj < rows and tok < n_tok:
+                                    s = float32(0.0)
+                                    for q_ in range(last - first + 1):
+                                        s += ws[q_, tok, i * inter + jj if SWIGLU else jj]
+                                    acc[i, h, 0, e] = s
+            if done:
+                for h in range(2):
+                    for e in range(4):
+                        tok = 8 * h + 2 * t4 + (e & 1)
+                        if tok < n_tok:
+                            if SWIGLU:
+                                jj = j0 + g + 8 * (e >> 1)
+                                if jj < inter:
+                                    gv = acc[0, h, 0, e]
+                                    out[tok, jj] = gv / (float32(1.0) + math.exp(-gv)) * acc[1, h, 0, e]
+                            else:
+                                for i in range(R):
+                                    row = j0 + 16 * i + g + 8 * (e >> 1)
+                                    if row < n_rows:
+                                        v = acc[i, h, 0, e]
+                                        if has_bias != 0:
+                                            v += bias[row]
+                                        if accumulate != 0:
+                                            v += out[tok, row]
+                                        out[tok, row] = v
+            u = int64(gr) * nst + st_end
+        grid_dependency_sync()
+
+    gemv_mma4_kernel.__name__ = v4_name(mode, warps, tiles, kb, stages, min_blocks)
+    return kernel((f32_2, u16_2, f32_1, f32_2, i32, i32, f32_3, i32_1), sim=True, fastmath=True,
+                  launch_bounds=(32 * warps, min_blocks), self_sync=True, dynamic_smem=SMEM)(gemv_mma4_kernel)
+
+
+# The v4 builds ops/cuda/linear.py may pick (mma4_plan), registered at import for the compile tests.
+V4_BUILDS = (("plain", 4, 2, 4, 3, 2), ("swiglu", 4, 2, 4, 3, 2))
+for _b4 in V4_BUILDS:
+    gemv_mma4(*_b4)

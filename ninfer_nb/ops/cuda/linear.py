@@ -53,6 +53,26 @@ def mma3_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[t
     return build, min(units, build[4] * sm_count)
 
 
+# gemv_mma4 (gemv_mma.py v4: the weights through per-warp cp.async rings of 128-column stages)
+# for the shapes where mma4_plan has a build, when KernelChoices.multi_token_gemv asks for it
+# (auto: where GEMV_MMA4_AUTO says it was measured faster).
+GEMV_MMA4_AUTO = False
+MMA4_PLAIN = ("plain", 4, 2, 4, 3, 2)      # (mode, warps, tiles, kb, stages, blocks per SM)
+MMA4_SWIGLU = ("swiglu", 4, 2, 4, 3, 2)
+
+
+def mma4_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[str, int, int, int, int, int], int] | None:
+    """(build, blocks) of gemv_mma4 for T tokens x an [n, k] weight (swiglu: n = 2I): blocks of
+    4 warps of 2 row tiles, 128-column stages in a ring of 3 per warp (96 KB per block), 2 per
+    SM, one block per resident slot (stream-K); None where K is not a multiple of a stage."""
+    build = MMA4_SWIGLU if mode == "swiglu" else MMA4_PLAIN
+    cols = 32 * build[3]
+    if k % cols or K_gm.v3_groups(mode, build[1], build[2], n) > K_gm.MAX_GROUPS:
+        return None
+    units = K_gm.v3_groups(mode, build[1], build[2], n) * (k // cols)
+    return build, min(units, build[5] * sm_count)
+
+
 def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str, int, int, int]:
     """(mode, K slices, blocks per SM, warps per block) of the one-token decode GEMV
     (kernels/linear/linear.py gemv_one_token) for an [n, k] weight on `sm_count` SMs.
@@ -253,13 +273,25 @@ class LinearOps(QuantLinearOps):
     def _gemv_mma3_into(self, mode: str, x2: Any, weight: Any, b: Any, out2: Any, has_bias: Any,
                         accumulate: int) -> None:
         """out2 [T, N] (=/+=) x2 [T, K] @ weight^T (+ b), or out2 [T, I] = swiglu of it, by
-        gemv_mma3 (mma3_plan's build and grid)."""
+        gemv_mma4 (mma4_plan) where KernelChoices.multi_token_gemv picks it, else gemv_mma3
+        (mma3_plan's build and grid)."""
         n, k = weight.shape
         t = x2.shape[0]
-        build, blocks = mma3_plan(mode, t, n, k, self.sm_count)
         counter = getattr(self, "_mma3_counter", None)
         if counter is None:                 # 0 between launches; each row group's last block resets it
             counter = self._mma3_counter = self.zeros((K_gm.MAX_GROUPS,), np.int32, persistent=True)
+        pick = self.choices.multi_token_gemv
+        plan4 = mma4_plan(mode, t, n, k, self.sm_count) if pick == "mma4" or (pick == "auto" and GEMV_MMA4_AUTO) else None
+        if plan4 is not None:
+            b4, blocks = plan4
+            segs = K_gm.v3_segments(K_gm.v3_groups(mode, b4[1], b4[2], n), k, blocks, 32 * b4[3])
+            ws = self.empty((segs, t, n))
+            spec = K_gm.gemv_mma4(*b4)
+            K_gm.prefer_shared(spec, force=True)
+            self._go(spec, blocks, 32 * b4[1], x2, weight, b, out2, has_bias, np.int32(accumulate), ws, counter,
+                     smem=K_gm.v4_smem(*b4[1:5]))
+            return
+        build, blocks = mma3_plan(mode, t, n, k, self.sm_count)
         segs = K_gm.v3_segments(K_gm.v3_groups(mode, build[1], build[2], n), k, blocks)
         ws = self.empty((segs, t, n))       # partial sums of the row groups that blocks share
         spec = K_gm.gemv_mma3(*build)
