@@ -116,9 +116,12 @@ class LLM:
         self.max_context = min(cfg.max_context, max(self.model_config.max_position_embeddings, 2))
         self.kv_cache = cfg.kv_cache if cfg.kv_cache != "auto" else self.backend.default_kv_cache
         self.device_name = self.backend.device_name
-        self.max_concurrency = cfg.max_concurrency or default_concurrency(self.backend.name)
-        if self.max_concurrency > 1 and cfg.spec != "off" and self.backend.decode_graphs:
-            if cfg.max_concurrency is None:       # speculation needs the one-sequence graphs
+        self.max_concurrency = cfg.max_concurrency or default_concurrency(
+            self.backend.name, self.backend.cache_budget(), gdn_bytes_per_slot(self.model_config))
+        # n-gram speculation runs on batched lanes while a request runs alone; MTP needs the
+        # one-sequence graphs
+        if self.max_concurrency > 1 and cfg.spec == "mtp" and self.backend.decode_graphs:
+            if cfg.max_concurrency is None:
                 self.max_concurrency = 1
                 log.warning("ninfer: --spec %s runs one request at a time on %s (max_concurrency 1)",
                             cfg.spec, self.backend.name)
@@ -385,17 +388,26 @@ class LLM:
 
 
 DEFAULT_CPU_CONCURRENCY = 8
-# CUDA: one request at a time (the one-sequence decode graphs, steps queued ahead): a second
-# client waits for the first one's whole generation; serve several with --max-concurrency N
-# (batched rounds, prefix cache, prefill chunks taking turns). Batched by default once the
-# GPU measures C = 1 on the batched path as fast and the one-sequence GPU tests pin it.
-DEFAULT_CUDA_CONCURRENCY = 1
+# CUDA: batched lanes (decode rounds queued ahead, so one request alone runs as fast as on the
+# one-sequence graph; a second client's first token waits one prefill chunk, not a whole
+# generation), as many as fit: every lane's GDN state slots (running + verify, and as many
+# prefix-cache snapshots, engine defaults) take at most GDN_SLOT_SHARE of the device memory
+# left after the weights. --max-concurrency 1: the one-sequence path.
+DEFAULT_CUDA_CONCURRENCY = 16
+GDN_SLOT_SHARE = 0.25
 
 
-def default_concurrency(backend: str) -> int:
-    """Requests decoding at once when the user did not say: DEFAULT_CUDA_CONCURRENCY on CUDA,
+def default_concurrency(backend: str, budget: int | None = None, slot_bytes: int = 0) -> int:
+    """Requests decoding at once when the user did not say: on CUDA DEFAULT_CUDA_CONCURRENCY,
+    fewer where the GDN slots of that many lanes would take more than GDN_SLOT_SHARE of
+    `budget` (bytes free after the weights; slot_bytes: one slot, 0 for a model without GDN);
     DEFAULT_CPU_CONCURRENCY on the CPU (NumPy reads each weight once per round)."""
-    return DEFAULT_CUDA_CONCURRENCY if backend == "cuda" else DEFAULT_CPU_CONCURRENCY
+    if backend != "cuda":
+        return DEFAULT_CPU_CONCURRENCY
+    if budget is None or slot_bytes <= 0:
+        return DEFAULT_CUDA_CONCURRENCY
+    fit = int(budget * GDN_SLOT_SHARE // slot_bytes - 4) // 4      # 4 c + 4 slots for c lanes
+    return max(1, min(DEFAULT_CUDA_CONCURRENCY, fit))
 
 
 _KV_DTYPES: dict[str, KVDtype] = {"fp32": "fp32", "bf16": "bf16", "int8": "int8"}

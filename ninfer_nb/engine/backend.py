@@ -38,6 +38,7 @@ class CpuBackend:
     def __init__(self) -> None:
         self._pick_vocab = 0
         self._picked: collections.deque[int] = collections.deque()   # the token ring's picks
+        self._picked_rows: collections.deque[list[int]] = collections.deque()   # launched rounds' picks
 
     def check_model(self, cfg: ModelConfig) -> None:
         """Nothing to refuse: the NumPy ops take every shape the models have."""
@@ -136,6 +137,22 @@ class CpuBackend:
             raise RuntimeError("pick_rows: enable_token_pick was not called")
         rows = self.decode_rows(forward, tokens, positions, slots, page_table)
         return [gumbel_max_pick(row[: self._pick_vocab], *pick) for row, pick in zip(rows, picks)]
+
+    def launch_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
+                    slots: Sequence[int], page_table: np.ndarray, picks: Sequence[Pick]) -> None:
+        self._picked_rows.append(self.pick_rows(forward, tokens, positions, slots, page_table, picks))
+
+    def rows_ahead_ready(self) -> bool:
+        return False                  # no graph: a round cannot be queued on unread picks
+
+    def launch_rows_fed(self, page_table: np.ndarray) -> None:
+        raise RuntimeError("launch_rows_fed: the CPU backend has no decode graph to feed itself")
+
+    def collect_rows(self) -> list[int]:
+        return self._picked_rows.popleft()
+
+    def discard_rows(self) -> None:
+        self._picked_rows.clear()
 
     @property
     def token_pick_vocab(self) -> int:

@@ -102,6 +102,7 @@ class Generator:
         self._adopted_logits: np.ndarray | None = None   # the logits after an adopted whole prompt
         self._verify_start: int | None = None  # len(tokens) before the unsettled verify
         self._verify_vocab = 0                 # the unsettled verify's argmax vocabulary (0: rows)
+        self._table: object = None             # a paged lane's page table as a device row [1, P]
 
     # --- prefix reuse ------------------------------------------------------------------
     def _plan_reuse(self, prompt: list[int]) -> tuple[int, _Snapshot | None]:
@@ -143,7 +144,7 @@ class Generator:
 
     # --- steps -------------------------------------------------------------------------
     def _batch(self, ids: object, pos: object, all_logits: bool = False) -> ForwardBatch:
-        table = None if self.pages is None else self.backend.array(self.pages.row[None, :])
+        table = None if self.pages is None else self._table
         return ForwardBatch.single(ids, pos, self.running_slot, all_logits, page_table=table)
 
     def reserve(self, tokens: int) -> None:
@@ -158,6 +159,15 @@ class Generator:
         if not self.pages.grow(tokens):
             raise OutOfPages(f"no free KV page for {tokens} tokens "
                              f"({self.pages.allocator.num_free} of {self.pages.allocator.num_pages} free)")
+
+    def _load_table(self) -> None:
+        """A paged lane's page table into its device row, before a model call (a captured
+        verify reads the row at replay, so it must be the same buffer every call)."""
+        if self.pages is None:
+            return
+        if self._table is None:
+            self._table = self.backend.zeros((1, self.pages.row.shape[0]), np.int32)
+        self.backend.load_(self._table, self.pages.row[None, :])
 
     def pages_needed(self, tokens: int) -> int:
         """Free pages `reserve(tokens)` would take (the copy of a shared page included)."""
@@ -214,6 +224,7 @@ class Generator:
     def _eager(self, tokens: list[int], start: int, all_logits: bool = False) -> object:
         """One eager model call on `tokens` at positions start..; the backend's logits."""
         self.reserve(start + len(tokens))
+        self._load_table()
         self.backend.begin_step()
         ids, pos = self.backend.ids(tokens, start)
         return self.decoder.forward(self.backend.ops, self._batch(ids, pos, all_logits), self.state)
@@ -407,6 +418,7 @@ class Generator:
         if start + len(tokens) > self.max_context:
             raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
         self.reserve(start + len(tokens))
+        self._load_table()
         if self._has_gdn:
             if self._verify_slot is None:
                 raise RuntimeError("verify: the generator was made without verify_slot")

@@ -147,8 +147,7 @@ class LLMEngine:
         self._round_picks = use_graphs and backend.decode_graphs and self.paged
         self._errors: list[RequestOutput] = []   # requests a failed round ended, reported next step
         # paged lanes: the rounds queue ahead where the backend can (CUDA: engine/rows_graphs.py)
-        self._rows_ahead = (self._round_picks and decode.decode_ahead
-                            and callable(getattr(backend, "launch_rows", None)))
+        self._rows_ahead = self._round_picks and decode.decode_ahead
         # the round in flight whose picks are not read yet: its rows and each one's admission
         # (a row whose run left its lane since is not this round's any more)
         self._inflight: list[tuple[_Run, int]] | None = None
@@ -291,8 +290,16 @@ class LLMEngine:
             if run.lane is None:
                 continue
             if self._can_speculate(run):
-                outs += self._steps([run], self._verify_round)
-                continue
+                try:
+                    drafted = self._verify_round(run)
+                except BaseException as exc:
+                    self._raise_failed([run], exc)
+                if drafted is None:              # preempted
+                    continue
+                if drafted:
+                    outs.append(self._emit(run, drafted))
+                    continue
+                self.spec_stats.plain_steps += 1   # nothing to draft: a row of the round
             assert run.lane is not None
             sched.reserve(run, len(run.lane.tokens) + 1)
             plain.append(run)
@@ -309,7 +316,7 @@ class LLMEngine:
             self.batch_sizes[len(rows)] = self.batch_sizes.get(len(rows), 0) + 1
             picks = [run.pick.at(len(run.request.output_ids)) for run in rows if run.pick is not None]
             if self._rows_ahead and len(picks) == len(rows) and not _whole_round(rows, picks):
-                self.backend.launch_rows(forward, tokens, positions, slots, table, picks)  # type: ignore[attr-defined]
+                self.backend.launch_rows(forward, tokens, positions, slots, table, picks)
                 picked = self._collect(rows, ahead=True)
             elif self._round_picks and len(picks) == len(rows):
                 picked = self.backend.pick_rows(forward, tokens, positions, slots, table, picks)
@@ -329,7 +336,7 @@ class LLMEngine:
         rows, self._inflight = self._inflight or [], None
         alive = [run for run, order in rows if run.lane is not None and run.order == order and run.decoding]
         if not alive:                            # every row finished: nobody reads its picks
-            self.backend.discard_rows()          # type: ignore[attr-defined]
+            self.backend.discard_rows()
             return []
         same = len(alive) == len(rows) == len(runs) and all(a is b for a, b in zip(alive, runs))
         try:
@@ -353,13 +360,13 @@ class LLMEngine:
                 assert run.lane is not None
                 self.scheduler.reserve(run, len(run.lane.tokens) + 1)      # free pages: no preemption
             lanes = [run.lane for run in rows if run.lane is not None]
-            self.backend.launch_rows_fed(np.stack([lane.pages.row for lane in lanes  # type: ignore[attr-defined]
+            self.backend.launch_rows_fed(np.stack([lane.pages.row for lane in lanes
                                                    if lane.pages is not None]))
             self.batch_sizes[len(rows)] = self.batch_sizes.get(len(rows), 0) + 1
         try:
-            picked = self.backend.collect_rows()                               # type: ignore[attr-defined]
+            picked = self.backend.collect_rows()
         except BaseException:
-            self.backend.discard_rows()                                        # type: ignore[attr-defined]
+            self.backend.discard_rows()
             raise
         if queue:
             for run, token in zip(rows, picked):
@@ -372,7 +379,7 @@ class LLMEngine:
         """The round after the one in flight can be queued now: the backend has its graph,
         no row's pick in flight is its last token or fills the context, no row speculates,
         and the pages it writes are free (no eviction or preemption behind a round in flight)."""
-        if not self.backend.rows_ahead_ready():                                # type: ignore[attr-defined]
+        if not self.backend.rows_ahead_ready():
             return False
         need = 0
         for run in rows:
@@ -395,21 +402,25 @@ class LLMEngine:
         return lambda ids, pos, slots, table: decoder.forward(ops, ForwardBatch.rows(ids, pos, slots, table), state)
 
     def _can_speculate(self, run: _Run) -> bool:
-        # logprobs / a thinking budget (a hooked sampler) need every row: no speculation; nor
-        # paged lanes on a backend with graphs (the verify graph would keep its capture's page table)
+        # logprobs / a thinking budget (a hooked sampler) need every row: no speculation. Paged
+        # lanes on a backend with graphs: drafts but MTP's, only while the request runs alone in
+        # the first lane (the verify graphs, one per K + 1, are that lane's: its slots and table)
         return (self.proposer is not None and bool(run.request.output_ids) and run.sampler.matcher is None
                 and not isinstance(run.sampler, HookedSampler) and run.request.params.speculative
-                and not (self.paged and self.backend.decode_graphs))
+                and (not (self.paged and self.backend.decode_graphs)
+                     or (not isinstance(self.proposer, MTPProposer) and run.lane is self.scheduler.lanes[0]
+                         and len(self.scheduler.running) == 1)))
 
     def _verify_round(self, run: _Run) -> list[int] | None:
-        """A paged lane's speculative round (pages for the drafts reserved first), or a plain
-        decode step of it alone when there is nothing to draft."""
+        """A paged lane's speculative round (pages for the drafts reserved first): the tokens
+        it kept, [] when there was nothing to draft (the request joins the decode round), None
+        when the reservation preempted it."""
         assert run.lane is not None
         k = min(self.draft_tokens, run.budget - len(run.request.output_ids) - 1)
         self.scheduler.reserve(run, len(run.lane.tokens) + max(k, 0) + 1)
         if run.lane is None:                     # preempted: it was the latest admitted
             return None
-        return self._next_tokens(run)
+        return self._speculate(run)
 
     def _prefill_step(self, run: _Run) -> list[int] | None:
         """One prefill chunk of `run` (pages reserved first); its first token after the last

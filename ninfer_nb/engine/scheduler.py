@@ -153,7 +153,8 @@ class Scheduler:
             if fill in filling:
                 continue
             hit = self.cache.match(fill)
-            lane = self.idle[0]
+            # idle lanes hold nothing: the first lane when it is idle (speculation runs there)
+            lane = self.lanes[0] if self.lanes[0] in self.idle else self.idle[0]
             assert lane.pages is not None
             # a shared partial page is copied before the first write, unless the cache can let
             # its leaf go (then the request takes the page over)

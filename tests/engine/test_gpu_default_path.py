@@ -109,16 +109,19 @@ def test_default_path_logits_match_cpu(name: str, kv: str, monkeypatch: pytest.M
 
 @pytest.mark.parametrize("name,kv", CASES)
 def test_default_path_greedy_tokens_match_cpu(name: str, kv: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Greedy generation through LLM.generate: on CUDA the token is picked in the decode graph
-    and the next step queued ahead (the defaults); a second prompt continuing the first reuses
-    the cached prefix (GDN snapshot restore)."""
+    """Greedy generation through LLM.generate with the default concurrency: on CUDA batched
+    lanes (paged KV, GDN slots), the token picked in the round's graph and the next round
+    queued ahead; a second prompt continuing the first is served by the prefix cache."""
     prompt = _ids(31, 300)                    # one 300-row chunk: the wgmma GEMM's M >= 256
     p = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    gpu = twin_llm(monkeypatch, name, "cuda", max_context=1024, kv_cache=kv)
+    gpu = twin_llm(monkeypatch, name, "cuda", max_context=1024, kv_cache=kv, max_concurrency=None)
     assert gpu.engine.picks_on_device and gpu.engine.decode.decode_ahead
+    assert gpu.max_concurrency > 1 and gpu.engine.paged
     got = gpu.generate(prompt, p).token_ids
     follow = prompt + got[:8] + _ids(32, 40)
     got_follow = gpu.generate(follow, p).token_ids
+    assert gpu.engine.batch_sizes == {1: 2 * 31}            # one-row rounds, one per fed token
+    assert gpu.backend._rows._launches == 2 * 31            # every one through the ring (queued)
     bf16_gemm_inputs(monkeypatch)
     cpu = twin_llm(monkeypatch, name, "cpu", max_context=1024, kv_cache=_cpu_kv(kv))
     for context, tokens in ((prompt, got), (follow, got_follow)):

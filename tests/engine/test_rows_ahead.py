@@ -31,6 +31,7 @@ from ninfer_nb.engine.backend import CpuBackend
 from ninfer_nb.engine.backends.base import Pick, RowsForward
 from ninfer_nb.engine.request import Request
 from ninfer_nb.engine.sampler import gumbel_max_pick
+from ninfer_nb.engine.spec.ngram import NgramProposer
 from tests.engine.test_scheduler import GREEDY, drive, prompt, solo, tokens
 
 RING = 4
@@ -136,14 +137,15 @@ class RowsRingBackend(CpuBackend):
         self.pending.clear()
 
 
-def ring_llm(path: Path, concurrency: int, kv_pages: int | None = None, ahead: bool = True) -> LLM:
+def ring_llm(path: Path, concurrency: int, kv_pages: int | None = None, ahead: bool = True,
+             **engine: Any) -> LLM:
     import ninfer_nb.llm as llm_module
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(llm_module, "create_backend", lambda device, **kw: RowsRingBackend())
-        llm = LLM(config=EngineConfig(str(path), device="cpu", max_context=160, prefill_chunk=16,
+        llm = LLM(config=EngineConfig(str(path), device="cpu", max_context=200, prefill_chunk=16,
                                       show_progress=False, max_concurrency=concurrency, kv_pages=kv_pages,
-                                      decode=DecodeChoices(decode_ahead=ahead)))
+                                      decode=DecodeChoices(decode_ahead=ahead), **engine))
     assert isinstance(llm.backend, RowsRingBackend) and llm.engine._rows_ahead == ahead
     return llm
 
@@ -242,3 +244,56 @@ def test_queued_rounds_under_a_tiny_page_budget(tiny_qwen35_dir: Path, alone: LL
     assert engine.scheduler.preemptions > 0 and not engine.scheduler.running
     engine.forget()
     assert engine.scheduler.allocator is not None and engine.scheduler.allocator.num_free == 5
+
+
+class AlwaysDrafts(NgramProposer):
+    """Drafts every step (the tokens after the last one's first occurrence, else a fixed run):
+    each verify rejects or keeps some, and the kept tokens must be the plain greedy ones."""
+
+    def propose(self, ids: list[int], k: int) -> list[int]:
+        return (super().propose(ids, k) or [ids[-1] % 97 + 3] * k)[:k]
+
+
+def test_ngram_speculation_runs_while_a_request_is_alone(tiny_qwen35_dir: Path, alone: LLM) -> None:
+    """--spec ngram on lanes of a backend with graphs: a request alone (in the first lane)
+    verifies drafts; a second request arriving mid-generation stops that (both decode in
+    rounds) and its finish lets the first speculate again; both get their plain greedy tokens."""
+    long_ids = prompt(31, 40)
+    short_ids = prompt(32, 20)
+    p_long, p_short = GREEDY.replace(max_tokens=100), GREEDY.replace(max_tokens=6)
+    want_long, want_short = solo(alone, long_ids, p_long), solo(alone, short_ids, p_short)
+    llm = ring_llm(tiny_qwen35_dir, 4, spec="ngram", draft_tokens=3)
+    engine = llm.engine
+    engine.proposer = AlwaysDrafts()
+    long, short = Request("long", long_ids, p_long), Request("short", short_ids, p_short)
+    engine.add_request(long)
+    got: dict[str, list[int]] = {"long": [], "short": []}
+    phases: dict[str, int] = {"alone": 0, "together": 0, "after": 0}
+    for step in range(300):
+        if step == 8:                                      # long decodes from step 3 (3 chunks)
+            engine.add_request(short)
+        before = engine.spec_stats.drafted
+        running = engine.num_running
+        for out in engine.step():
+            got[out.request_id] += list(out.new_token_ids)
+        phase = "alone" if step < 8 else "together" if running > 1 or engine.num_running > 1 else "after"
+        phases[phase] += engine.spec_stats.drafted - before
+        if not engine.has_unfinished_requests():
+            break
+    assert got == {"long": want_long, "short": want_short}
+    assert phases["alone"] > 0 and phases["together"] == 0 and phases["after"] > 0, phases
+    assert long.slot_id is None and engine.scheduler.lanes[0].tokens == [] and not engine.scheduler.running
+
+
+def test_default_concurrency_sized_by_memory() -> None:
+    """CUDA: 16 lanes where their GDN slots fit in a quarter of the memory after the weights,
+    fewer where not, at least 1; the CPU: 8."""
+    from ninfer_nb.llm import DEFAULT_CUDA_CONCURRENCY, default_concurrency
+
+    slot = 150 << 20                                       # a 27B GDN slot: ~151 MB
+    assert DEFAULT_CUDA_CONCURRENCY == 16
+    assert default_concurrency("cuda", 70 << 30, slot) == 16
+    assert default_concurrency("cuda", 8 << 30, slot) == 2    # 13 slots fit: 4 c + 4 <= 13
+    assert default_concurrency("cuda", 1 << 30, slot) == 1
+    assert default_concurrency("cuda", None, slot) == default_concurrency("cuda", 1 << 30, 0) == 16
+    assert default_concurrency("cpu", 70 << 30, slot) == 8

@@ -55,3 +55,39 @@ def test_batched_rounds_give_each_request_its_solo_tokens(monkeypatch: pytest.Mo
     assert max(engine.batch_sizes) >= 4
     assert all(len(got[rid]) == len(want[rid]) for rid in got)
     assert len(differ) <= 1, differ
+
+
+def test_a_short_request_waits_at_most_one_prefill_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #30's fairness on the CUDA default (batched lanes): a short request arriving while
+    a long one decodes gets its first token in the step it arrives (its one prefill chunk after
+    one decode round), while the long one keeps decoding; with max_concurrency 1 it waits for
+    the whole long generation."""
+    import time
+
+    long_p = SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True)
+    short_p = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    seen = {}
+    for concurrency in (None, 1):
+        llm = twin_llm(monkeypatch, "hybrid", "cuda", max_concurrency=concurrency, prefill_chunk=128)
+        engine = llm.engine
+        long, short = Request("long", _prompt(11, 200), long_p), Request("short", _prompt(12, 100), short_p)
+        engine.add_request(long)
+        first_step = long_left = None
+        for step in range(1000):
+            if step == 30:
+                short.arrival_time = time.perf_counter()
+                engine.add_request(short)
+            for out in engine.step():
+                if out.request_id == "short" and first_step is None and out.new_token_ids:
+                    first_step, long_left = step, long_p.max_tokens - len(long.output_ids)
+            if not engine.has_unfinished_requests():
+                break
+        assert short.timings.ttft_s is not None and first_step is not None
+        seen[concurrency] = (first_step - 30, long_left, short.timings.ttft_s)
+        print(f"\nmax_concurrency {llm.max_concurrency}: short request's first token {first_step - 30} steps "
+              f"after it arrived, TTFT {short.timings.ttft_s * 1e3:.1f} ms, {long_left} long tokens left")
+        del llm, engine
+    steps, left, ttft = seen[None]
+    assert steps == 0 and left > 100                    # the step it arrived in; the long one goes on
+    assert seen[1][1] == 0                              # one lane: after the whole long generation
+    assert ttft < seen[1][2] / 2

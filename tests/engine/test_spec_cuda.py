@@ -20,8 +20,10 @@ pytestmark = pytest.mark.gpu
 PROMPT = [int(t) for t in np.random.default_rng(5).integers(100, 240000, 40)]
 
 
-def _llm(preset: str, k: int = 3) -> LLM:
-    return LLM(f"random:{preset}", device="cuda", max_context=160, spec="ngram", draft_tokens=k)
+def _llm(preset: str, k: int = 3, concurrency: int | None = 1) -> LLM:
+    """concurrency None: the default (batched lanes: a request alone speculates in the first)."""
+    return LLM(f"random:{preset}", device="cuda", max_context=160, spec="ngram", draft_tokens=k,
+               max_concurrency=concurrency)
 
 
 def _generate(llm: LLM, n: int) -> list[int]:
@@ -44,9 +46,11 @@ class _Corrupted:
         return [t + 1 if (n + i) % self.every == 0 else t for i, t in enumerate(self.plain[n : n + k])]
 
 
+@pytest.mark.parametrize("concurrency", [1, None])
 @pytest.mark.parametrize("preset", ["tiny-qwen3.5", "tiny-qwen3.5-moe"])
-def test_cuda_greedy_spec_equals_plain_for_every_k(preset: str) -> None:
-    llm = _llm(preset)
+def test_cuda_greedy_spec_equals_plain_for_every_k(preset: str, concurrency: int | None) -> None:
+    llm = _llm(preset, concurrency=concurrency)
+    assert (llm.max_concurrency > 1) == (concurrency is None)
     engine = llm.engine
     engine.proposer = None
     plain = _generate(llm, 40)

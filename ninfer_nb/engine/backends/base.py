@@ -120,6 +120,29 @@ class Backend(Protocol):
         ids come back, not the rows."""
         ...
 
+    def launch_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
+                    slots: Sequence[int], page_table: np.ndarray, picks: Sequence[Pick]) -> None:
+        """pick_rows without waiting: the round and the copy of its B picks back are enqueued;
+        collect_rows reads them (CUDA: a pinned ring slot; rounds without logprobs or grammar)."""
+        ...
+
+    def rows_ahead_ready(self) -> bool:
+        """launch_rows_fed can continue the last launched round (its graph is captured)."""
+        ...
+
+    def launch_rows_fed(self, page_table: np.ndarray) -> None:
+        """Enqueue the last launched round again on the picks it fed back (the same rows, one
+        token further; page_table [B, P]: the rows' tables now), before those are read."""
+        ...
+
+    def collect_rows(self) -> list[int]:
+        """The B picks of the oldest uncollected launch (waits for that round alone)."""
+        ...
+
+    def discard_rows(self) -> None:
+        """Forget uncollected launches (their rounds still run; nobody reads their picks)."""
+        ...
+
     @property
     def token_pick_vocab(self) -> int:
         """> 0: launch_token_step picks over ids below it (enable_token_pick); 0: not enabled."""
