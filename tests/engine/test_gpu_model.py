@@ -44,7 +44,7 @@ BF16_SHAPES = {   # head_dim 64: prefill attention takes the GEMM path (head dim
 def host_pick(path: Path) -> LLM:
     """The logits-row path: every token sampled on the host (DecodeChoices.device_pick off)."""
     return LLM(config=EngineConfig(str(path), device="cuda", max_context=128, show_progress=False,
-                                   decode=DecodeChoices(device_pick=False)))
+                                   decode=DecodeChoices(device_pick=False), max_concurrency=1))
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_smollm_default_bf16_cache_stays_close_to_fp32_cpu(default_model: Path) 
     p = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     cpu = LLM(None, device="cpu", kv_cache="fp32")
     ids = cpu.encode_chat(msgs) + cpu.chat(msgs, params=p).result.token_ids
-    gpu = LLM(None, device="cuda", prefill_chunk=4)
+    gpu = LLM(None, device="cuda", prefill_chunk=4, max_concurrency=1)
     assert gpu.stats()["kv_cache"] == "bf16"
     ops, names = gpu.backend.ops, []
     go = ops._go
@@ -134,8 +134,8 @@ def test_graph_replay_equals_eager(name: str, tiny_checkpoints) -> None:
     path = gpu_checkpoint(tiny_checkpoints, name)
     p = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     ids = [int(t) for t in np.random.default_rng(5).integers(0, 248000, 17)]
-    graph = LLM(str(path), device="cuda", max_context=128)
-    eager = LLM(str(path), device="cuda", max_context=128, cuda_graphs=False)
+    graph = LLM(str(path), device="cuda", max_context=128, max_concurrency=1)     # the one-sequence graph
+    eager = LLM(str(path), device="cuda", max_context=128, cuda_graphs=False, max_concurrency=1)
     first = graph.generate(ids, p).token_ids
     assert graph.engine.generator.backend._graph is not None          # the replay path really ran
     assert first == eager.generate(ids, p).token_ids
@@ -156,7 +156,7 @@ def test_pdl_decode_graph_logits_equal_plain_graph(name: str, tiny_checkpoints) 
     logits, edges = [], []
     for pdl in (True, False):
         gen = LLM(config=EngineConfig(str(path), device="cuda", max_context=128, show_progress=False,
-                                      kernels=KernelChoices(pdl=pdl))).engine.generator
+                                      kernels=KernelChoices(pdl=pdl), max_concurrency=1)).engine.generator
         gen.prefill(prompt)
         logits.append(np.stack([gen.decode(t) for t in feed]))      # eager step, capture, replays
         edges.append(gen.backend._graph.edge_counts())
@@ -177,7 +177,7 @@ def test_device_argmax_decode_equals_host_argmax(name: str, tiny_checkpoints) ->
     prompt = [int(t) for t in rng.integers(0, 248000, 11)]
     p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     plain = host_pick(path)
-    fast = LLM(str(path), device="cuda", max_context=128)                  # device_pick by default
+    fast = LLM(str(path), device="cuda", max_context=128, max_concurrency=1)   # device_pick by default
     assert fast.backend.token_pick_vocab == fast.valid_vocab > 0
     assert fast.generate(prompt, p).token_ids == plain.generate(prompt, p).token_ids
     gen = fast.engine.generator
@@ -202,7 +202,7 @@ def test_pipelined_greedy_decode_keeps_a_consistent_state(name: str, tiny_checkp
     rng = np.random.default_rng(17)
     prompt = [int(t) for t in rng.integers(0, 248000, 9)]
     p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    fast = LLM(str(path), device="cuda", max_context=128)
+    fast = LLM(str(path), device="cuda", max_context=128, max_concurrency=1)     # the one-sequence path
     plain = host_pick(path)
     base = fast.generate(prompt, p)
     assert base.token_ids == plain.generate(prompt, p).token_ids
@@ -230,7 +230,7 @@ def test_device_sampling_is_seeded_and_leaves_greedy_alone(name: str, tiny_check
     path = gpu_checkpoint(tiny_checkpoints, name)
     rng = np.random.default_rng(19)
     prompt = [int(t) for t in rng.integers(0, 248000, 7)]
-    fast = LLM(str(path), device="cuda", max_context=128)
+    fast = LLM(str(path), device="cuda", max_context=128, max_concurrency=1)
     plain = host_pick(path)
     temps = []
     decode_token = fast.engine.generator.decode_token
@@ -265,7 +265,8 @@ def test_wide_moe_decode_matches_cpu_with_and_without_pdl(tiny_checkpoints) -> N
     logits = []
     for pdl in (True, False):
         gen = LLM(config=EngineConfig(str(path), device="cuda", max_context=64, prefill_chunk=8, kv_cache="fp32",
-                                      show_progress=False, kernels=KernelChoices(pdl=pdl))).engine.generator
+                                      show_progress=False, kernels=KernelChoices(pdl=pdl),
+                                      max_concurrency=1)).engine.generator
         gen.prefill(ids[:8])
         ops, names = gen.backend.ops, []
         go = ops._go
@@ -353,7 +354,7 @@ def test_long_prefill_fast_paths_match_bf16_rounded_cpu(tiny_checkpoints, monkey
     ref = cpu_logits_with_bf16_gemm_inputs(path, ids, monkeypatch, max_context=640, prefill_chunk=512,
                                            kv_cache="fp32")
     llm = LLM(config=EngineConfig(str(path), device="cuda", max_context=640, prefill_chunk=512, kv_cache="fp32",
-                                  show_progress=False,
+                                  show_progress=False, max_concurrency=1,
                                   kernels=KernelChoices(prefill_gemm=gemm, prefill_attention=attention)))
     gpu = llm.logits(ids)
     assert gpu.shape == ref.shape == (600, ref.shape[1])
