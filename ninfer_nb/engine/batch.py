@@ -26,6 +26,8 @@ class ForwardBatch:
     page_table: Any = None
     all_logits: bool = False              # logits at every token, else at each sequence's last
     slots: Any = None                     # [B] int32 GDN slots as a backend array (decode rounds)
+    # [T] int32 backend array (with slots): GDN state after token t also into slot snapshots[t] (>= 0)
+    snapshots: Any = None
 
     def __post_init__(self) -> None:
         if len(self.query_start) != len(self.slot_ids) + 1 or self.query_start[0] != 0:

@@ -11,9 +11,12 @@ lane. Prefix reuse: a new prompt
 continues from the longest cached prefix. Attention caches can be cut anywhere; GDN state
 cannot, so two more slots keep snapshots: at the start of the last turn and at the end of the
 last prompt (where the next chat turn usually diverges). Speculative decoding: `verify` feeds
-[last token, drafts] in one forward and `rollback` cuts the caches back to the accepted prefix
-(a fourth slot keeps the state before the verify). Knows nothing about text, requests,
-sampling or stopping (engine/llm_engine.py drives it).
+[last token, drafts] in one forward and `rollback` cuts the caches back to the accepted prefix.
+With a ring of draft slots (one-sequence path, `draft_slots`) the verify's GDN op writes the
+state after each of its tokens into ring slots, so a partial accept copies one slot back and
+a full accept nothing; else a fourth slot keeps the state before the verify and the kept
+tokens run again. Knows nothing about text, requests, sampling or stopping
+(engine/llm_engine.py drives it).
 """
 from __future__ import annotations
 
@@ -35,12 +38,31 @@ from .state_slots import StateSlots
 RUNNING_SLOT = 0                   # the GDN slot the sequence runs in
 TURN_SNAPSHOT, PROMPT_SNAPSHOT = 1, 2
 VERIFY_SNAPSHOT = 3                # the state before a speculative verify (verify_slot=True)
+DRAFT_RING = 4                     # the first slot of the per-token snapshot ring (draft_slots)
+# Verifies write per-token snapshots where a ring exists (False: copy + re-run; set it before
+# the first verify: a captured verify graph keeps the forward it was captured with).
+SNAPSHOT_ROLLBACK = True
 
 
-def lane_slots(verify_slot: bool, cached: bool = False) -> int:
-    """GDN slots one generator uses: running, two snapshots (+ the verify's); with a prefix
-    cache (its snapshots live in the cache's slots) running (+ the verify's)."""
-    return (2 if verify_slot else 1) if cached else (4 if verify_slot else 3)
+def lane_slots(verify_slot: bool, cached: bool = False, draft_slots: int = 0) -> int:
+    """GDN slots one generator uses: running, two snapshots (+ the verify's, + the ring of
+    draft_slots); with a prefix cache (its snapshots live in the cache's slots) running (+ the
+    verify's)."""
+    return (2 if verify_slot else 1) if cached else (DRAFT_RING + draft_slots if verify_slot else 3)
+
+
+def draft_ring_size(max_draft: int) -> int:
+    """Ring slots for verifies of up to max_draft drafts: one per verified token, and one
+    holding the state before the verify (the previous round's last kept token)."""
+    return max_draft + 2
+
+
+def gdn_snapshots_run(backend: Backend, cfg: ModelConfig) -> bool:
+    """The backend's gdn_decode writes per-token snapshots (snapshots=) for this model's GDN
+    shapes (ops.gdn_snapshots_ok)."""
+    return bool(backend.ops.gdn_snapshots_ok(cfg.linear_num_value_heads, cfg.linear_num_key_heads,
+                                             cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                                             cfg.linear_conv_kernel_dim))
 
 
 class OutOfPages(RuntimeError):
@@ -75,18 +97,21 @@ class Generator:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, max_context: int,
                  prefill_chunk: int, use_graphs: bool = True, kv_dtype: KVDtype = "fp32",
                  verify_slot: bool = False, *, state: SequenceState | None = None, slot_base: int = 0,
-                 pages: PageTable | None = None, cache: PrefixCache | None = None) -> None:
+                 pages: PageTable | None = None, cache: PrefixCache | None = None, draft_slots: int = 0) -> None:
         """`state` / `slot_base` / `pages`: a lane of a shared state (its GDN slots from
         slot_base, its KV in `pages` of the pool); None: a state of its own, contiguous KV.
         `cache` (paged lanes): the prefix cache the lane starts from (`adopt`) and feeds, in
-        place of the lane's own snapshots (an idle lane then holds nothing)."""
+        place of the lane's own snapshots (an idle lane then holds nothing). `draft_slots`
+        (verify_slot, a state of its own): the per-token snapshot ring (draft_ring_size);
+        0 or a backend whose GDN op cannot snapshot these shapes: copy and re-run."""
         self.cfg, self.decoder, self.backend = cfg, decoder, backend
         # Decode by graph replay where the backend has graphs (CUDA); eager otherwise.
         self.use_graphs = use_graphs and backend.decode_graphs and pages is None
         self.max_context = max_context
         self.prefill_chunk = max(1, prefill_chunk)
         self.state: SequenceState = state if state is not None else new_state(
-            cfg, max_context, backend.zeros, kv_dtype, gdn_slots=lane_slots(verify_slot))
+            cfg, max_context, backend.zeros, kv_dtype,
+            gdn_slots=lane_slots(verify_slot, draft_slots=draft_slots if state is None else 0))
         self.pages = pages
         self.cache = cache if pages is not None else None
         self.slots = StateSlots(self.state, backend)
@@ -103,6 +128,17 @@ class Generator:
         self._verify_start: int | None = None  # len(tokens) before the unsettled verify
         self._verify_vocab = 0                 # the unsettled verify's argmax vocabulary (0: rows)
         self._table: object = None             # a paged lane's page table as a device row [1, P]
+        # the per-token snapshot ring: its slots, the slot [1] the verify runs in and the verify's
+        # snapshot slots [ring] as device arrays (a captured verify reads them at replay)
+        ring = (draft_slots if verify_slot and state is None and self._has_gdn and draft_slots >= 3
+                and gdn_snapshots_run(backend, cfg) else 0)
+        self._ring = list(range(slot_base + DRAFT_RING, slot_base + DRAFT_RING + ring))
+        self._ring_dev = (backend.zeros((1,), np.int32), backend.zeros((ring,), np.int32)) if ring else None
+        if self._ring_dev is not None:
+            backend.load_(self._ring_dev[0], np.array([self.running_slot], np.int32))
+        self._settled: tuple[int, int] | None = None    # (ring slot, n): it holds the state after tokens[:n]
+        self._verify_snaps: list[int] | None = None     # the unsettled verify's snapshot slots
+        self._loaded_snaps: list[int] = []               # what the snapshot device array holds
 
     # --- prefix reuse ------------------------------------------------------------------
     def _plan_reuse(self, prompt: list[int]) -> tuple[int, _Snapshot | None]:
@@ -239,6 +275,7 @@ class Generator:
                 f"(including at least one generated token)"
             )
         self._fed_ahead = False                # a queued step's token is in `tokens`, like any other
+        self._settled = None
         if self.cache is not None:
             return self._start_from_adopted(prompt, snapshot_at)
         start, cached = self._reuse(prompt)
@@ -360,6 +397,7 @@ class Generator:
         b = self.backend
         if self._prefill is not None:
             raise RuntimeError("decode_token: a prefill is still running")
+        self._settled = None
         if not self.picks_on_device(valid_vocab):
             if temperature > 0.0 or filters is not None:
                 raise RuntimeError("decode_token: sampling on the device needs the decode graph's pick")
@@ -393,6 +431,7 @@ class Generator:
         """Feed one sampled token; returns the next logits [V]."""
         if self._prefill is not None:
             raise RuntimeError("decode: a prefill is still running")
+        self._settled = None
         if self._fed_ahead:
             raise RuntimeError("decode: decode_token(ahead=True) already fed the last token")
         if len(self.tokens) >= self.max_context:
@@ -419,37 +458,78 @@ class Generator:
             raise ContextLengthExceededError(f"context of {self.max_context} tokens is full")
         self.reserve(start + len(tokens))
         self._load_table()
-        if self._has_gdn:
+        forward = self._forward_fn(all_logits=True)
+        if self._snapshot_verify(len(tokens)):
+            forward = self._ring_forward(len(tokens))
+        elif self._has_gdn:
             if self._verify_slot is None:
                 raise RuntimeError("verify: the generator was made without verify_slot")
             self.slots.snapshot(self.running_slot, self._verify_slot)
-        out = self.backend.verify_step(self._forward_fn(all_logits=True), tokens, start, vocab)
+            self._settled = None
+        out = self.backend.verify_step(forward, tokens, start, vocab)
         self.tokens.extend(tokens)
         self._verify_start, self._verify_vocab = start, vocab
         return out
 
+    def _snapshot_verify(self, n: int) -> bool:
+        """An n-token verify writes per-token snapshots into the ring (the same n always does:
+        a captured graph is kept per n)."""
+        return SNAPSHOT_ROLLBACK and 2 <= n <= len(self._ring) - 1
+
+    def _ring_forward(self, n: int) -> Forward:
+        """The n-token verify's forward with the state after token t also in ring slot snaps[t]:
+        the ring slots other than the one holding the state before the verify (copied there
+        first when none does), written to the device array the GDN op reads."""
+        assert self._ring_dev is not None
+        before = self._settled[0] if self._settled is not None and self._settled[1] == len(self.tokens) else None
+        if before is None:
+            before = self._ring[-1]
+            self.slots.snapshot(self.running_slot, before)
+        snaps = [s for s in self._ring if s != before][:n]
+        if snaps != self._loaded_snaps[:n]:                  # the device array is read at replay
+            self.backend.load_(self._ring_dev[1][:n], np.array(snaps, np.int32))
+            self._loaded_snaps = snaps + self._loaded_snaps[n:]
+        self._settled, self._verify_snaps = (before, len(self.tokens)), snaps
+        ops, slot, snap = self.backend.ops, self._ring_dev[0], self._ring_dev[1][:n]
+        return lambda ids, pos: self.decoder.forward(
+            ops, ForwardBatch(ids, pos, (0, n), (-1,), all_logits=True, slots=slot, snapshots=snap), self.state)
+
     def rollback(self, keep: int) -> None:
         """Keep the first `keep` (>= 1) tokens of the last verify in the caches. Attention rows
         past them are stale but unread (attention reads rows up to each query's position, and
-        the next step overwrites them). GDN state cannot be cut: it is restored from before the
-        verify and the kept tokens are run again through the same verify_step (a graph per
-        count on CUDA; exact: reject-all leaves the state byte-identical to a plain step of the
-        last token only if that step's arithmetic is the one-token verify's, which the tests
-        check on the CPU)."""
+        the next step overwrites them). GDN state cannot be cut: a verify that wrote per-token
+        snapshots gets the state after its keep-th token back from the ring (one slot copy; none
+        when every token is kept). Rejecting every draft (keep 1), and verifies without the
+        ring, restore the state from before the verify and run the kept tokens again through
+        verify_step (a graph per count on CUDA): exact, reject-all leaves the state
+        byte-identical to a plain step of the last token where that step's arithmetic is the
+        one-token verify's, which the tests check."""
         start, self._verify_start = self._verify_start, None
+        snaps, self._verify_snaps = self._verify_snaps, None
         if start is None:
             raise RuntimeError("rollback: no verify to settle")
         fed = self.tokens[start:]
         if not 1 <= keep <= len(fed):
             raise ValueError(f"rollback: keep {keep} of {len(fed)} verified tokens")
+        if snaps is not None and keep == len(fed):
+            self._settled = (snaps[keep - 1], len(self.tokens))
         if keep == len(fed):
             return
         del self.tokens[start + keep:]
-        if self._has_gdn:
+        if not self._has_gdn:
+            return
+        if snaps is not None and keep > 1:
+            self.slots.restore(self.running_slot, snaps[keep - 1])
+            self._settled = (snaps[keep - 1], len(self.tokens))
+            return
+        if snaps is not None:
+            assert self._settled is not None
+            self.slots.restore(self.running_slot, self._settled[0])
+        else:
             assert self._verify_slot is not None
             self.slots.restore(self.running_slot, self._verify_slot)
-            self.backend.verify_step(self._forward_fn(all_logits=True), fed[:keep], start,
-                                     self._verify_vocab)
+        self._settled = None
+        self.backend.verify_step(self._forward_fn(all_logits=True), fed[:keep], start, self._verify_vocab)
 
     def logits_all(self, prompt: list[int]) -> np.ndarray:
         """Logits at every position of `prompt` ([T, V]), computed from an empty cache."""
@@ -475,6 +555,7 @@ class Generator:
         self._fed_ahead = False
         self._prefill = None
         self._verify_start = None
+        self._settled = self._verify_snaps = None
         self._adopted_logits = None
         for snap in self._snapshots:
             snap.invalidate()

@@ -51,7 +51,7 @@ class Decoder:
                 else:
                     assert isinstance(cache, GDNSlots)
                     gdn_block(ops, cfg, lw.mixer, h, cache if slots is not None else cache.slot(slot),
-                              chunked, x, slots)
+                              chunked, x, slots, batch.snapshots)
                 h = ops.normed(x, lw.post_norm, eps)
                 if isinstance(lw.ffn, MLPWeights):
                     mlp_block(ops, lw.ffn, h, x)

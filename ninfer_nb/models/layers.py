@@ -47,10 +47,11 @@ def attention_block(ops: Ops, cfg: ModelConfig, w: AttentionWeights, x: Array,
 
 
 def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNState | GDNSlots,
-              chunked: bool, residual: Array, slots: Array | None = None) -> Array:
+              chunked: bool, residual: Array, slots: Array | None = None, snapshots: Array | None = None) -> Array:
     """Gated DeltaNet mixer. x [T, H] (normed) -> residual += gdn(x), in place; updates the conv
     and recurrent state: one sequence's (`state` a slot's views), or with slots [B] (a decode
-    round) the whole pool's (`state` the layer's GDNSlots), sequence b on slot slots[b]."""
+    round) the whole pool's (`state` the layer's GDNSlots), sequence b on slot slots[b];
+    snapshots [T] (with slots): the state after token t also into slot snapshots[t] (>= 0)."""
     t = x.shape[0]
     hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
     hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
@@ -58,6 +59,8 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: GDNWeights, x: Array, state: GDNSta
                                       (cfg.conv_dim, hv * dv, hv, hv))
     if not chunked:                          # decode: conv, rule and norm in one op (one kernel)
         pooled = {} if slots is None else {"slots": slots}
+        if snapshots is not None:
+            pooled["snapshots"] = snapshots
         o = ops.gdn_decode(mixed, z, a, b, state.conv, w.conv, w.a_log, w.dt_bias, state.recurrent,
                            w.norm, cfg.rms_norm_eps, hk, **pooled)              # [T, Hv * Dv]
         return ops.linear_add(o, w.out, residual)

@@ -121,12 +121,14 @@ class Ops(Protocol):
 
     def gdn_decode(self, mixed: Array, z: Array, a: Array, b: Array, conv_state: Array, conv_w: Array,
                    a_log: Array, dt_bias: Array, state: Array, norm_w: Array, eps: float,
-                   n_k_heads: int, slots: Array | None = None) -> Array:
+                   n_k_heads: int, slots: Array | None = None, snapshots: Array | None = None) -> Array:
         """Conv, gated delta rule (gates from raw a, b) and gated norm by z of decode-sized T:
         mixed [T, q | k | v] -> [T, Hv * Dv]; conv_state and state updated in place.
         slots None: one sequence, conv_state [K-1, C] and state [Hv, Dv, Dk]. slots [B] int32
         (T % B == 0): conv_state [S, K-1, C] and state [S, Hv, Dv, Dk] are whole slot pools, and
-        sequence b's T / B tokens (rows b T/B ..) run in order on slot slots[b]."""
+        sequence b's T / B tokens (rows b T/B ..) run in order on slot slots[b]. snapshots [<= T]
+        int32 (with slots): where snapshots[t] >= 0 the state after token t is also copied to
+        that slot (a speculative verify's per-token states for rollback)."""
         ...
 
     # --- mixture of experts -----------------------------------------------------------

@@ -367,13 +367,30 @@ def gated_delta_rule_raw_gates(q: Array, k: Array, v: Array, a: Array, b: Array,
 
 def gdn_decode(mixed: Array, z: Array, a: Array, b: Array, conv_state: Array, conv_w: Array,
                a_log: Array, dt_bias: Array, state: Array, norm_w: Array, eps: float,
-               n_k_heads: int, slots: Array | None = None) -> Array:
+               n_k_heads: int, slots: Array | None = None, snapshots: Array | None = None) -> Array:
     """The GDN mixer between its projections, recurrent form (decode-sized T): causal conv +
     SiLU over mixed [T, q | k | v], the gated delta rule with its gates from the raw a, b [T, Hv],
     the gated RMS norm by z [T, Hv * Dv] -> [T, Hv * Dv]. conv_state and state [Hv, Dv, Dk] are
     updated in place (one kernel on the GPU: kernels/gdn/gdn_decode.py). With slots [B]: the
     pools conv_state [S, K-1, C] and state [S, Hv, Dv, Dk], sequence b's T / B tokens in order
-    on slot slots[b] (each sequence exactly as alone on its slot's views)."""
+    on slot slots[b] (each sequence exactly as alone on its slot's views). snapshots [T] (with
+    slots): where snapshots[t] >= 0 the conv and recurrent state after token t are also copied
+    to that slot (a speculative verify's per-token states; the tokens then run one at a time)."""
+    if snapshots is not None:
+        if slots is None:
+            raise ValueError("gdn_decode: snapshots need slot pools (slots)")
+        ids = np.asarray(slots, dtype=np.int64)
+        n = mixed.shape[0] // ids.shape[0]
+        out = np.empty((mixed.shape[0], z.shape[-1]), dtype=np.float32)
+        for t, into in enumerate(np.asarray(snapshots).tolist() + [-1] * (mixed.shape[0] - len(snapshots))):
+            slot = int(ids[t // n])
+            r = slice(t, t + 1)
+            out[r] = gdn_decode(mixed[r], z[r], a[r], b[r], conv_state[slot], conv_w, a_log, dt_bias, state[slot],
+                                norm_w, eps, n_k_heads)
+            if into >= 0:
+                conv_state[into] = conv_state[slot]
+                state[into] = state[slot]
+        return out
     if slots is not None:
         ids = np.asarray(slots, dtype=np.int64)
         t, n_seq = mixed.shape[0], ids.shape[0]
@@ -393,6 +410,11 @@ def gdn_decode(mixed: Array, z: Array, a: Array, b: Array, conv_state: Array, co
     o = gated_delta_rule_raw_gates(q.reshape(t, n_k_heads, dk), k.reshape(t, n_k_heads, dk),
                                    v.reshape(t, hv, dv), a, b, a_log, dt_bias, state)
     return gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), norm_w, eps).reshape(t, hv * dv)
+
+
+def gdn_snapshots_ok(hv: int, n_k_heads: int, dk: int, dv: int, conv_k: int) -> bool:
+    """gdn_decode takes snapshots= for these GDN shapes (here: every shape)."""
+    return True
 
 
 def gated_delta_rule_chunked(

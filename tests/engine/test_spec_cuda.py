@@ -111,3 +111,38 @@ def test_cuda_mtp_greedy_spec_equals_plain(preset: str) -> None:
         engine.proposer, engine.draft_tokens, engine.spec_stats = proposer, k, SpecStats()
         assert _generate(llm, 40) == plain, f"mtp K={k}"
         assert engine.spec_stats.rounds > 0 and engine.spec_stats.plain_steps <= 1
+
+
+def test_cuda_partial_accept_restores_the_ring_snapshot() -> None:
+    """A verify of 5 tokens keeping 3 (twice: eager, then the captured graph): no forward runs
+    again, the running GDN slot holds the head kernel's snapshot after the third token, and the
+    next logits match a run that decoded those 3 tokens plainly (to rounding: other kernels)."""
+    llm = _llm("tiny-qwen3.5", k=4)
+    gen = llm.engine.generator
+    assert len(gen._ring) == 6
+    nexts = []
+    for drafting in (False, True, True, True):
+        gen.forget()
+        gen.prefill(PROMPT)
+        if drafting:
+            calls: list[int] = []
+            inner = gen.backend.verify_step
+            gen.backend.verify_step = lambda f, t, p, v=0: (calls.append(len(t)), inner(f, t, p, v))[1]
+            try:
+                gen.verify([5, 6, 7, 8, 9], llm.valid_vocab)
+                snaps = list(gen._verify_snaps or [])
+                gen.rollback(3)
+            finally:
+                del gen.backend.verify_step
+            assert calls == [5] and len(snaps) == 5
+            for layer in gen.state.gdn_layers():
+                run, snap = layer.slot(RUNNING_SLOT), layer.slot(snaps[2])
+                assert llm.backend.to_host(run.recurrent).tobytes() == llm.backend.to_host(snap.recurrent).tobytes()
+                assert llm.backend.to_host(run.conv).tobytes() == llm.backend.to_host(snap.conv).tobytes()
+        else:
+            for t in (5, 6, 7):
+                gen.decode(t)
+        assert gen.tokens == PROMPT + [5, 6, 7]
+        nexts.append(gen.decode(11))
+    for other in nexts[1:]:
+        np.testing.assert_allclose(other, nexts[0], rtol=2e-3, atol=2e-3)

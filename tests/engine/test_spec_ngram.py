@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ninfer_nb import LLM, SamplingParams
-from ninfer_nb.engine.generator import RUNNING_SLOT, VERIFY_SNAPSHOT
+from ninfer_nb.engine.generator import RUNNING_SLOT, VERIFY_SNAPSHOT, Generator, draft_ring_size
 from ninfer_nb.engine.request import Request
 from ninfer_nb.engine.sampler import Sampler
 from ninfer_nb.engine.spec.ngram import NgramProposer
@@ -149,6 +149,22 @@ def test_greedy_spec_output_equals_plain_for_every_k(model: str, request: pytest
         assert 0 < stats.accepted < stats.drafted
 
 
+def test_one_sequence_greedy_spec_equals_plain_with_the_snapshot_ring(tiny_qwen35_dir: Path) -> None:
+    """The one-sequence path (per-token GDN snapshots; full, partial and no acceptance from a
+    corrupted oracle) gives the plain greedy tokens for K = 1 and 3."""
+    plain = _generate(LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16,
+                          max_concurrency=1), PROMPT, _greedy(24))
+    llm = LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16, spec="ngram",
+              draft_tokens=3, max_concurrency=1)
+    assert len(llm.engine.generator._ring) == draft_ring_size(3)
+    for k in (1, 3):
+        llm.engine.proposer, llm.engine.draft_tokens = _CorruptedOracle(PROMPT, plain, every=3), k
+        llm.engine.spec_stats = SpecStats()
+        assert _generate(llm, PROMPT, _greedy(24)) == plain, f"K={k}"
+        stats = llm.engine.spec_stats
+        assert stats.rounds > 0 and 0 < stats.accepted < stats.drafted
+
+
 class _RepeatTail:
     """Drafts the last k tokens again: always a draft, rarely a right one."""
 
@@ -195,9 +211,91 @@ def test_reject_all_leaves_the_state_byte_identical(tiny_qwen35_dir: Path) -> No
             gen.decode(last)
         assert gen.tokens == PROMPT + [last]
         runs.append(_state_bytes(llm, len(gen.tokens)))
-        if drafting:          # and the snapshot slot held the state before the verify
-            assert gen.slots.num_slots == VERIFY_SNAPSHOT + 1
+        if drafting:          # the running slot, two prefix snapshots, the verify's and the ring
+            assert gen.slots.num_slots == VERIFY_SNAPSHOT + 1 + draft_ring_size(4)
     assert runs[0] == runs[1]
+
+
+def _counting(gen: Generator) -> list[int]:
+    """Wrap the generator's backend verify_step: the token counts of the forwards it runs."""
+    calls: list[int] = []
+    inner = gen.backend.verify_step
+
+    def verify_step(forward, tokens, position, vocab=0):  # type: ignore[no-untyped-def]
+        calls.append(len(tokens))
+        return inner(forward, tokens, position, vocab)
+
+    gen.backend.verify_step = verify_step  # type: ignore[method-assign]
+    return calls
+
+
+def test_partial_acceptance_takes_the_state_from_the_snapshot_ring(tiny_qwen35_dir: Path) -> None:
+    """Keep 3 of 5 verified tokens: no forward runs again, the running GDN slot is the ring's
+    snapshot after the third token (bit for bit), and the caches hold the same as a run that
+    verified exactly those 3 tokens (to rounding: other matrix shapes)."""
+    states, nexts = [], []
+    for fed in ([5, 6, 7, 8, 9], [5, 6, 7]):
+        llm = LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16,
+                  spec="ngram", draft_tokens=4, max_concurrency=1)
+        gen = llm.engine.generator
+        gen.prefill(PROMPT)
+        calls = _counting(gen)
+        gen.verify(fed)
+        snaps = list(gen._verify_snaps or [])
+        assert len(snaps) == len(fed) and RUNNING_SLOT not in snaps
+        gen.rollback(3)
+        assert calls == [len(fed)] and gen.tokens == PROMPT + [5, 6, 7]
+        layers = gen.state.gdn_layers()
+        for layer in layers:
+            assert layer.slot(RUNNING_SLOT).recurrent.tobytes() == layer.slot(snaps[2]).recurrent.tobytes()
+            assert layer.slot(RUNNING_SLOT).conv.tobytes() == layer.slot(snaps[2]).conv.tobytes()
+        states.append(np.concatenate([layer.slot(RUNNING_SLOT).recurrent.ravel() for layer in layers]))
+        nexts.append(gen.decode(11))
+    np.testing.assert_allclose(states[0], states[1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(nexts[0], nexts[1], rtol=1e-4, atol=1e-5)
+
+
+def test_reject_all_after_a_full_accept_is_exact(tiny_qwen35_dir: Path) -> None:
+    """A round that keeps everything leaves its last snapshot as the state before the next
+    verify (no copy); rejecting all of the next round's drafts restores it and runs the last
+    token alone: the same bytes as a plain step of that token after the first round."""
+    runs = []
+    for drafting in (False, True):
+        llm = LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16,
+                  spec="ngram", draft_tokens=4, max_concurrency=1)
+        gen = llm.engine.generator
+        gen.prefill(PROMPT)
+        gen.verify([5, 6, 7])
+        gen.rollback(3)
+        if drafting:
+            copies = []
+            inner = gen.slots.copy
+            gen.slots.copy = lambda dst, src: (copies.append((dst, src)), inner(dst, src))[1]  # type: ignore[method-assign]
+            gen.verify([12, 1, 2, 3])
+            assert not copies                               # the state before it was in the ring already
+            gen.rollback(1)
+            assert len(copies) == 1 and copies[0][0] == RUNNING_SLOT
+        else:
+            gen.decode(12)
+        assert gen.tokens == PROMPT + [5, 6, 7, 12]
+        runs.append(_state_bytes(llm, len(gen.tokens)))
+    assert runs[0] == runs[1]
+
+
+def test_verify_beyond_the_ring_copies_and_reruns(tiny_qwen35_dir: Path) -> None:
+    """More drafts than the ring holds: the state before the verify is copied and the kept
+    tokens run again (the verify without snapshots); the result matches plain decode."""
+    llm = LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16,
+              spec="ngram", draft_tokens=1, max_concurrency=1)
+    gen = llm.engine.generator
+    n = draft_ring_size(3)                 # the ring of draft_tokens = max(1, 3): verifies of <= 4 tokens
+    assert len(gen._ring) == n
+    gen.prefill(PROMPT)
+    calls = _counting(gen)
+    gen.verify(list(range(5, 5 + n)))
+    assert gen._verify_snaps is None
+    gen.rollback(2)
+    assert calls == [n, 2]
 
 
 def test_partial_acceptance_rolls_back_to_the_kept_tokens(tiny_qwen35_dir: Path) -> None:
@@ -273,3 +371,30 @@ def test_adaptive_k_keeps_the_plain_output(tiny_qwen35_dir: Path) -> None:
     assert _generate(llm, PROMPT, _greedy(20)) == plain
     s = llm.engine.spec_stats
     assert s.rounds > 0 and s.drafted < 4 * s.rounds            # K went below the maximum
+
+
+def test_cpu_gdn_decode_snapshots_hold_each_tokens_state() -> None:
+    """ops.cpu.gdn_decode(snapshots=): slot snapshots[t] holds the conv and recurrent state after
+    token t, as the token-by-token run leaves it; -1 writes nothing; outputs unchanged."""
+    from ninfer_nb.ops import cpu
+
+    rng = np.random.default_rng(3)
+    hk, hv, dk, dv, t = 1, 2, 32, 16, 3
+    c = 2 * hk * dk + hv * dv
+
+    def r(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    conv_w, al, dtb, nw = r(c, 4, scale=0.5), r(hv, scale=0.5), r(hv), r(dv)
+    conv, state = r(5, 3, c), r(5, hv, dv, dk, scale=0.1)
+    mixed, z, a, b = r(t, c), r(t, hv * dv), r(t, hv), r(t, hv)
+    snaps = np.array([3, -1, 4], np.int32)
+    conv_ref, state_ref = conv.copy(), state.copy()
+    want = cpu.gdn_decode(mixed[:1], z[:1], a[:1], b[:1], conv_ref[1], conv_w, al, dtb, state_ref[1], nw, 1e-6, hk)
+    after0 = (conv_ref[1].copy(), state_ref[1].copy())
+    got = cpu.gdn_decode(mixed, z, a, b, conv, conv_w, al, dtb, state, nw, 1e-6, hk,
+                         slots=np.array([1], np.int32), snapshots=snaps)
+    assert np.array_equal(got[:1], want)
+    assert np.array_equal(conv[3], after0[0]) and np.array_equal(state[3], after0[1])
+    assert np.array_equal(conv[4], conv[1]) and np.array_equal(state[4], state[1])      # the last: the slot's
+    assert np.array_equal(conv[0], conv_ref[0]) and np.array_equal(state[2], state_ref[2])   # others untouched

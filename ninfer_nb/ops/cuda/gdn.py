@@ -137,6 +137,11 @@ class GdnOps(NormOps):
                                             v.reshape(t, hv, dv), a, b, a_log, dt_bias, state)
         return self.gated_rms_norm(o.reshape(t * hv, dv), z.reshape(t * hv, dv), norm_w, eps).reshape(t, hv * dv)
 
+    def gdn_snapshots_ok(self, hv: int, n_k_heads: int, dk: int, dv: int, conv_k: int) -> bool:
+        """gdn_decode takes snapshots= for these GDN shapes here (the head kernel runs them; a
+        speculative verify then keeps the state after each token for rollback)."""
+        return GDN_DECODE_FUSED and conv_k == K_gdd.CONV_K and bool(self._head_splits(hv, n_k_heads, dk, dv))
+
     def _head_kernel(self, n_seq: int, hv: int, n_k_heads: int, dk: int, dv: int, conv_w: Any,
                      snapshots: Any = None) -> bool:
         """gdn_decode_head_slots_kernel runs this call (GDN_DECODE_KERNEL and the round's size, or
