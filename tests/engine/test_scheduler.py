@@ -11,6 +11,7 @@ gated attention) and the dense Llama.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -41,8 +42,10 @@ def solo(llm: LLM, ids: list[int], params: SamplingParams) -> list[int]:
 
 
 def drive(engine: LLMEngine, arrivals: dict[int, list[Request]], cancels: dict[int, list[str]],
-          max_steps: int = 2000) -> dict[str, list[RequestOutput]]:
-    """Step the engine, adding requests and setting cancel flags at their step numbers."""
+          max_steps: int = 2000,
+          on_output: Callable[[int, RequestOutput], None] | None = None) -> dict[str, list[RequestOutput]]:
+    """Step the engine, adding requests and setting cancel flags at their step numbers
+    (on_output(step, output) sees each output as it comes)."""
     outs: dict[str, list[RequestOutput]] = {}
     reqs: dict[str, Request] = {}
     for step in range(max_steps):
@@ -53,6 +56,8 @@ def drive(engine: LLMEngine, arrivals: dict[int, list[Request]], cancels: dict[i
             reqs[rid].cancel.set()
         for out in engine.step():
             outs.setdefault(out.request_id, []).append(out)
+            if on_output is not None:
+                on_output(step, out)
         if step > max(arrivals) and not engine.has_unfinished_requests():
             return outs
     raise AssertionError("the engine did not finish")
@@ -192,3 +197,29 @@ def test_prefix_reuse_survives_other_conversations(tiny_qwen35_dir: Path) -> Non
     assert same.num_cached_tokens == len(longer) and same.output_ids == cont.output_ids
     cold = make_llm(tiny_qwen35_dir, 1)
     assert cold.generate(longer, GREEDY).token_ids == cont.output_ids
+
+
+def test_a_short_request_waits_at_most_one_prefill_chunk(tiny_qwen35_dir: Path) -> None:
+    """Issue #30's fairness on lanes: a short request (one prefill chunk) arriving while a long
+    one decodes gets its first token in the step it arrives in, and the long one keeps
+    decoding; on one lane it waits for the whole long generation. Both get their solo tokens."""
+    long_p, short_p = GREEDY.replace(max_tokens=60), GREEDY.replace(max_tokens=4)
+    long_ids, short_ids = prompt(41, 40), prompt(42, 14)
+    seen = {}
+    for concurrency in (4, 1):
+        llm = make_llm(tiny_qwen35_dir, concurrency)
+        long, short = Request("long", long_ids, long_p), Request("short", short_ids, short_p)
+        first: dict[str, int] = {}
+        left = 0
+
+        def note(step: int, out: RequestOutput) -> None:
+            nonlocal left
+            if out.request_id == "short" and out.new_token_ids and "short" not in first:
+                first["short"], left = step, long_p.max_tokens - len(long.output_ids)
+
+        outs = drive(llm.engine, {0: [long], 10: [short]}, {}, on_output=note)
+        assert tokens(outs["long"]) == solo(llm, long_ids, long_p)
+        assert tokens(outs["short"]) == solo(llm, short_ids, short_p)
+        seen[concurrency] = (first["short"] - 10, left)
+    assert seen[4][0] == 0 and seen[4][1] > 40          # the step it arrived in; the long one goes on
+    assert seen[1][1] == 0                              # one lane: after the whole long generation
