@@ -340,8 +340,8 @@ class EngineConfig:
     draft_tokens: int = 3                    # draft tokens per verify round (spec != off)
     adaptive_draft: bool = False             # spec != off: K from the measured acceptance, up to draft_tokens
     weights: str | None = None               # random:PRESET models: a quantized weight format (int4-g64, ...)
-    # requests decoding at once (the scheduler's lanes); None = auto: llm.default_concurrency (1
-    # on CUDA, 8 on the CPU; 1 with --spec on CUDA); 1: the one-sequence path (contiguous KV,
+    # requests decoding at once (the scheduler's lanes); None = auto: llm.default_concurrency (CUDA:
+    # up to 16, sized by memory; 8 on the CPU; 1 with --spec mtp on CUDA); 1: the one-sequence path (contiguous KV,
     # decode graphs queued ahead)
     max_concurrency: int | None = None
     # KV page pool (64 tokens each); None: on CUDA kv_cache_fraction of the device memory left

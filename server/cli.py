@@ -35,9 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending", type=int, default=16,
                    help="requests allowed to wait behind the running ones (then 429)")
     p.add_argument("--max-concurrency", type=int, default=None, metavar="N",
-                   help="requests generating at once (default: 8 on the CPU, 1 on CUDA)")
+                   help="requests generating at once (default: 8 on the CPU; up to 16 on CUDA, sized by memory)")
     p.add_argument("--spec", choices=["off", "ngram", "mtp"], default="off",
-                   help="speculative decoding: ngram = prompt lookup; mtp = the checkpoint's MTP head (CPU so far)")
+                   help="speculative decoding: ngram = prompt lookup; mtp = the checkpoint's MTP head")
     p.add_argument("--draft-tokens", default="3", metavar="K|auto|auto:K",
                    help="draft tokens per verify round (--spec); auto: K from the measured acceptance "
                         "(up to 5, or K)")
