@@ -245,7 +245,8 @@ def run_spec_bench(llm: Any, kind: str, draft_tokens: list[int], gen: int,
                      "round_ms": 1e3 * spec_s / forwards if forwards else 0.0,
                      "plain_step_ms": 1e3 * plain_s / max(len(plain) - 1, 1),
                      "device_step_us": step_us, "device_verify_us": verify_us,
-                     "same_output": tokens == plain, "oracle_passes": passes, "divergence": diverged, **extra})
+                     "same_output": tokens == plain, "oracle_passes": passes, "divergence": diverged,
+                     "snapshot_rollback": engine.generator._snapshot_verify(k + 1), **extra})
         load.append(os.getloadavg()[0])
     engine.proposer = proposer
     what = {"oracle": "random-token prompt; ORACLE drafts = the plain run's own continuation: "
@@ -303,5 +304,6 @@ def run_spec_bench(llm: Any, kind: str, draft_tokens: list[int], gen: int,
             print(f"K={r['k']}: device verify {r['device_verify_us']:.0f} us, decode step "
                   f"{r['device_step_us']:.0f} us: every draft kept would give {bound:.2f}x the plain "
                   f"decode on the device alone; accepted at draft position {r['accepted_at']} of "
-                  f"{r['rounds']} rounds")
+                  f"{r['rounds']} rounds; rollback by "
+                  f"{'per-token GDN snapshots' if r['snapshot_rollback'] else 'copy + re-run'}")
     return rows
