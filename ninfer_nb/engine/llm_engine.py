@@ -50,7 +50,7 @@ from ..models.state import KVDtype, new_state
 from .backends.base import Backend, Pick, RowsForward
 from .batch import ForwardBatch
 from .faults import request_error
-from .generator import Generator, draft_ring_size, lane_slots
+from .generator import Generator, lane_slots
 from .kv_pages import PageAllocator, PageTable, pages_for
 from .output_hooks import HookedSampler, sampler_for
 from .prefix_cache import HostTier, PrefixCache
@@ -120,8 +120,7 @@ class LLMEngine:
         cache: PrefixCache | None = None
         if not self.paged:
             lanes = [Generator(cfg, decoder, backend, max_context, prefill_chunk, use_graphs=use_graphs,
-                               kv_dtype=kv_dtype, verify_slot=verify_slot,
-                               draft_slots=draft_ring_size(max(draft_tokens, 3)) if verify_slot else 0)]
+                               kv_dtype=kv_dtype, verify_slot=verify_slot)]
         else:
             hybrid = any(not cfg.is_full_attention(i) for i in range(cfg.num_layers))
             snaps = 0 if not prefix_cache else (prefix_snapshots if prefix_snapshots is not None
@@ -333,7 +332,8 @@ class LLMEngine:
 
     def _continue_round(self, runs: list[_Run]) -> list[RequestOutput]:
         """A round is in flight (queued by the last step): its picks, and the next round of the
-        same rows queued first when every row still decodes and nothing joined."""
+        same rows queued first when every row still decodes and nothing joined; else, once
+        its picks are read, a round of the rows decoding now (a row may get two tokens)."""
         rows, self._inflight = self._inflight or [], None
         alive = [run for run, order in rows if run.lane is not None and run.order == order and run.decoding]
         if not alive:                            # every row finished: nobody reads its picks
@@ -349,6 +349,10 @@ class LLMEngine:
             if run.lane is not None and run.order == order and run.decoding:
                 run.sampler.observe(token)
                 outs.append(self._emit(run, [token]))
+        if not same:                             # the new set's round now: the device is idle
+            decoding = [run for run in self.scheduler.running if run.decoding]
+            if decoding:
+                outs += self._decode_round(decoding)
         return outs
 
     def _collect(self, rows: list[_Run], ahead: bool) -> list[int]:
