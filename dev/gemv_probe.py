@@ -266,16 +266,16 @@ def mma_main(args: Any) -> None:
         full.close()
 
 
-def rows_ab(preset: str, batches: list[int], ctx: int = 512) -> None:
-    """dev/rows_bench.py's B-row decode rounds with GEMV_MMA3 off, then on (graphs re-captured):
-    device time per round and the ratio to the one-sequence graph."""
+def rows_ab(preset: str, batches: list[int], ctx: int = 512, picks: tuple[str, ...] = ("mma3", "mma4")) -> None:
+    """dev/rows_bench.py's B-row decode rounds with each multi-token GEMV of `picks`
+    (KernelChoices.multi_token_gemv; graphs re-captured): device time per round and the ratio
+    to the one-sequence graph."""
     from ninfer_nb.engine.batch import ForwardBatch
     from ninfer_nb.engine.cuda_backend import CudaBackend
     from ninfer_nb.engine.pick import ARGMAX
     from ninfer_nb.models.decoder import Decoder
     from ninfer_nb.models.presets import preset_config
     from ninfer_nb.models.state import PAGE_SIZE, new_state
-    from ninfer_nb.ops.cuda import linear as L
 
     be = CudaBackend()
     cfg = preset_config(preset)
@@ -294,20 +294,22 @@ def rows_ab(preset: str, batches: list[int], ctx: int = 512) -> None:
     def forward_rows(ids: Any, pos: Any, slots: Any, table: Any) -> Any:
         return dec.forward(be.ops, ForwardBatch.rows(ids, pos, slots, table), state)
 
+    base = be.ops.choices
     for b in batches:
         table = np.random.default_rng(b).permutation(top * pages)[: b * pages].reshape(b, pages).astype(np.int32)
         res = []
-        for on in (False, True):                          # (graphs of the old path first)
-            L.GEMV_MMA3 = on
+        for pick in picks:
+            be.ops.choices = replace(base, multi_token_gemv=pick)
             be._rows = None                                   # new graphs for this setting
             for _ in range(3):
                 be.pick_rows(forward_rows, [1] * b, [ctx] * b, list(range(b)), table, [ARGMAX] * b)
             us = be.time_decode_rounds(b)
             assert us is not None
             res.append(us)
-        print(f"{preset} B={b:2d}: round {res[0]:.1f} us (old) -> {res[1]:.1f} us (gemv_mma3) = "
-              f"{res[1] / single:.2f}x one step, aggregate {b * single / res[1]:.2f}x", flush=True)
-    L.GEMV_MMA3 = False
+        print(f"{preset} B={b:2d}: round " + ", ".join(f"{p} {us:.1f} us = {us / single:.2f}x one step, "
+                                                       f"aggregate {b * single / us:.2f}x" for p, us in zip(picks, res)),
+              flush=True)
+    be.ops.choices = base
 
 
 def precompile(names: str) -> None:
@@ -335,7 +337,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mma", action="store_true", help="the multi-token GEMVs (see the module doc)")
     ap.add_argument("--tokens", default="4,8,16")
-    ap.add_argument("--rows", default="", help="PRESET:B1,B2: decode rounds with gemv_mma3 off / on")
+    ap.add_argument("--rows", default="", help="PRESET:B1,B2: decode rounds with gemv_mma3, then gemv_mma4")
     ap.add_argument("--full", default="", help="--mma: every build's time into this file")
     ap.add_argument("--precompile", default="", help="compile one gemv_mma3 build (mode,warps,tiles,unroll,blocks)")
     ap.add_argument("--min-mb", type=float, default=600.0, help="weight bytes per graph, at least")

@@ -26,16 +26,20 @@ import math
 from typing import Any
 
 from numba import config, cuda, float32, int32, int64, uint32
+from numba import types as nbtypes
+from numba.core.extending import intrinsic
 
 from ninfer_nb.kernels.common.bf16 import bits_f32, f32_bits
 from ninfer_nb.kernels.common.nbtypes import f32_1, f32_2, f32_3, i32, i32_1, u16_2
 from ninfer_nb.kernels.common.ptx import (
+    _element_address,
     cp_async_commit,
     fence_acq_rel_gpu,
     gptr,
     grid_dependency_sync,
     ldg_stream_v4_u32,
     ldg_v4_f32,
+    ldsm_x4,
     mma_bf16,
     pack_bf16x2,
     smem_u32,
@@ -480,7 +484,7 @@ for _b in V3_BUILDS:
 # chunks of odd rows stored XOR 4, so the reads are free of bank conflicts). Same units (row
 # group x stage), stream-K split, partial sums and epilogues as v3.
 V4_SMEM_MAX = 227 * 1024
-_V4: dict[tuple[str, int, int, int, int, int], Any] = {}
+_V4: dict[tuple[str, int, int, int, int, int, int, int], Any] = {}
 
 
 def v4_stage_bytes(tiles: int, kb: int) -> int:
@@ -488,25 +492,37 @@ def v4_stage_bytes(tiles: int, kb: int) -> int:
     return tiles * 16 * kb * 64
 
 
-def v4_smem(warps: int, tiles: int, kb: int, stages: int) -> int:
-    """Dynamic shared memory of a gemv_mma4 launch (+ 128: the kernel aligns its base)."""
-    return 128 + warps * stages * v4_stage_bytes(tiles, kb)
+def v4_xrow(kb: int) -> int:
+    """Bytes of a token's row of a staged-x slot (xs builds): per 16-byte chunk of the stage,
+    16 bytes of high parts and 16 of remainders, + 16 (bank-conflict-free reads)."""
+    return 4 * kb * 32 + 16
 
 
-def v4_name(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks: int) -> str:
-    return f"gemv_mma4_{mode}_x{warps}_r{tiles}_k{kb}_s{stages}_b{min_blocks}_kernel"
+def v4_smem(warps: int, tiles: int, kb: int, stages: int, xs: int = 0) -> int:
+    """Dynamic shared memory of a gemv_mma4 launch (+ 128: the kernel aligns its base; xs: two
+    slots of staged x for 16 tokens)."""
+    return 128 + warps * stages * v4_stage_bytes(tiles, kb) + (2 * MAX_T * v4_xrow(kb) if xs else 0)
 
 
-def gemv_mma4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks: int) -> Any:
+def v4_name(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks: int, lm: int = 0, xs: int = 0) -> str:
+    return (f"gemv_mma4_{mode}_x{warps}_r{tiles}_k{kb}_s{stages}_b{min_blocks}{'_lm' if lm else ''}"
+            f"{'_xs' if xs else ''}_kernel")
+
+
+def gemv_mma4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks: int, lm: int = 0,
+              xs: int = 0) -> Any:
     """The v4 build: `warps` warps per block, `tiles` 16-row tiles per warp, stages of `kb`
     32-column blocks (K % (32 kb) == 0), a ring of `stages` of them per warp, launch bounds
     (32 * warps, min_blocks). v3's signature and workspace (v3_segments with cols = 32 kb);
-    launched with v4_smem(...) bytes of dynamic shared memory."""
-    key = (mode, warps, tiles, kb, stages, min_blocks)
+    launched with v4_smem(...) bytes of dynamic shared memory. lm: the weight fragments by
+    ldmatrix (chunks XOR row % 8; x read as fp32 pairs) instead of 16-byte shared loads. xs: the
+    block splits each stage's x into bf16 high parts and remainders once, into shared memory
+    (two slots, a block barrier per stage), instead of every warp splitting all of it."""
+    key = (mode, warps, tiles, kb, stages, min_blocks, lm, xs)
     if key not in _V4:
         if (mode not in V3_MODES or warps not in (2, 4, 8) or tiles not in (1, 2) or kb not in (2, 4, 8)
                 or not 2 <= stages <= 8 or (mode == "swiglu" and tiles != 2) or not 1 <= warps * min_blocks <= 64
-                or v4_smem(warps, tiles, kb, stages) > V4_SMEM_MAX):
+                or v4_smem(warps, tiles, kb, stages, xs) > V4_SMEM_MAX):
             raise ValueError(f"gemv_mma4: no build {key}")
         _V4[key] = _make_v4(*key)
     return _V4[key]
@@ -543,7 +559,57 @@ def _x_split(x, xi):
             (pack_bf16x2(l1, l0), pack_bf16x2(l3, l2), pack_bf16x2(l5, l4), pack_bf16x2(l7, l6)))
 
 
-def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks: int) -> Any:
+@intrinsic
+def _ldg_v2_f32(typingctx, arr, idx):
+    """8-byte read-only load of arr.flat[idx], arr.flat[idx + 1] (float32, 8-byte aligned)."""
+    if not isinstance(arr, nbtypes.Array) or not isinstance(idx, nbtypes.Integer):
+        return None
+    ret = nbtypes.UniTuple(nbtypes.float32, 2)
+
+    def codegen(context, builder, sig, args):
+        from llvmlite import ir
+
+        addr = _element_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
+        fnty = ir.FunctionType(ir.LiteralStructType([ir.FloatType()] * 2), [ir.IntType(64)])
+        r = builder.call(ir.InlineAsm(fnty, "ld.global.nc.v2.f32 {$0,$1}, [$2];", "=f,=f,l", side_effect=False), [addr])
+        return context.make_tuple(builder, ret, [builder.extract_value(r, j) for j in range(2)])
+
+    return ret(arr, idx), codegen
+
+
+@intrinsic
+def _sts128(typingctx, saddr, a, b, c, d):
+    """st.shared.v4.u32 of four words at a 32-bit shared address (16-byte aligned)."""
+    if not all(isinstance(v, nbtypes.Integer) for v in (saddr, a, b, c, d)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        from llvmlite import ir
+
+        vs = [context.cast(builder, args[j], sig.args[j], nbtypes.uint32) for j in range(5)]
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(32)] * 5)
+        builder.call(ir.InlineAsm(fnty, "st.shared.v4.u32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}",
+                                  side_effect=True), vs)
+        return context.get_dummy_value()
+
+    return nbtypes.void(saddr, a, b, c, d), codegen
+
+
+if config.ENABLE_CUDASIM:
+    def _sts128(saddr, a, b, c, d) -> None:  # type: ignore[no-redef]
+        import ctypes
+
+        import numpy as np
+
+        buf = np.array([a, b, c, d], np.uint32)
+        ctypes.memmove(int(saddr), buf.ctypes.data, 16)
+
+    def _ldg_v2_f32(arr, idx):  # type: ignore[no-redef]
+        flat = arr.reshape(-1)
+        return flat[int(idx)], flat[int(idx) + 1]
+
+
+def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks: int, lm: int, xs: int) -> Any:
     from ninfer_nb.kernels.linear.gemv_tiled import _gp, _saddr
 
     R = tiles
@@ -558,17 +624,25 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
     NI = 16 // RPI                              # instructions per tile and stage
     SLOT = v4_stage_bytes(tiles, kb)
     WAIT = T1_WAITS[S - 2]
-    SMEM = v4_smem(warps, tiles, kb, stages)
+    SMEM = v4_smem(warps, tiles, kb, stages, xs)
+    LM = lm != 0
+    XS = xs != 0
+    XROW = v4_xrow(kb)
+    XSLOT = MAX_T * XROW
+    TB = 32 * warps
+    QX = (MAX_T * CPR + TB - 1) // TB           # staged-x items (a token's chunk) per thread
+    SWM = 7 if LM else 1                        # chunk c of row r sits at c ^ SWS (r & SWM)
+    SWS = 1 if LM else 4
 
     @cuda.jit(device=True, inline=True)
     def _issue(slot, pc, dsw):
         """cp.async of the next stage into ring slot `slot`: copy m of tile i from pc[i, m] (the
         lane's 16-byte chunk c = lane % CPR of row RPI m + lane // CPR of the tile, the rows past
-        N clamped; then moved on a stage), stored at chunk c ^ 4 (row & 1) of that row of the
-        slot (dsw: its byte offset for even / odd rows)."""
+        N clamped; then moved on a stage), stored at chunk c ^ 4 (row & 1) (ldmatrix:
+        c ^ (row & 7)) of that row of the slot (dsw[m % 8]: its byte offset from row RPI m)."""
         for i in range(R):
             for m in range(NI):
-                cp_async16w(slot + (i * 16 + m * RPI) * ROWB + dsw[m & 1 if RPI == 1 else 0], pc[i, m])
+                cp_async16w(slot + (i * 16 + m * RPI) * ROWB + dsw[m & 7], pc[i, m])
                 pc[i, m] += 2 * KS
 
     @cuda.jit(device=True, inline=True)
@@ -597,13 +671,146 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
                         acc[i, h, 0, e] = c[e]
                         acc[i, h, 1, e] = d[e]
 
+    @cuda.jit(device=True, inline=True)
+    def _pairs(x, xi):
+        """x at flat xi + 0, 1 / + 8, 9 as (high, remainder) bf16x2 words: an mma's B registers."""
+        pa = _ldg_v2_f32(x, xi)
+        pb = _ldg_v2_f32(x, xi + 8)
+        ha0, la0 = _split(pa[0])
+        ha1, la1 = _split(pa[1])
+        hb0, lb0 = _split(pb[0])
+        hb1, lb1 = _split(pb[1])
+        return pack_bf16x2(ha1, ha0), pack_bf16x2(hb1, hb0), pack_bf16x2(la1, la0), pack_bf16x2(lb1, lb0)
+
+    @cuda.jit(device=True, inline=True)
+    def _blk_lm(x, ring_s, j, lrow, lsw, lhc, xc, xd, two, acc, wa):
+        """_blk with ldmatrix: mma s of block j takes chunks 4 j + 2 s (k 0..7) and 4 j + 2 s + 1
+        (k 8..15) of the tile's 16 rows; lane (g, t) then holds elements 2 t, 2 t + 1 of each, so
+        it reads x at columns 32 j + 16 s + 2 t (+ 8) as fp32 pairs."""
+        c0 = ((4 * j + lhc) ^ lsw) << 4
+        c1 = ((4 * j + 2 + lhc) ^ lsw) << 4
+        for i in range(R):
+            p = ldsm_x4(ring_s + i * 16 * ROWB + lrow + c0)
+            q = ldsm_x4(ring_s + i * 16 * ROWB + lrow + c1)
+            for e in range(4):
+                wa[i, e] = p[e]
+                wa[i, 4 + e] = q[e]
+        for h in range(2):
+            if h == 0 or two:
+                xi = xc + 32 * j + (0 if h == 0 else xd)
+                h0, h1, l0, l1 = _pairs(x, xi)
+                h2, h3, l2, l3 = _pairs(x, xi + 16)
+                for i in range(R):
+                    a1 = (wa[i, 0], wa[i, 1], wa[i, 2], wa[i, 3])
+                    a2 = (wa[i, 4], wa[i, 5], wa[i, 6], wa[i, 7])
+                    c = (acc[i, h, 0, 0], acc[i, h, 0, 1], acc[i, h, 0, 2], acc[i, h, 0, 3])
+                    c = mma_bf16(a1, h0, h1, c)
+                    c = mma_bf16(a2, h2, h3, c)
+                    d = (acc[i, h, 1, 0], acc[i, h, 1, 1], acc[i, h, 1, 2], acc[i, h, 1, 3])
+                    d = mma_bf16(a1, l0, l1, d)
+                    d = mma_bf16(a2, l2, l3, d)
+                    for e in range(4):
+                        acc[i, h, 0, e] = c[e]
+                        acc[i, h, 1, e] = d[e]
+
+    @cuda.jit(device=True, inline=True)
+    def _xs_load(x, xr, col0, tid, n_tok, k_dim):
+        """The thread's staged-x items of the stage at column col0: item tid + q TB is token
+        item // CPR, chunk c = item % CPR: columns 8 c .. 8 c + 7 (ldmatrix: 32 (c // 4) + 8 q'
+        + 2 (c % 4) + 0, 1 for q' = 0..3), into xr[q]."""
+        for q in range(QX):
+            it = tid + q * TB
+            tok = it // CPR
+            if tok < n_tok:
+                c = it - tok * CPR
+                if LM:
+                    xi = tok * k_dim + col0 + 32 * (c >> 2) + 2 * (c & 3)
+                    for e in range(4):
+                        v = _ldg_v2_f32(x, xi + 8 * e)
+                        xr[q, 2 * e] = v[0]
+                        xr[q, 2 * e + 1] = v[1]
+                else:
+                    xi = tok * k_dim + col0 + 8 * c
+                    a = ldg_v4_f32(x, xi)
+                    b = ldg_v4_f32(x, xi + 4)
+                    for e in range(4):
+                        xr[q, e] = a[e]
+                        xr[q, 4 + e] = b[e]
+
+    @cuda.jit(device=True, inline=True)
+    def _xs_store(xr, xslot, tid, n_tok):
+        """xr's items split into bf16 high parts and remainders: token row, chunk c: 16 bytes of
+        high words, then 16 of remainder words (the lanes' B registers, in order)."""
+        for q in range(QX):
+            it = tid + q * TB
+            tok = it // CPR
+            if tok < n_tok:
+                c = it - tok * CPR
+                h0, l0 = _split(xr[q, 0])
+                h1, l1 = _split(xr[q, 1])
+                h2, l2 = _split(xr[q, 2])
+                h3, l3 = _split(xr[q, 3])
+                h4, l4 = _split(xr[q, 4])
+                h5, l5 = _split(xr[q, 5])
+                h6, l6 = _split(xr[q, 6])
+                h7, l7 = _split(xr[q, 7])
+                a = xslot + tok * XROW + c * 32
+                _sts128(a, pack_bf16x2(h1, h0), pack_bf16x2(h3, h2), pack_bf16x2(h5, h4), pack_bf16x2(h7, h6))
+                _sts128(a + 16, pack_bf16x2(l1, l0), pack_bf16x2(l3, l2), pack_bf16x2(l5, l4),
+                        pack_bf16x2(l7, l6))
+
+    @cuda.jit(device=True, inline=True)
+    def _blk_xs(xsl, j, t4, g, two, acc, wr, ring_s, sa, swz, lrow, lsw, lhc):
+        """One 32-column block with staged x: the A fragments as _blk / _blk_lm read them, B from
+        the x slot xsl (token 8 h + g, chunk 4 j + t: high words, remainder words)."""
+        if LM:
+            c0 = ((4 * j + lhc) ^ lsw) << 4
+            c1 = ((4 * j + 2 + lhc) ^ lsw) << 4
+            for i in range(R):
+                p = ldsm_x4(ring_s + i * 16 * ROWB + lrow + c0)
+                q = ldsm_x4(ring_s + i * 16 * ROWB + lrow + c1)
+                for e in range(4):
+                    wr[i, e] = p[e]
+                    wr[i, 4 + e] = q[e]
+        else:
+            co = ((4 * j + t4) ^ swz) << 4
+            for i in range(R):
+                p = lds128(sa + i * 16 * ROWB + co)
+                q = lds128(sa + (i * 16 + 8) * ROWB + co)
+                wr[i, 0] = p[0]
+                wr[i, 1] = q[0]
+                wr[i, 2] = p[1]
+                wr[i, 3] = q[1]
+                wr[i, 4] = p[2]
+                wr[i, 5] = q[2]
+                wr[i, 6] = p[3]
+                wr[i, 7] = q[3]
+        for h in range(2):
+            if h == 0 or two:
+                xa = xsl + (8 * h + g) * XROW + (4 * j + t4) * 32
+                xh = lds128(xa)
+                xl = lds128(xa + 16)
+                for i in range(R):
+                    a1 = (wr[i, 0], wr[i, 1], wr[i, 2], wr[i, 3])
+                    a2 = (wr[i, 4], wr[i, 5], wr[i, 6], wr[i, 7])
+                    c = (acc[i, h, 0, 0], acc[i, h, 0, 1], acc[i, h, 0, 2], acc[i, h, 0, 3])
+                    c = mma_bf16(a1, xh[0], xh[1], c)
+                    c = mma_bf16(a2, xh[2], xh[3], c)
+                    d = (acc[i, h, 1, 0], acc[i, h, 1, 1], acc[i, h, 1, 2], acc[i, h, 1, 3])
+                    d = mma_bf16(a1, xl[0], xl[1], d)
+                    d = mma_bf16(a2, xl[2], xl[3], d)
+                    for e in range(4):
+                        acc[i, h, 0, e] = c[e]
+                        acc[i, h, 1, e] = d[e]
+
     def gemv_mma4_kernel(x, w, bias, out, has_bias, accumulate, ws, counter):
         smem = cuda.shared.array(0, uint32)
         flag = cuda.shared.array(1, int32)
         acc = cuda.local.array((R, 2, 2, 4), float32)  # tile, token half, (x high part, remainder), C fragment
         wr = cuda.local.array((R, 8), uint32)          # tile i: row g words 0..3, row g + 8 words 4..7
+        xr = cuda.local.array((QX, 8), float32)        # xs: the thread's x items of the next stage
         pc = cuda.local.array((R, NI), int64)          # the global addresses of the lane's next copies
-        dsw = cuda.local.array(2, int32)
+        dsw = cuda.local.array(8, int32)
         lane = int32(cuda.threadIdx.x & 31)
         warp = int32(cuda.threadIdx.x >> 5)
         g = lane >> 2
@@ -625,11 +832,17 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
         two = n_tok > 8
         sraw = smem_u32(smem)
         ring = _saddr(((sraw + 127) & -128) + int64(warp) * (S * SLOT))
+        xs0 = _saddr(((sraw + 127) & -128) + int64(warps * S * SLOT))   # xs: the two x slots
+        tid = int32(cuda.threadIdx.x)
         wp = _gp(w)
         c_cp = lane % CPR                              # this lane's copy chunk and row within a copy
         r_cp = int32(lane // CPR)
-        dsw[0] = (r_cp * ROWB + ((c_cp ^ (4 * (r_cp & 1))) << 4))
-        dsw[1] = ((r_cp + 1) * ROWB + ((c_cp ^ (4 * ((r_cp + 1) & 1))) << 4)) - ROWB
+        for q in range(8):
+            dsw[q] = int32(r_cp * ROWB + ((c_cp ^ (SWS * ((q * RPI + r_cp) & SWM))) << 4))
+        lrow = (lane & 15) * ROWB                      # ldmatrix: this lane's row address, its XOR, chunk of a pair
+        lsw = lane & 7
+        lhc = lane >> 4
+        xp = min(g, n_tok - 1) * k_dim + 2 * t4        # ldmatrix: x pairs of token g
         sa0 = ring + g * ROWB
         swz = 4 * (g & 1)                              # rows g, g + 8: their chunks' XOR
         while u < u_end:
@@ -655,6 +868,11 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
                     _issue(ring + s_ * SLOT, pc, dsw)
                 cp_async_commit()
             grid_dependency_sync()                     # x is the previous kernel's output
+            xsi = 0                                    # xs: the x slot of stage st
+            if XS:
+                cuda.syncthreads()                     # every warp is done with the x slots
+                _xs_load(x, xr, st * KS, tid, n_tok, k_dim)
+                _xs_store(xr, xs0, tid, n_tok)
             rs = 0                                     # the slot stage st is in
             while st < st_end:
                 WAIT()                                 # this lane's copies of stage st have landed
@@ -664,17 +882,53 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
                 cp_async_commit()
                 sa = sa0 + rs * SLOT
                 xc = xa_base + st * KS
-                _blk(x, sa, ((0 + t4) ^ swz) << 4, xc, xc + xd, two, acc, wr)
-                if KB > 1:
-                    _blk(x, sa, ((4 + t4) ^ swz) << 4, xc + 32, xc + 32 + xd, two, acc, wr)
-                if KB > 2:
-                    _blk(x, sa, ((8 + t4) ^ swz) << 4, xc + 64, xc + 64 + xd, two, acc, wr)
-                    _blk(x, sa, ((12 + t4) ^ swz) << 4, xc + 96, xc + 96 + xd, two, acc, wr)
-                if KB > 4:
-                    _blk(x, sa, ((16 + t4) ^ swz) << 4, xc + 128, xc + 128 + xd, two, acc, wr)
-                    _blk(x, sa, ((20 + t4) ^ swz) << 4, xc + 160, xc + 160 + xd, two, acc, wr)
-                    _blk(x, sa, ((24 + t4) ^ swz) << 4, xc + 192, xc + 192 + xd, two, acc, wr)
-                    _blk(x, sa, ((28 + t4) ^ swz) << 4, xc + 224, xc + 224 + xd, two, acc, wr)
+                if XS:
+                    cuda.syncthreads()                 # stage st's x is staged; the other slot is free
+                    nxt = st + 1 < st_end
+                    if nxt:
+                        _xs_load(x, xr, (st + 1) * KS, tid, n_tok, k_dim)
+                    xsl = xs0 + xsi * XSLOT
+                    rsl = ring + rs * SLOT
+                    _blk_xs(xsl, 0, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                    if KB > 1:
+                        _blk_xs(xsl, 1, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                    if KB > 2:
+                        _blk_xs(xsl, 2, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 3, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                    if KB > 4:
+                        _blk_xs(xsl, 4, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 5, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 6, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 7, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                    if nxt:
+                        _xs_store(xr, xs0 + (1 - xsi) * XSLOT, tid, n_tok)
+                    xsi = 1 - xsi
+                elif LM:
+                    rsl = ring + rs * SLOT
+                    xl_ = xp + st * KS
+                    _blk_lm(x, rsl, 0, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                    if KB > 1:
+                        _blk_lm(x, rsl, 1, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                    if KB > 2:
+                        _blk_lm(x, rsl, 2, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 3, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                    if KB > 4:
+                        _blk_lm(x, rsl, 4, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 5, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 6, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 7, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                else:
+                    _blk(x, sa, ((0 + t4) ^ swz) << 4, xc, xc + xd, two, acc, wr)
+                    if KB > 1:
+                        _blk(x, sa, ((4 + t4) ^ swz) << 4, xc + 32, xc + 32 + xd, two, acc, wr)
+                    if KB > 2:
+                        _blk(x, sa, ((8 + t4) ^ swz) << 4, xc + 64, xc + 64 + xd, two, acc, wr)
+                        _blk(x, sa, ((12 + t4) ^ swz) << 4, xc + 96, xc + 96 + xd, two, acc, wr)
+                    if KB > 4:
+                        _blk(x, sa, ((16 + t4) ^ swz) << 4, xc + 128, xc + 128 + xd, two, acc, wr)
+                        _blk(x, sa, ((20 + t4) ^ swz) << 4, xc + 160, xc + 160 + xd, two, acc, wr)
+                        _blk(x, sa, ((24 + t4) ^ swz) << 4, xc + 192, xc + 192 + xd, two, acc, wr)
+                        _blk(x, sa, ((28 + t4) ^ swz) << 4, xc + 224, xc + 224 + xd, two, acc, wr)
                 st += 1
                 rs = rs + 1 if rs + 1 < S else 0
             for i in range(R):
@@ -737,12 +991,13 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
             u = int64(gr) * nst + st_end
         grid_dependency_sync()
 
-    gemv_mma4_kernel.__name__ = v4_name(mode, warps, tiles, kb, stages, min_blocks)
+    gemv_mma4_kernel.__name__ = v4_name(mode, warps, tiles, kb, stages, min_blocks, lm, xs)
     return kernel((f32_2, u16_2, f32_1, f32_2, i32, i32, f32_3, i32_1), sim=True, fastmath=True,
                   launch_bounds=(32 * warps, min_blocks), self_sync=True, dynamic_smem=SMEM)(gemv_mma4_kernel)
 
 
 # The v4 builds ops/cuda/linear.py may pick (mma4_plan), registered at import for the compile tests.
-V4_BUILDS = (("plain", 4, 2, 4, 3, 2), ("swiglu", 4, 2, 4, 3, 2))
+V4_BUILDS = (("plain", 4, 1, 8, 3, 2), ("plain", 4, 1, 4, 4, 3), ("plain", 4, 2, 4, 3, 2), ("swiglu", 4, 2, 4, 3, 2),
+             ("swiglu", 4, 2, 2, 4, 3))
 for _b4 in V4_BUILDS:
     gemv_mma4(*_b4)

@@ -53,24 +53,37 @@ def mma3_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[t
     return build, min(units, build[4] * sm_count)
 
 
-# gemv_mma4 (gemv_mma.py v4: the weights through per-warp cp.async rings of 128-column stages)
-# for the shapes where mma4_plan has a build, when KernelChoices.multi_token_gemv asks for it
-# (auto: where GEMV_MMA4_AUTO says it was measured faster).
-GEMV_MMA4_AUTO = False
-MMA4_PLAIN = ("plain", 4, 2, 4, 3, 2)      # (mode, warps, tiles, kb, stages, blocks per SM)
-MMA4_SWIGLU = ("swiglu", 4, 2, 4, 3, 2)
+# gemv_mma4 (gemv_mma.py v4: the weights through per-warp cp.async rings of 128-256 column
+# stages) where mma4_plan has a build; KernelChoices.multi_token_gemv = "auto" takes it where
+# GEMV_MMA4_AUTO (measured faster than gemv_mma3 on every 27B shape at T = 4, 8, 16).
+GEMV_MMA4_AUTO = True
+MMA4_MIN_K = 5120                          # the measured shapes (the 35B's K = 2048 / 4096 keep gemv_mma3)
+MMA4_WIDE_N = 65536                        # LM heads: the 2-tile build at every T
+# (mode, warps, tiles, kb, stages, blocks per SM[, ldmatrix, staged x]) by tokens <= 8 / > 8
+MMA4_PLAIN = (("plain", 4, 1, 8, 3, 2), ("plain", 4, 1, 4, 4, 3))
+MMA4_WIDE = ("plain", 4, 2, 4, 3, 2)
+MMA4_SWIGLU = (("swiglu", 4, 2, 4, 3, 2), ("swiglu", 4, 2, 2, 4, 3))
 
 
-def mma4_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[str, int, int, int, int, int], int] | None:
-    """(build, blocks) of gemv_mma4 for T tokens x an [n, k] weight (swiglu: n = 2I): blocks of
-    4 warps of 2 row tiles, 128-column stages in a ring of 3 per warp (96 KB per block), 2 per
-    SM, one block per resident slot (stream-K); None where K is not a multiple of a stage."""
-    build = MMA4_SWIGLU if mode == "swiglu" else MMA4_PLAIN
+def mma4_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[Any, ...], int] | None:
+    """(build, blocks) of gemv_mma4 for T tokens x an [n, k] weight (swiglu: n = 2I), or None
+    (K below MMA4_MIN_K or not a multiple of the build's stage): blocks of 4 warps, one per
+    resident slot (stream-K). Up to 8 tokens: 1 row tile per warp, 256-column stages, a ring of
+    3, 2 blocks per SM; 9-16 tokens (twice the mma per weight): 128-column stages, a ring of 4,
+    3 blocks per SM; LM heads 2 tiles, 128 columns, ring of 3; SwiGLU (gate and up tiles) 128
+    columns x 3 at 2 blocks per SM, 64 x 4 at 3 from 9 tokens. The best of the builds measured
+    (dev/gemv_probe.py --mma) per 27B shape, or within a few % of it."""
+    if mode == "swiglu":
+        build = MMA4_SWIGLU[t > 8]
+    elif n >= MMA4_WIDE_N:
+        build = MMA4_WIDE
+    else:
+        build = MMA4_PLAIN[t > 8]
     cols = 32 * build[3]
-    if k % cols or K_gm.v3_groups(mode, build[1], build[2], n) > K_gm.MAX_GROUPS:
+    groups = K_gm.v3_groups(mode, build[1], build[2], n)
+    if k < MMA4_MIN_K or k % cols or groups > K_gm.MAX_GROUPS:
         return None
-    units = K_gm.v3_groups(mode, build[1], build[2], n) * (k // cols)
-    return build, min(units, build[5] * sm_count)
+    return build, min(groups * (k // cols), build[5] * sm_count)
 
 
 def one_token_build(mode: str, n: int, k: int, sm_count: int = 132) -> tuple[str, int, int, int]:
@@ -289,7 +302,7 @@ class LinearOps(QuantLinearOps):
             spec = K_gm.gemv_mma4(*b4)
             K_gm.prefer_shared(spec, force=True)
             self._go(spec, blocks, 32 * b4[1], x2, weight, b, out2, has_bias, np.int32(accumulate), ws, counter,
-                     smem=K_gm.v4_smem(*b4[1:5]))
+                     smem=K_gm.v4_smem(*b4[1:5], *b4[7:8]))
             return
         build, blocks = mma3_plan(mode, t, n, k, self.sm_count)
         segs = K_gm.v3_segments(K_gm.v3_groups(mode, build[1], build[2], n), k, blocks)
