@@ -465,7 +465,8 @@ def main(argv: Sequence[str]) -> int:
         prefill_chunk=args.prefill_chunk, cuda_graphs=not args.no_cuda_graph, kv_cache=args.kv_cache,
         kernels=kernel_choices(args), weights=args.weights,
         decode=DecodeChoices(device_pick=not args.host_argmax, decode_ahead=not args.no_decode_ahead),
-        spec="ngram" if args.spec == "oracle" else args.spec, draft_tokens=1,
+        spec="ngram" if args.spec == "oracle" else args.spec,
+        draft_tokens=max(int(k) for k in args.draft_tokens.split(",")) if args.spec != "off" else 1,
         max_concurrency=max(levels, default=1)))
     load_s = time.perf_counter() - t_load
     if levels:
@@ -491,7 +492,7 @@ def main(argv: Sequence[str]) -> int:
             set_vocab(args.draft_vocab)
 
         spec_rows = run_spec_bench(llm, args.spec, [int(k) for k in args.draft_tokens.split(",")], args.gen,
-                                   lens[0])
+                                   lens[0], profile=args.profile)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"model": llm.model_id, "device": llm.device_name, "spec": spec_rows}, f, indent=1)
