@@ -50,7 +50,7 @@ from ..models.state import KVDtype, new_state
 from .backends.base import Backend, Pick, RowsForward
 from .batch import ForwardBatch
 from .faults import request_error
-from .generator import Generator, lane_slots
+from .generator import Generator, draft_ring_size, lane_slots
 from .kv_pages import PageAllocator, PageTable, pages_for
 from .output_hooks import HookedSampler, sampler_for
 from .prefix_cache import HostTier, PrefixCache
@@ -120,7 +120,8 @@ class LLMEngine:
         cache: PrefixCache | None = None
         if not self.paged:
             lanes = [Generator(cfg, decoder, backend, max_context, prefill_chunk, use_graphs=use_graphs,
-                               kv_dtype=kv_dtype, verify_slot=verify_slot)]
+                               kv_dtype=kv_dtype, verify_slot=verify_slot,
+                               draft_slots=draft_ring_size(max(draft_tokens, 3)) if verify_slot else 0)]
         else:
             hybrid = any(not cfg.is_full_attention(i) for i in range(cfg.num_layers))
             snaps = 0 if not prefix_cache else (prefix_snapshots if prefix_snapshots is not None
@@ -490,7 +491,7 @@ class LLMEngine:
             tokens = verify_drafts(drafts, gen.verify([req.output_ids[-1]] + drafts), run.sampler)
         gen.rollback(len(tokens))             # the last token and the accepted drafts
         if isinstance(self.proposer, MTPProposer):     # it reads the kept positions' hiddens back
-            self.proposer.settle(len(gen.tokens) - len(tokens), len(tokens))
+            self.proposer.settle(len(gen.tokens) - len(tokens), len(tokens), gen.last_forward_rows)
         self.spec_stats.record(len(drafts), len(tokens) - 1)
         if self.adaptive is not None:
             self.adaptive.record(len(drafts), len(tokens) - 1)
