@@ -139,6 +139,7 @@ class Generator:
         self._settled: tuple[int, int] | None = None    # (ring slot, n): it holds the state after tokens[:n]
         self._verify_snaps: list[int] | None = None     # the unsettled verify's snapshot slots
         self._loaded_snaps: list[int] = []               # what the snapshot device array holds
+        self.last_forward_rows = 0      # tokens the last verify or rollback re-run fed (from the verify's start)
 
     # --- prefix reuse ------------------------------------------------------------------
     def _plan_reuse(self, prompt: list[int]) -> tuple[int, _Snapshot | None]:
@@ -467,6 +468,7 @@ class Generator:
             self.slots.snapshot(self.running_slot, self._verify_slot)
             self._settled = None
         out = self.backend.verify_step(forward, tokens, start, vocab)
+        self.last_forward_rows = len(tokens)
         self.tokens.extend(tokens)
         self._verify_start, self._verify_vocab = start, vocab
         return out
@@ -530,6 +532,7 @@ class Generator:
             self.slots.restore(self.running_slot, self._verify_slot)
         self._settled = None
         self.backend.verify_step(self._forward_fn(all_logits=True), fed[:keep], start, self._verify_vocab)
+        self.last_forward_rows = keep
 
     def logits_all(self, prompt: list[int]) -> np.ndarray:
         """Logits at every position of `prompt` ([T, V]), computed from an empty cache."""

@@ -146,3 +146,24 @@ def test_cuda_partial_accept_restores_the_ring_snapshot() -> None:
         nexts.append(gen.decode(11))
     for other in nexts[1:]:
         np.testing.assert_allclose(other, nexts[0], rtol=2e-3, atol=2e-3)
+
+
+def test_cuda_mtp_takes_the_kept_hiddens_from_the_verify_graph() -> None:
+    """A partial accept by snapshot rollback runs no forward after the verify: the MTP
+    proposer's hidden store takes the kept positions' rows from the verify's own replay (eager,
+    captured and replayed rounds agree)."""
+    llm = LLM("random:tiny-qwen3.5", device="cuda", max_context=160, spec="mtp", draft_tokens=4, max_concurrency=1)
+    gen, proposer = llm.engine.generator, llm.engine.proposer
+    start, got = len(PROMPT), []
+    for _ in range(3):                                     # eager, captured, replayed
+        gen.forget()
+        gen.prefill(PROMPT)
+        proposer.hiddens[start:] = 0.0
+        gen.verify([5, 6, 7, 8, 9], llm.valid_vocab)
+        gen.rollback(3)
+        assert gen.last_forward_rows == 5
+        proposer.settle(start, 3, gen.last_forward_rows)
+        got.append(proposer.hiddens[start : start + 3].copy())
+    assert np.abs(got[0]).max() > 0                       # the eager verify tapped them
+    for other in got[1:]:
+        np.testing.assert_allclose(other, got[0], rtol=1e-5, atol=1e-6)

@@ -93,17 +93,20 @@ class MTPProposer:
         status = check(driver().cuStreamIsCapturing(self.backend.stream.cu))   # type: ignore[attr-defined]
         return int(status) != 0
 
-    def settle(self, start: int, keep: int) -> None:
+    def settle(self, start: int, keep: int, ran: int | None = None) -> None:
         """After a verify round that left `keep` tokens at positions start.. in the caches: the
-        last target forward ran exactly those (the verify when all were kept, else the
-        rollback's re-run). If it was a graph replay, read its hidden rows back now (before the
-        next step reuses the scratch memory)."""
-        if self._last_eager == (start, start + keep):
+        last target forward ran `ran` (None: keep) tokens from start, the kept ones first (the
+        verify, or the rollback's re-run; Generator.last_forward_rows). If it was a graph
+        replay, read its hidden rows of the kept tokens back now (before the next step reuses
+        the scratch memory)."""
+        ran = keep if ran is None else ran
+        if self._last_eager == (start, start + ran):
             self._last_eager = None                     # an eager forward: tapped already
             return
-        rows = self._graph_rows.get((keep, True))
+        rows = self._graph_rows.get((ran, True))
         if rows is not None:
-            self.hiddens[start : start + keep] = np.asarray(self.backend.to_host(rows), dtype=np.float32)
+            host = np.asarray(self.backend.to_host(rows), dtype=np.float32)
+            self.hiddens[start : start + keep] = host[:keep]
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         """Up to k greedy MTP drafts to follow `tokens` (prompt + output, every token but the
