@@ -79,6 +79,10 @@ from ninfer_nb.kernels.common.ptx import (
 from ninfer_nb.kernels.common.registry import kernel
 from ninfer_nb.kernels.common.warp import warp_sum
 
+# Small device helpers are inlined by NVVM (alwaysinline), not by Numba's IR inliner, which copies
+# the IR at every call site (the same SASS, builds compile 2-3x faster). The simulator inlines nothing.
+_INLINE: dict[str, Any] = {} if config.ENABLE_CUDASIM else {"forceinline": True}
+
 u32_1 = u32[::1]
 
 TILE_WORDS = 128                        # 512 bytes of a K-tile as uint32
@@ -107,7 +111,7 @@ ZL = (Z4U, Z4U, np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0), Z4U)    
 A136 = (np.uint32(0x43084308), np.uint32(0x43084308), np.uint32(0x43084308), np.uint32(0x43084308))   # bf16 136
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _a_i4(w, kz0, kz1, m4):
     """The 4 A registers of one 4-bit sub-block (word w, nibble p = register p & 3, half
     p >> 2) as bf16x2 code - zero: 128 + code by a mask-or, then + kz (bf16x2 -(128 + zero))
@@ -119,14 +123,14 @@ def _a_i4(w, kz0, kz1, m4):
     return (r0, r1, r2, r3)
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _kz(q):
     """A zero-point word (bf16 -(128 + zero) of rows g | g + 8) as each row's value in both
     halves of a bf16x2."""
     return (q & LO16) | (q << SH16), (q >> SH16) | (q & HI16)
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _a_i8(w, z0, z1, m8):
     """Two A registers from one 8-bit word (bytes: register lo (row g) low / high element, then
     register hi (row g + 8)): code - zero as fp32 by the magic number, packed to bf16x2 (exact);
@@ -138,7 +142,7 @@ def _a_i8(w, z0, z1, m8):
     return pack_bf16x2(f1, f0), pack_bf16x2(f3, f2)
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _a_fp8(w, rz):
     """Two A registers from one word of e4m3 codes (layout as _a_i8): each byte's exponent and
     mantissa shifted into a bf16 (exponent 120 short, subnormals included) and its sign moved,
@@ -152,14 +156,14 @@ def _a_fp8(w, rz):
     return fma_bf16x2(lo, TWO120, NEG_ZERO2), fma_bf16x2(hi, TWO120, NEG_ZERO2)
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _b(xv):
     """B fragment registers (k 2t, 2t + 1 | 2t + 8, 2t + 9 = the lane's 4 consecutive columns
     of a sub-block) of a 4-tuple of fp32 x."""
     return pack_bf16x2(xv[1], xv[0]), pack_bf16x2(xv[3], xv[2])
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _x8(x, xi, nw, ni, ok, normed):
     """8 consecutive fp32 x at flat index xi (times nw[ni ..] when normed) as two 4-tuples, and
     the sum of squares of the raw values; zeros where not ok (tokens past T)."""
@@ -179,13 +183,13 @@ def _x8(x, xi, nw, ni, ok, normed):
     return xa, xb, ss
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _scaled(acc, c, s0, s1):
     """acc (rows g, g | g + 8, g + 8 for tokens 2t, 2t + 1) += scale * c."""
     return (acc[0] + s0 * c[0], acc[1] + s0 * c[1], acc[2] + s1 * c[2], acc[3] + s1 * c[3])
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _scale_pair(kind, word, mult):
     """(scale of row g, scale of row g + 8) from a scale word (fp8: one fp32 for the tile)."""
     if kind == 2:
@@ -232,7 +236,7 @@ def _tile_b8(kind, w, z0, z1, b, sa, sb, acc, rz):
     return _scaled(acc, c, sa, sb)
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _bases(kind, ktw, e, nt, kt_exp, ng, k_exp, ta, tb, lane, g):
     """Word offsets of K-tile 0 of tiles ta, tb of expert e (this lane's 16 code bytes) and
     of their scale words (int: row pair g of group 0; fp8: block 0)."""
@@ -245,7 +249,7 @@ def _bases(kind, ktw, e, nt, kt_exp, ng, k_exp, ta, tb, lane, g):
     return ca, cb, (ct + ta) * ng * 8 + g, (ct + tb) * ng * 8 + g
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _ktile_loads(kind, ktw, gshift, split, zp, codes, scales, zeros, ca, cb, ia, ib, kl):
     """The streaming loads of K-tile kl (of the bases' expert) of a tile pair: the lane's 16
     code bytes of each tile, their scale words (split: both halves') and zero-point words
@@ -275,7 +279,7 @@ def _ktile_loads(kind, ktw, gshift, split, zp, codes, scales, zeros, ca, cb, ia,
     return va, vb, sa, sb, ha, hb, qz
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _k_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, tq, nt, kt_exp, ng, k_exp, ta, tb, lane,
              g, base, k):
     """_ktile_loads of K-tile k: dense / MoE gate_up from the warp's bases; MoE down from the
@@ -289,7 +293,7 @@ def _k_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, tq, 
     return _ktile_loads(kind, ktw, gshift, split, zp, codes, scales, zeros, ca, cb, ia, ib, kl)
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _pass_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, tq, nt, kt_exp, ng, k_exp, ta, tb,
                 lane, g, base, kt):
     """_k_loads of the UNROLL (4) K-tiles of a full pass from kt."""
@@ -303,7 +307,7 @@ def _pass_loads(kind, ktw, gshift, split, zp, down, codes, scales, zeros, ids, t
                      tb, lane, g, base, kt + 3))
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _a_raw4(w, m4):
     """The 4 A registers of one 4-bit sub-block as bf16x2 128 + code (a mask-or each; m4 the
     mask as a run-time value, so ptxas keeps it in a register for the LOP3 instead of
@@ -311,7 +315,7 @@ def _a_raw4(w, m4):
     return ((w & m4) | O4, ((w >> SH4) & m4) | O4, ((w >> SH8) & m4) | O4, ((w >> SH12) & m4) | O4)
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _minus(c, d):
     return (c[0] - d[0], c[1] - d[1], c[2] - d[2], c[3] - d[3])
 
@@ -407,7 +411,7 @@ def _ktile_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, 
     return acc, ss
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _pass_math(kind, ktw, split, zp, down, ntg, normed, x, nw, ew, tq, kt_exp, kt, t, ok0, ok1, xrow0, xrow1, lp,
                acc, ss, rz):
     """_ktile_math of the 4 K-tiles of a full pass (written out: a loop over the buffer would
@@ -984,7 +988,7 @@ if config.ENABLE_CUDASIM:
 else:
     _gp = gptr
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **_INLINE)
     def _saddr(v):
         """A shared address as the kernels compute with it: 32 bits."""
         return uint32(v)
@@ -1096,7 +1100,7 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
     OFF1 = float32(1024.0 + 16 * 8 if KIND == 0 else 1152.0)
     R1 = float32(1.0 / 16.0 if KIND == 0 else 1.0)       # int4 rows g + 8 came out 16 x
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **_INLINE)
     def issue(slot, lane, pa, pb, psa, psb, pza, pzb):
         """The copies of a K-tile into ring slot `slot`: the lane's 16 code bytes of the two tiles
         (pa, pb) and its scale (zero) words of their group(s) (psa, psb (pza, pzb))."""
@@ -1116,7 +1120,7 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
                 cp_async4(wp + zo + I8, pza + 32)
                 cp_async4(wp + zo + I12, pzb + 32)
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **_INLINE)
     def slot_ptrs(kt, kt_exp, eids, nt, ta, tb, lane, g, k_exp, codes, scales, zeros):
         """MoE down: the pointers of K-tile kt of the slots' concatenated K (slot kt // kt_exp,
         its expert from eids), as issue takes them."""
@@ -1137,7 +1141,7 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
             ob = ((teb * ng + ((kl * KTW) >> GSHIFT)) * 8 + g) * 4
         return pa, pb, _gp(scales) + oa, _gp(scales) + ob, _gp(zeros) + oa, _gp(zeros) + ob
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **_INLINE)
     def sstep(kt):
         """Bytes from K-tile kt's scale word to K-tile kt + 1's (a row pair's words of the next group)."""
         if KIND == 2:
@@ -1146,13 +1150,13 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
             return int32(GSTEP)                                     # a group or two per K-tile
         return int32(32) if ((kt + 1) & KPG) == 0 else int32(0)    # groups longer than a K-tile
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **_INLINE)
     def a_i4(w, m0f, mf0, h1024):
         """(masks as run-time values: ptxas keeps them in registers for the LOP3s)"""
         w8 = w >> SH8
         return (lop3_or(w, m0f, h1024), lop3_or(w, mf0, h1024), lop3_or(w8, m0f, h1024), lop3_or(w8, mf0, h1024))
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **_INLINE)
     def a_b8(w0, w1):
         if KIND == 2:
             r0, r1 = e4m3x4(w0)
@@ -1160,7 +1164,7 @@ def _make_t1(kind: str, zp: bool, split: bool, mode: str, ways: int, warps: int,
             return (r0, r1, r2, r3)
         return (prmt_lo(w0, H64), prmt_hi(w0, H64), prmt_lo(w1, H64), prmt_hi(w1, H64))
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **_INLINE)
     def offs(zw):
         """(row g, row g + 8) offsets of a zero word: int4 bf16 -(128 + z) -> 1024 + z, 1024 + 16 z;
         int8 z | z' << 16 -> 1024 + z."""
