@@ -20,7 +20,7 @@ tokens run again. Knows nothing about text, requests, sampling or stopping
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -97,13 +97,15 @@ class Generator:
     def __init__(self, cfg: ModelConfig, decoder: Decoder, backend: Backend, max_context: int,
                  prefill_chunk: int, use_graphs: bool = True, kv_dtype: KVDtype = "fp32",
                  verify_slot: bool = False, *, state: SequenceState | None = None, slot_base: int = 0,
-                 pages: PageTable | None = None, cache: PrefixCache | None = None, draft_slots: int = 0) -> None:
+                 pages: PageTable | None = None, cache: PrefixCache | None = None, draft_slots: int = 0,
+                 ring_base: int | None = None) -> None:
         """`state` / `slot_base` / `pages`: a lane of a shared state (its GDN slots from
         slot_base, its KV in `pages` of the pool); None: a state of its own, contiguous KV.
         `cache` (paged lanes): the prefix cache the lane starts from (`adopt`) and feeds, in
         place of the lane's own snapshots (an idle lane then holds nothing). `draft_slots`
-        (verify_slot, a state of its own): the per-token snapshot ring (draft_ring_size);
-        0 or a backend whose GDN op cannot snapshot these shapes: copy and re-run."""
+        (verify_slot): the per-token snapshot ring (draft_ring_size), in slots from `ring_base`
+        (a shared state; a state of its own: after the lane's four); 0 or a backend whose GDN
+        op cannot snapshot these shapes: copy and re-run."""
         self.cfg, self.decoder, self.backend = cfg, decoder, backend
         # Decode by graph replay where the backend has graphs (CUDA); eager otherwise.
         self.use_graphs = use_graphs and backend.decode_graphs and pages is None
@@ -130,9 +132,10 @@ class Generator:
         self._table: object = None             # a paged lane's page table as a device row [1, P]
         # the per-token snapshot ring: its slots, the slot [1] the verify runs in and the verify's
         # snapshot slots [ring] as device arrays (a captured verify reads them at replay)
-        ring = (draft_slots if verify_slot and state is None and self._has_gdn and draft_slots >= 3
-                and gdn_snapshots_run(backend, cfg) else 0)
-        self._ring = list(range(slot_base + DRAFT_RING, slot_base + DRAFT_RING + ring))
+        ring = (draft_slots if verify_slot and (state is None or ring_base is not None) and self._has_gdn
+                and draft_slots >= 3 and gdn_snapshots_run(backend, cfg) else 0)
+        first = slot_base + DRAFT_RING if ring_base is None else ring_base
+        self._ring = list(range(first, first + ring))
         self._ring_dev = (backend.zeros((1,), np.int32), backend.zeros((ring,), np.int32)) if ring else None
         if self._ring_dev is not None:
             backend.load_(self._ring_dev[0], np.array([self.running_slot], np.int32))
@@ -494,7 +497,7 @@ class Generator:
         self._settled, self._verify_snaps = (before, len(self.tokens)), snaps
         ops, slot, snap = self.backend.ops, self._ring_dev[0], self._ring_dev[1][:n]
         return lambda ids, pos: self.decoder.forward(
-            ops, ForwardBatch(ids, pos, (0, n), (-1,), all_logits=True, slots=slot, snapshots=snap), self.state)
+            ops, replace(self._batch(ids, pos, True), slot_ids=(-1,), slots=slot, snapshots=snap), self.state)
 
     def rollback(self, keep: int) -> None:
         """Keep the first `keep` (>= 1) tokens of the last verify in the caches. Attention rows
