@@ -12,16 +12,24 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):      # the simulator cases' processes
+    from tests.support.sim_threads import install
+
+    install()
 
 
 @pytest.fixture()
 def pretend_cc90_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """numba compiles device helpers lazily for the *current* device; the compile-only tests
-    (PTX, ptxas, the launch ABI) run without a driver, so pretend a cc 9.0 one."""
+    (PTX, ptxas, the launch ABI) run without a driver, so pretend a cc 9.0 one. Also inline
+    helpers with fewer copies (tests/support/numba_inline.py: the same PTX, faster)."""
     import types
 
     import numba.cuda.dispatcher as disp
 
+    from tests.support.numba_inline import install
+
+    install()
     monkeypatch.setattr(disp, "get_current_device", lambda: types.SimpleNamespace(compute_capability=(9, 0)))
 
 
