@@ -71,11 +71,13 @@ MMA_SHAPES = [("17408x5120", 17408, 5120, "plain"), ("GDN in", 16480, 5120, "pla
 # v3 builds (warps, tiles, unroll, blocks per SM, pipe, ring stages): the defaults (ops/cuda/linear.py
 # mma3_plan); v4 builds ("v4", warps, tiles, kb, stages, blocks per SM): gemv_mma4 (cp.async rings of
 # 32 kb-column stages)
-MMA_BUILDS: list[tuple[Any, ...]] = [(4, 2, 2, 4, 0, 0), (4, 1, 4, 4, 0, 0), ("v4", 4, 2, 4, 3, 2), ("v4", 4, 1, 8, 3, 2),
-                                     ("v4", 4, 1, 4, 4, 3), ("v4", 8, 1, 4, 3, 2), ("v4", 4, 2, 2, 4, 3)]
+MMA_BUILDS: list[tuple[Any, ...]] = [("v4", 4, 1, 8, 3, 2), ("v4", 4, 1, 4, 4, 3), ("v4", 4, 2, 4, 3, 2),
+                                     ("v4", 4, 1, 8, 3, 2, 1), ("v4", 4, 1, 4, 4, 3, 1), ("v4", 4, 2, 4, 3, 2, 1, 1),
+                                     ("v4", 4, 1, 4, 3, 3, 1, 1), ("v4", 8, 1, 4, 3, 2, 1, 1), ("v4", 4, 2, 2, 4, 3, 1, 1),
+                                     ("v4", 2, 1, 16, 3, 2), ("v4", 2, 1, 16, 3, 2, 1)]
 CHECK_SHAPE = (2 * 1000 + 8, 2048)        # the NumPy check's weight: a ragged last row group
-SWIGLU_BUILDS: list[tuple[Any, ...]] = [(4, 2, 2, 4, 0, 0), ("v4", 4, 2, 4, 3, 2), ("v4", 4, 2, 2, 4, 3),
-                                        ("v4", 4, 2, 8, 2, 1)]
+SWIGLU_BUILDS: list[tuple[Any, ...]] = [("v4", 4, 2, 4, 3, 2), ("v4", 4, 2, 2, 4, 3), ("v4", 4, 2, 4, 3, 2, 1),
+                                        ("v4", 4, 2, 4, 3, 2, 1, 1), ("v4", 4, 2, 2, 4, 3, 1, 1), ("v4", 2, 2, 8, 3, 2, 1)]
 
 
 def is_v4(build: Any) -> bool:
@@ -87,7 +89,7 @@ def mma_grids(build: Any, n: int, k: int, sm_count: int) -> list[int]:
     from ninfer_nb.kernels.linear import gemv_mma as K_gm
 
     if is_v4(build):
-        mode, warps, tiles, kb, _, per_sm = build[1:]
+        mode, warps, tiles, kb, _, per_sm = build[1:7]
         units = K_gm.v3_groups(mode, warps, tiles, n) * (k // (32 * kb))
         return [min(units, per_sm * sm_count)]
     groups = K_gm.v3_groups(build[0], build[1], build[2], n)
@@ -103,7 +105,7 @@ def mma_builds(mode: str) -> list[tuple[Any, ...]]:
 
 def build_label(build: Any) -> str:
     if is_v4(build):
-        return "v4 x%d r%d k%d s%d b%d" % build[2:]
+        return "v4 x%d r%d k%d s%d b%d" % build[2:7] + "".join(f" {f}" for f, on in zip(("lm", "xs"), build[7:]) if on)
     return "x%d r%d u%d b%d%s%s" % (build[1], build[2], build[3], build[4], " p" if build[5] else "",
                                      f" s{build[6]}" if build[6] else "")
 
@@ -146,9 +148,9 @@ def mma_main(args: Any) -> None:
 
     def v3(build: Any, blocks: int, x: Any, out: Any, acc: int) -> Callable[[Any], None]:
         if is_v4(build):
-            mode, warps, tiles, kb, stages, per_sm = build[1:]
-            spec = K_gm.gemv_mma4(mode, warps, tiles, kb, stages, per_sm)
-            smem = K_gm.v4_smem(warps, tiles, kb, stages)
+            mode, warps, tiles, kb, stages, per_sm = build[1:7]
+            spec = K_gm.gemv_mma4(*build[1:])
+            smem = K_gm.v4_smem(warps, tiles, kb, stages, *build[8:9])
 
             def launch4(w: Any) -> None:
                 n, k = w.shape
@@ -192,7 +194,7 @@ def mma_main(args: Any) -> None:
                 except AssertionError:
                     errs.append(float("inf"))
             if is_v4(build):
-                occ = occupancy(K_gm.gemv_mma4(*build[1:]), 32 * build[2], K_gm.v4_smem(*build[2:6]))
+                occ = occupancy(K_gm.gemv_mma4(*build[1:]), 32 * build[2], K_gm.v4_smem(*build[2:6], *build[8:9]))
                 name = f"{K_gm.v4_name(*build[1:])} ({occ} blocks/SM)"
             else:
                 name = K_gm.v3_name(*build)
@@ -201,7 +203,7 @@ def mma_main(args: Any) -> None:
                 raise AssertionError("counters not reset")
 
     print("us per launch: 1tok = the one-token GEMV, old = GEMV_MMA3 off (v1 / SIMT + separate add, SwiGLU),\n"
-          "def = ops' default (mma3_plan), mma4 = KernelChoices(multi_token_gemv='mma4') (mma4_plan), then each build of MMA_BUILDS / SWIGLU_BUILDS at one wave; "
+          "mma3 = KernelChoices(multi_token_gemv='mma3') (mma3_plan), def = ops' default (auto: mma4_plan), then each build of MMA_BUILDS / SWIGLU_BUILDS at one wave; "
           "x1 = best / 1tok")
     for m in ("plain", "swiglu"):
         print(f"{m} builds: " + ", ".join(f"{i}={build_label(b)}" for i, b in enumerate(mma_builds(m))))
@@ -243,12 +245,11 @@ def mma_main(args: Any) -> None:
             L.GEMV_MMA3 = False
             old = timed(default, wb) if not args.no_old else float("nan")
             L.GEMV_MMA3 = True
-            plan = timed(default, wb)
             choices = ops.choices
-            ops.choices = replace(choices, multi_token_gemv="mma4")
-            plan4 = timed(default, wb)
+            ops.choices = replace(choices, multi_token_gemv="mma3")
+            plan3 = timed(default, wb)
             ops.choices = choices
-            L.GEMV_MMA3 = False
+            plan = timed(default, wb)
             best = (float("inf"), "")
             times = []
             out = env.up(rnd(rng, t, n // 2 if mode == "swiglu" else n))
@@ -260,7 +261,7 @@ def mma_main(args: Any) -> None:
                         full.write(f"{label} T={t} {name} {us:.2f} us {2 * per / us / 1e3:.0f} GB/s\n")
                     best = min(best, (us, name))
                     times.append(us)
-            print(f"{label:14s} T={t:<2d} 1tok {one:6.1f} old {old:6.1f} def {plan:6.1f} mma4 {plan4:6.1f} | "
+            print(f"{label:14s} T={t:<2d} 1tok {one:6.1f} old {old:6.1f} mma3 {plan3:6.1f} def {plan:6.1f} | "
                   + " ".join(f"{v:6.1f}" for v in times) + f" | x1 {best[0] / one:.2f}", flush=True)
     if full:
         full.close()

@@ -146,14 +146,15 @@ def _gemv4(ops, build, X, W, B, out, blocks, has_bias=1, accumulate=0):
          (("swiglu", 2, 2, 2, 3, 2), 16, 2 * 40, 256, 4, 0), (("plain", 2, 1, 8, 3, 2), 5, 36, 512, 1, 0),
          (("plain", 2, 2, 4, 3, 2, 1), 12, 72, 384, 3, 1), (("swiglu", 2, 2, 2, 2, 2, 1), 5, 2 * 40, 256, 2, 0),
          (("plain", 2, 1, 4, 3, 2, 0, 1), 16, 40, 384, 3, 1), (("swiglu", 2, 2, 2, 3, 2, 1, 1), 9, 2 * 40, 320, 3, 0),
-         (("plain", 2, 2, 2, 2, 2, 1, 1), 3, 70, 192, 2, 0)],
+         (("plain", 2, 2, 2, 2, 2, 1, 1), 3, 70, 192, 2, 0), (("plain", 2, 1, 16, 3, 2), 6, 40, 1536, 3, 1),
+         (("plain", 2, 1, 16, 2, 2, 1), 11, 36, 1024, 2, 0)],
     gpu=[(("plain", 4, 1, 8, 3, 2), 8, 17408, 5120, 264, 0), (("plain", 4, 2, 4, 3, 2), 16, 5120, 17408, 264, 1),
          (("swiglu", 4, 2, 4, 3, 2), 8, 34816, 5120, 264, 0), (("plain", 4, 1, 4, 4, 3), 4, 248320, 5120, 396, 0)]))
 def test_gemv_mma4(dev, rng, build, t, n, k, blocks, accumulate):
     """The v4 builds (weights through per-warp cp.async rings of wide stages) vs NumPy: plain
     with a bias (and the residual when accumulate), swiglu into [T, I]. Small cases: N not a
     multiple of the block's rows, segments shorter and longer than the ring, groups shared by
-    blocks and whole, T over 8, stages of 2, 4 and 8 column blocks (4, 2, 1 rows per copy), the
+    blocks and whole, T over 8, stages of 2, 4, 8 and 16 column blocks (4, 2, 1, 1/2 rows per copy), the
     ldmatrix builds (lm), the staged-x builds (xs: x split once per block, a barrier per stage)."""
     ops = dev.fresh()
     mode = build[0]

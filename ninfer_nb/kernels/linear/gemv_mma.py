@@ -520,7 +520,7 @@ def gemv_mma4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_block
     (two slots, a block barrier per stage), instead of every warp splitting all of it."""
     key = (mode, warps, tiles, kb, stages, min_blocks, lm, xs)
     if key not in _V4:
-        if (mode not in V3_MODES or warps not in (2, 4, 8) or tiles not in (1, 2) or kb not in (2, 4, 8)
+        if (mode not in V3_MODES or warps not in (2, 4, 8) or tiles not in (1, 2) or kb not in (2, 4, 8, 16)
                 or not 2 <= stages <= 8 or (mode == "swiglu" and tiles != 2) or not 1 <= warps * min_blocks <= 64
                 or v4_smem(warps, tiles, kb, stages, xs) > V4_SMEM_MAX):
             raise ValueError(f"gemv_mma4: no build {key}")
@@ -620,8 +620,9 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
     KS = 32 * kb                                # columns per stage
     ROWB = 64 * kb                              # bytes of a row in a stage
     CPR = 4 * kb                                # 16-byte chunks of a row in a stage
-    RPI = 32 // CPR                             # rows per cp.async instruction of the warp
-    NI = 16 // RPI                              # instructions per tile and stage
+    RPI = max(1, 32 // CPR)                     # rows per cp.async instruction of the warp
+    NI = 16 // RPI                              # rows a lane copies from per tile and stage
+    CPP = max(1, CPR // 32)                     # its copies per row (512-byte runs; kb = 16: 2)
     SLOT = v4_stage_bytes(tiles, kb)
     WAIT = T1_WAITS[S - 2]
     SMEM = v4_smem(warps, tiles, kb, stages, xs)
@@ -637,12 +638,13 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
     @cuda.jit(device=True, inline=True)
     def _issue(slot, pc, dsw):
         """cp.async of the next stage into ring slot `slot`: copy m of tile i from pc[i, m] (the
-        lane's 16-byte chunk c = lane % CPR of row RPI m + lane // CPR of the tile, the rows past
+        lane's 16-byte chunk c = lane % CPR (+ 32 v) of row RPI m + lane // CPR of the tile, the rows past
         N clamped; then moved on a stage), stored at chunk c ^ 4 (row & 1) (ldmatrix:
         c ^ (row & 7)) of that row of the slot (dsw[m % 8]: its byte offset from row RPI m)."""
         for i in range(R):
             for m in range(NI):
-                cp_async16w(slot + (i * 16 + m * RPI) * ROWB + dsw[m & 7], pc[i, m])
+                for v in range(CPP):
+                    cp_async16w(slot + (i * 16 + m * RPI) * ROWB + 512 * v + dsw[m & 7], pc[i, m] + 512 * v)
                 pc[i, m] += 2 * KS
 
     @cuda.jit(device=True, inline=True)
@@ -900,6 +902,15 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
                         _blk_xs(xsl, 5, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
                         _blk_xs(xsl, 6, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
                         _blk_xs(xsl, 7, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                    if KB > 8:
+                        _blk_xs(xsl, 8, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 9, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 10, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 11, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 12, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 13, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 14, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
+                        _blk_xs(xsl, 15, t4, g, two, acc, wr, rsl, sa, swz, lrow, lsw, lhc)
                     if nxt:
                         _xs_store(xr, xs0 + (1 - xsi) * XSLOT, tid, n_tok)
                     xsi = 1 - xsi
@@ -917,6 +928,15 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
                         _blk_lm(x, rsl, 5, lrow, lsw, lhc, xl_, xd, two, acc, wr)
                         _blk_lm(x, rsl, 6, lrow, lsw, lhc, xl_, xd, two, acc, wr)
                         _blk_lm(x, rsl, 7, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                    if KB > 8:
+                        _blk_lm(x, rsl, 8, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 9, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 10, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 11, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 12, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 13, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 14, lrow, lsw, lhc, xl_, xd, two, acc, wr)
+                        _blk_lm(x, rsl, 15, lrow, lsw, lhc, xl_, xd, two, acc, wr)
                 else:
                     _blk(x, sa, ((0 + t4) ^ swz) << 4, xc, xc + xd, two, acc, wr)
                     if KB > 1:
@@ -929,6 +949,15 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
                         _blk(x, sa, ((20 + t4) ^ swz) << 4, xc + 160, xc + 160 + xd, two, acc, wr)
                         _blk(x, sa, ((24 + t4) ^ swz) << 4, xc + 192, xc + 192 + xd, two, acc, wr)
                         _blk(x, sa, ((28 + t4) ^ swz) << 4, xc + 224, xc + 224 + xd, two, acc, wr)
+                    if KB > 8:
+                        _blk(x, sa, ((32 + t4) ^ swz) << 4, xc + 256, xc + 256 + xd, two, acc, wr)
+                        _blk(x, sa, ((36 + t4) ^ swz) << 4, xc + 288, xc + 288 + xd, two, acc, wr)
+                        _blk(x, sa, ((40 + t4) ^ swz) << 4, xc + 320, xc + 320 + xd, two, acc, wr)
+                        _blk(x, sa, ((44 + t4) ^ swz) << 4, xc + 352, xc + 352 + xd, two, acc, wr)
+                        _blk(x, sa, ((48 + t4) ^ swz) << 4, xc + 384, xc + 384 + xd, two, acc, wr)
+                        _blk(x, sa, ((52 + t4) ^ swz) << 4, xc + 416, xc + 416 + xd, two, acc, wr)
+                        _blk(x, sa, ((56 + t4) ^ swz) << 4, xc + 448, xc + 448 + xd, two, acc, wr)
+                        _blk(x, sa, ((60 + t4) ^ swz) << 4, xc + 480, xc + 480 + xd, two, acc, wr)
                 st += 1
                 rs = rs + 1 if rs + 1 < S else 0
             for i in range(R):
