@@ -149,7 +149,9 @@ def _gemv4(ops, build, X, W, B, out, blocks, has_bias=1, accumulate=0):
          (("plain", 2, 2, 2, 2, 2, 1, 1), 3, 70, 192, 2, 0), (("plain", 2, 1, 16, 3, 2), 6, 40, 1536, 3, 1),
          (("plain", 2, 1, 16, 2, 2, 1), 11, 36, 1024, 2, 0)],
     gpu=[(("plain", 4, 1, 8, 3, 2), 8, 17408, 5120, 264, 0), (("plain", 4, 2, 4, 3, 2), 16, 5120, 17408, 264, 1),
-         (("swiglu", 4, 2, 4, 3, 2), 8, 34816, 5120, 264, 0), (("plain", 4, 1, 4, 4, 3), 4, 248320, 5120, 396, 0)]))
+         (("swiglu", 4, 2, 4, 3, 2), 8, 34816, 5120, 264, 0), (("plain", 4, 1, 4, 4, 3), 4, 248320, 5120, 396, 0),
+         (("plain", 4, 2, 4, 3, 2, 1, 1), 16, 17408, 5120, 264, 1), (("swiglu", 4, 2, 2, 4, 3, 1, 1), 12, 34816, 5120, 396, 0),
+         (("plain", 2, 1, 16, 3, 2, 1), 5, 5120, 17408, 264, 1)]))
 def test_gemv_mma4(dev, rng, build, t, n, k, blocks, accumulate):
     """The v4 builds (weights through per-warp cp.async rings of wide stages) vs NumPy: plain
     with a bias (and the residual when accumulate), swiglu into [T, I]. Small cases: N not a
