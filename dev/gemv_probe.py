@@ -110,6 +110,16 @@ def build_label(build: Any) -> str:
                                      f" s{build[6]}" if build[6] else "")
 
 
+def carve(spec: Any, percent: int) -> None:
+    """Set a build's preferred shared-memory carveout (-1: the driver's choice) on every overload."""
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    for overload in spec.get().overloads.values():
+        f = overload._codelibrary.get_cufunc()
+        driver.cuKernelSetAttribute(attr, percent, f.handle, f.device.id)
+
+
 def occupancy(spec: Any, threads: int, smem: int) -> int:
     """Resident blocks per SM the driver grants (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
     from numba.cuda.cudadrv.driver import binding
@@ -203,7 +213,8 @@ def mma_main(args: Any) -> None:
                 raise AssertionError("counters not reset")
 
     print("us per launch: 1tok = the one-token GEMV, old = GEMV_MMA3 off (v1 / SIMT + separate add, SwiGLU),\n"
-          "mma3 = KernelChoices(multi_token_gemv='mma3') (mma3_plan), def = ops' default (auto: mma4_plan), then each build of MMA_BUILDS / SWIGLU_BUILDS at one wave; "
+          "mma3 = KernelChoices(multi_token_gemv='mma3') (mma3_plan), def = ops' default (auto: mma4_plan), nc = def without\n"
+          "the full shared-memory carveout, then each build of MMA_BUILDS / SWIGLU_BUILDS at one wave; "
           "x1 = best / 1tok")
     for m in ("plain", "swiglu"):
         print(f"{m} builds: " + ", ".join(f"{i}={build_label(b)}" for i, b in enumerate(mma_builds(m))))
@@ -250,6 +261,13 @@ def mma_main(args: Any) -> None:
             plan3 = timed(default, wb)
             ops.choices = choices
             plan = timed(default, wb)
+            p4 = L.mma4_plan("swiglu" if mode == "swiglu" else "plain", t, n, k, ops.sm_count)
+            plan_nc = float("nan")
+            if p4 is not None:                 # the same without the full shared-memory carveout
+                spec4 = K_gm.gemv_mma4(*p4[0])
+                carve(spec4, -1)
+                plan_nc = timed(default, wb)
+                carve(spec4, 100)
             best = (float("inf"), "")
             times = []
             out = env.up(rnd(rng, t, n // 2 if mode == "swiglu" else n))
@@ -261,7 +279,8 @@ def mma_main(args: Any) -> None:
                         full.write(f"{label} T={t} {name} {us:.2f} us {2 * per / us / 1e3:.0f} GB/s\n")
                     best = min(best, (us, name))
                     times.append(us)
-            print(f"{label:14s} T={t:<2d} 1tok {one:6.1f} old {old:6.1f} mma3 {plan3:6.1f} def {plan:6.1f} | "
+            olds = "" if args.no_old else f"old {old:6.1f} "
+            print(f"{label:14s} T={t:<2d} 1tok {one:6.1f} {olds}mma3 {plan3:6.1f} def {plan:6.1f} nc {plan_nc:6.1f} | "
                   + " ".join(f"{v:6.1f}" for v in times) + f" | x1 {best[0] / one:.2f}", flush=True)
     if full:
         full.close()
