@@ -66,7 +66,8 @@ XDIST_WORKER = "PYTEST_XDIST_WORKER"
 # tests parametrized by a registered kernel's `name`: one worker compiles each kernel (numba types
 # a kernel once per process; its other targets then take a fraction of the first compile)
 KERNEL_BUILD_MODULES = ("tests/kernels/test_compile_ptx.py", "tests/kernels/test_ptxas.py",
-                        "tests/runtime/test_launch_abi.py")
+                        "tests/runtime/test_launch_abi.py", "tests/kernels/test_gemv_quant.py",
+                        "tests/kernels/test_gemv_tiled.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
