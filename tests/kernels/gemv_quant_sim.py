@@ -129,7 +129,7 @@ def test_cuda_ops_route_quantized_records(ops, name):
 
     rng = np.random.default_rng(len(name))
     fmt = quant_format(name)
-    k = 512
+    k = 256
     q = quantize(rnd(rng, 11, k), fmt)
     gu = quantize(rnd(rng, 10, k) * np.float32(0.05), fmt)
     nw, b = rnd(rng, k), rnd(rng, 11)
