@@ -38,7 +38,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32, uint8, uint16, uint32
+from numba import config, cuda, float32, int32, uint8, uint16, uint32
 
 from ninfer_nb.kernels.common.bf16 import f32_to_bf16
 from ninfer_nb.kernels.common.nbtypes import f32, f32_1, f32_2, i32
@@ -65,7 +65,12 @@ MODES = {1: ("plain", "normed", "swiglu"), 4: ("plain", "swiglu")}
 MAX_TOKENS = 16
 
 
-@cuda.jit(device=True, inline=True)
+# Small device helpers are inlined by NVVM (alwaysinline), not by Numba's IR inliner, which copies
+# the IR at every call site (slow compiles). The simulator inlines nothing.
+_INLINE: dict[str, Any] = {} if config.ENABLE_CUDASIM else {"forceinline": True}
+
+
+@cuda.jit(device=True, **_INLINE)
 def _f16(h):
     """float16 bits (uint16) -> float32, exact for zero, subnormals and normals."""
     b = int32(h)
@@ -89,7 +94,7 @@ def _dot_i4(w, xa, xb, m4):
     return s
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _sum16(xa, xb, xc, xd):
     return (((xa[0] + xa[1]) + (xa[2] + xa[3])) + ((xb[0] + xb[1]) + (xb[2] + xb[3]))
             + (((xc[0] + xc[1]) + (xc[2] + xc[3])) + ((xd[0] + xd[1]) + (xd[2] + xd[3]))))
@@ -156,7 +161,7 @@ def _pair_dots(bits, x, xi, nw, ki, normed, wa, wb, za, zb):
     return d0, d1, s
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _meta(scales, zeros, r, g, has_zeros, mid):
     """(scale, offset + zero point) of group g of row r; offset 16 for int4 (mid 8: _dot_i4's
     1 + c / 16), 2^23 for int8 (_dot_i8's magic number)."""
@@ -164,7 +169,7 @@ def _meta(scales, zeros, r, g, has_zeros, mid):
     return _f16(scales[r, g]), (float32(16.0) if mid == 8 else MAGIC_F) + z
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, **_INLINE)
 def _step_codes(codes, r0, r1, kb):
     """One lane's 16 code bytes of rows r0, r1 at code byte kb (streaming loads: the only
     global reads a self_sync kernel issues before grid_dependency_sync)."""
