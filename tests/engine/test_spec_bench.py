@@ -21,7 +21,8 @@ def test_bench_spec_oracle_accepts_every_draft(tmp_path: Path) -> None:
 def test_first_divergence_measures_the_plain_steps_margin() -> None:
     """A spec output that leaves the plain one at token 5: the diagnostic finds index 5, the
     plain step's gap between its token and the other is its argmax margin (> 0), and the verify
-    row on the same state differs from the plain step's row by float rounding only."""
+    row on the same state, and the row of the run's own round (rounds of K + 1), differ from the
+    plain step's row by float rounding only."""
     from ninfer_nb import LLM
     from ninfer_nb.engine.spec.bench import first_divergence, random_prompt
 
@@ -34,4 +35,5 @@ def test_first_divergence_measures_the_plain_steps_margin() -> None:
     assert d is not None and d["index"] == 5 and d["spec_token"] == plain[5] + 1
     assert d["plain_gap"] > 0 and d["top2_gap"] > 0 and d["verify_gap"] > 0
     assert d["forward_diff"] < 1e-3 * d["logit_std"]
+    assert d["round_token"] == plain[5] and d["round_gap"] > 0 and d["round_diff"] < 1e-3 * d["logit_std"]
     assert first_divergence(llm, prompt, plain, plain, 2) is None

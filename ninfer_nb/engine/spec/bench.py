@@ -90,11 +90,13 @@ def first_divergence(llm: Any, prompt: list[int], plain: list[int], spec: list[i
                      k: int) -> dict[str, Any] | None:
     """Where greedy speculative output first leaves plain output, and how close a call the plain
     step made there: output index j, both tokens, the plain decode step's logits at j (prefill,
-    then one-token steps of plain[:j]) and the K + 1 verify's row at j (same state, then a
-    verify of [plain[j-1], plain[j:j+K]]). logit gaps are plain's token minus the spec's token;
-    `forward_diff` is max |verify row - plain step row|: the two forwards' arithmetic difference
-    on one identical state. A gap within a few forward_diff is a near-tie (summation order);
-    a gap far above it points at a bug. None when the outputs agree."""
+    then one-token steps of plain[:j]), the K + 1 verify's row at j on that state (a verify of
+    [plain[j-1], plain[j:j+K]]) and the row of the speculative run's own round (rounds of K + 1
+    from the first output token, every draft kept, as the oracle's first pass ran). Logit gaps
+    are plain's token minus the spec's; `forward_diff` is max |verify row - plain step row| on
+    one identical state (the two forwards' arithmetic), `round_diff` the same for the round's
+    row (what the verified rows before it changed too). A gap within a few forward_diff is a
+    near-tie (summation order); a gap far above both points at a bug. None when they agree."""
     j = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
     if j is None:
         return None
@@ -119,6 +121,17 @@ def first_divergence(llm: Any, prompt: list[int], plain: list[int], spec: list[i
         row = np.asarray(rows[0][:vocab], np.float64)
         out.update(verify_gap=float(row[plain[j]] - row[spec[j]]),
                    forward_diff=float(np.abs(row - step).max()))
+        # the speculative run's own round: rounds of K + 1 from output 0, every draft kept before j
+        r, i = divmod(j - 1, k + 1)
+        gen.forget()
+        gen.prefill(prompt)
+        for q in range(r + 1):
+            fed = plain[q * (k + 1) : (q + 1) * (k + 1)]
+            rows = gen.verify(fed, 0)
+            gen.rollback(len(fed))
+        row = np.asarray(rows[i][:vocab], np.float64)
+        out.update(round_gap=float(row[plain[j]] - row[spec[j]]), round_token=int(np.argmax(row)),
+                   round_diff=float(np.abs(row - step).max()))
     llm.engine.forget()
     return out
 
@@ -284,8 +297,13 @@ def run_spec_bench(llm: Any, kind: str, draft_tokens: list[int], gen: int,
               f"{d['top2_gap']:.3g}, logit std {d['logit_std']:.3g})", end="")
         if "forward_diff" in d:
             tie = abs(d["plain_gap"]) <= 4 * d["forward_diff"]
-            print(f"; verify row gap {d['verify_gap']:.3g}; max |verify - step| on one state "
-                  f"{d['forward_diff']:.3g}: {'a near-tie (summation order)' if tie else 'NOT a near-tie: suspect a bug'}")
+            grown = abs(d["plain_gap"]) <= d["round_diff"]
+            verdict = ("a near-tie (summation order)" if tie else
+                       "the verified rows before it moved the logits past the gap (numerics such as MoE "
+                       "routing near-ties, or a multi-row bug)" if grown else "NOT a near-tie: suspect a bug")
+            print(f"; one-state verify row gap {d['verify_gap']:.3g}, max |verify - step| {d['forward_diff']:.3g}; "
+                  f"the run's own round: argmax {d['round_token']}, gap {d['round_gap']:.3g}, max |row - step| "
+                  f"{d['round_diff']:.3g}: {verdict}")
         else:
             print("; at the first token (prefill): NOT a verify difference: suspect nondeterminism")
     for r in rows:
