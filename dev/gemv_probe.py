@@ -71,13 +71,10 @@ MMA_SHAPES = [("17408x5120", 17408, 5120, "plain"), ("GDN in", 16480, 5120, "pla
 # v3 builds (warps, tiles, unroll, blocks per SM, pipe, ring stages): the defaults (ops/cuda/linear.py
 # mma3_plan); v4 builds ("v4", warps, tiles, kb, stages, blocks per SM): gemv_mma4 (cp.async rings of
 # 32 kb-column stages)
-MMA_BUILDS: list[tuple[Any, ...]] = [("v4", 4, 1, 8, 3, 2), ("v4", 4, 1, 4, 4, 3), ("v4", 4, 2, 4, 3, 2),
-                                     ("v4", 4, 1, 8, 3, 2, 1), ("v4", 4, 1, 4, 4, 3, 1), ("v4", 4, 2, 4, 3, 2, 1, 1),
-                                     ("v4", 4, 1, 4, 3, 3, 1, 1), ("v4", 8, 1, 4, 3, 2, 1, 1), ("v4", 4, 2, 2, 4, 3, 1, 1),
-                                     ("v4", 2, 1, 16, 3, 2), ("v4", 2, 1, 16, 3, 2, 1)]
+MMA_BUILDS: list[tuple[Any, ...]] = [("v4", 8, 1, 4, 3, 2, 1, 1), ("v4", 4, 1, 4, 3, 3, 1, 1), ("v4", 4, 2, 4, 3, 2, 1, 1),
+                                     ("v4", 4, 2, 2, 4, 3, 1, 1), ("v4", 8, 1, 2, 4, 2, 1, 1), ("v4", 4, 1, 8, 3, 2)]
 CHECK_SHAPE = (2 * 1000 + 8, 2048)        # the NumPy check's weight: a ragged last row group
-SWIGLU_BUILDS: list[tuple[Any, ...]] = [("v4", 4, 2, 4, 3, 2), ("v4", 4, 2, 2, 4, 3), ("v4", 4, 2, 4, 3, 2, 1),
-                                        ("v4", 4, 2, 4, 3, 2, 1, 1), ("v4", 4, 2, 2, 4, 3, 1, 1), ("v4", 2, 2, 8, 3, 2, 1)]
+SWIGLU_BUILDS: list[tuple[Any, ...]] = [("v4", 4, 2, 4, 3, 2, 1, 1), ("v4", 4, 2, 2, 4, 3, 1, 1), ("v4", 4, 2, 4, 3, 2)]
 
 
 def is_v4(build: Any) -> bool:

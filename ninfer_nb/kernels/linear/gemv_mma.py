@@ -480,9 +480,12 @@ for _b in V3_BUILDS:
 # per row), so the memory sees many short runs held in registers. Here a warp copies its
 # 16 R rows x 32 KB columns per stage with cp.async, each instruction a contiguous 256-512 byte
 # run of one or two rows, into a shared-memory ring of `stages` slots (stages - 1 in flight, no
-# registers held for them); lanes then read their mma fragments from the slot (the 16-byte
-# chunks of odd rows stored XOR 4, so the reads are free of bank conflicts). Same units (row
-# group x stage), stream-K split, partial sums and epilogues as v3.
+# registers held for them); lanes then read their mma fragments from the slot (16-byte chunks
+# stored XOR-swizzled by row, so the reads are free of bank conflicts): by 16-byte loads, or by
+# ldmatrix (lm). With xs the block splits each stage's x into bf16 high parts and remainders
+# once, into two shared slots (a block barrier per stage), instead of every warp splitting all
+# of it (the T = 16 cost). Same units (row group x stage), stream-K split, partial sums and
+# epilogues as v3. ops/cuda/linear.py mma4_plan picks the lm + xs builds.
 V4_SMEM_MAX = 227 * 1024
 _V4: dict[tuple[str, int, int, int, int, int, int, int], Any] = {}
 
@@ -1026,7 +1029,6 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
 
 
 # The v4 builds ops/cuda/linear.py may pick (mma4_plan), registered at import for the compile tests.
-V4_BUILDS = (("plain", 4, 1, 8, 3, 2), ("plain", 4, 1, 4, 4, 3), ("plain", 4, 2, 4, 3, 2), ("swiglu", 4, 2, 4, 3, 2),
-             ("swiglu", 4, 2, 2, 4, 3))
+V4_BUILDS = (("plain", 8, 1, 4, 3, 2, 1, 1), ("swiglu", 4, 2, 4, 3, 2, 1, 1))
 for _b4 in V4_BUILDS:
     gemv_mma4(*_b4)

@@ -53,32 +53,24 @@ def mma3_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[t
     return build, min(units, build[4] * sm_count)
 
 
-# gemv_mma4 (gemv_mma.py v4: the weights through per-warp cp.async rings of 128-256 column
-# stages) where mma4_plan has a build; KernelChoices.multi_token_gemv = "auto" takes it where
-# GEMV_MMA4_AUTO (measured faster than gemv_mma3 on every 27B shape at T = 4, 8, 16).
+# gemv_mma4 (gemv_mma.py v4: the weights through per-warp cp.async rings, x split once per block
+# into shared memory) where mma4_plan has a build; KernelChoices.multi_token_gemv = "auto" takes
+# it where GEMV_MMA4_AUTO (measured faster than gemv_mma3 on every 27B shape at T = 4, 8, 16).
 GEMV_MMA4_AUTO = True
 MMA4_MIN_K = 5120                          # the measured shapes (the 35B's K = 2048 / 4096 keep gemv_mma3)
-MMA4_WIDE_N = 65536                        # LM heads: the 2-tile build at every T
-# (mode, warps, tiles, kb, stages, blocks per SM[, ldmatrix, staged x]) by tokens <= 8 / > 8
-MMA4_PLAIN = (("plain", 4, 1, 8, 3, 2), ("plain", 4, 1, 4, 4, 3))
-MMA4_WIDE = ("plain", 4, 2, 4, 3, 2)
-MMA4_SWIGLU = (("swiglu", 4, 2, 4, 3, 2), ("swiglu", 4, 2, 2, 4, 3))
+# (mode, warps, tiles, kb, stages, blocks per SM, ldmatrix, staged x)
+MMA4_PLAIN = ("plain", 8, 1, 4, 3, 2, 1, 1)
+MMA4_SWIGLU = ("swiglu", 4, 2, 4, 3, 2, 1, 1)
 
 
 def mma4_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[Any, ...], int] | None:
     """(build, blocks) of gemv_mma4 for T tokens x an [n, k] weight (swiglu: n = 2I), or None
-    (K below MMA4_MIN_K or not a multiple of the build's stage): blocks of 4 warps, one per
-    resident slot (stream-K). Up to 8 tokens: 1 row tile per warp, 256-column stages, a ring of
-    3, 2 blocks per SM; 9-16 tokens (twice the mma per weight): 128-column stages, a ring of 4,
-    3 blocks per SM; LM heads 2 tiles, 128 columns, ring of 3; SwiGLU (gate and up tiles) 128
-    columns x 3 at 2 blocks per SM, 64 x 4 at 3 from 9 tokens. The best of the builds measured
-    (dev/gemv_probe.py --mma) per 27B shape, or within a few % of it."""
-    if mode == "swiglu":
-        build = MMA4_SWIGLU[t > 8]
-    elif n >= MMA4_WIDE_N:
-        build = MMA4_WIDE
-    else:
-        build = MMA4_PLAIN[t > 8]
+    (K below MMA4_MIN_K or not a multiple of a stage): 128-column stages in a ring of 3 per warp,
+    A fragments by ldmatrix, x staged once per block, 2 blocks per SM, one block per resident
+    slot (stream-K); plain: 8 warps of one row tile, SwiGLU: 4 warps of a gate and an up tile.
+    The best or within 3 % of the best of the builds measured (dev/gemv_probe.py --mma) on the
+    27B shapes at T = 4, 8, 16 (down, 17408 x 5120, out_proj, gate_up, LM head)."""
+    build = MMA4_SWIGLU if mode == "swiglu" else MMA4_PLAIN
     cols = 32 * build[3]
     groups = K_gm.v3_groups(mode, build[1], build[2], n)
     if k < MMA4_MIN_K or k % cols or groups > K_gm.MAX_GROUPS:
