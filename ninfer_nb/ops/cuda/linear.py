@@ -57,6 +57,7 @@ def mma3_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[t
 # into shared memory) where mma4_plan has a build; KernelChoices.multi_token_gemv = "auto" takes
 # it where GEMV_MMA4_AUTO (measured faster than gemv_mma3 on every 27B shape at T = 4, 8, 16).
 GEMV_MMA4_AUTO = True
+MMA4_MIN_T = 3                             # tokens from which gemv_mma4 serves (below: the SIMT GEMV)
 MMA4_MIN_K = 5120                          # the measured shapes (the 35B's K = 2048 / 4096 keep gemv_mma3)
 # (mode, warps, tiles, kb, stages, blocks per SM, ldmatrix, staged x)
 MMA4_PLAIN = ("plain", 8, 1, 4, 3, 2, 1, 1)
@@ -270,10 +271,19 @@ class LinearOps(QuantLinearOps):
     def _gemv_mma3(self, t: int, k: int, n: int) -> bool:
         """Whether T tokens x an [n, K] weight take gemv_mma3 (bf16 and alignment checked by the
         caller); GEMV_MMA = False turns off both tensor-core GEMVs (the SIMT ones run)."""
-        return (GEMV_MMA and GEMV_MMA3 and not SIM and GEMV_MMA3_MIN_T <= t <= K_gm.MAX_T and k % K_gm.K_ALIGN == 0
+        min_t = GEMV_MMA3_MIN_T
+        if MMA4_MIN_T < min_t and self._mma4_on() and mma4_plan("plain", t, n, k, self.sm_count) is not None:
+            min_t = MMA4_MIN_T
+        return (GEMV_MMA and GEMV_MMA3 and not SIM and min_t <= t <= K_gm.MAX_T and k % K_gm.K_ALIGN == 0
                 and (k >= GEMV_MMA3_MIN_K or n * k >= GEMV_MMA3_MIN_WEIGHT)
                 and self.arch is not None and tuple(self.arch) >= (8, 0)
                 and K_gm.v3_groups("plain", 4, 1, n) <= K_gm.MAX_GROUPS)
+
+    def _mma4_on(self) -> bool:
+        """Whether KernelChoices.multi_token_gemv sends the tensor-core GEMV to gemv_mma4 (where
+        mma4_plan has a build)."""
+        pick = self.choices.multi_token_gemv
+        return pick == "mma4" or (pick == "auto" and GEMV_MMA4_AUTO)
 
     def _gemv_mma3_into(self, mode: str, x2: Any, weight: Any, b: Any, out2: Any, has_bias: Any,
                         accumulate: int) -> None:
@@ -285,8 +295,7 @@ class LinearOps(QuantLinearOps):
         counter = getattr(self, "_mma3_counter", None)
         if counter is None:                 # 0 between launches; each row group's last block resets it
             counter = self._mma3_counter = self.zeros((K_gm.MAX_GROUPS,), np.int32, persistent=True)
-        pick = self.choices.multi_token_gemv
-        plan4 = mma4_plan(mode, t, n, k, self.sm_count) if pick == "mma4" or (pick == "auto" and GEMV_MMA4_AUTO) else None
+        plan4 = mma4_plan(mode, t, n, k, self.sm_count) if self._mma4_on() else None
         if plan4 is not None:
             b4, blocks = plan4
             segs = K_gm.v3_segments(K_gm.v3_groups(mode, b4[1], b4[2], n), k, blocks, 32 * b4[3])
