@@ -1,9 +1,12 @@
 """`ninfer bench` end to end on the CPU backend with a tiny random preset: the table, the JSON
-report and both per-op profiles (decode step and prefill chunk) are produced and consistent."""
+report and both per-op profiles (decode step and prefill chunk) are produced and consistent; the
+peak device-memory column's bookkeeping (and, on the GPU, the column itself)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from ninfer_nb.cli import main
 
@@ -101,8 +104,6 @@ def test_bench_concurrency_levels(tmp_path: Path, capsys) -> None:
 
 
 def test_bench_max_context_shorter_than_the_run_is_refused(capsys) -> None:
-    import pytest
-
     with pytest.raises(SystemExit) as e:
         main(["bench", "--random", "tiny-qwen3.5", "--device", "cpu", "--prompt-len", "24", "--gen", "8",
               "--max-context", "31"])
@@ -123,3 +124,24 @@ def test_arena_used_counts_the_scratch_at_its_high_water_mark() -> None:
     scratch.alloc(100)                                # a smaller step later: the mark stays
     arena.alloc(5000)                                 # the KV cache: 5120 B
     assert arena_used(arena, scratch) == 1024 + 3072 + 5120
+
+
+@pytest.mark.gpu
+def test_bench_peak_memory_on_cuda(tmp_path: Path, capsys) -> None:
+    """The peak column on the GPU: the arena's used bytes hold the weights and the KV cache for the
+    whole --max-context, the scratch counts at its high-water mark (not its reserved quarter of
+    the arena), and the memory outside the arena (the CUDA context at least) is added."""
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--random", "tiny-qwen3.5", "--device", "cuda", "--weights", "int4-g64", "--prompt-len", "64",
+               "--gen", "4", "--repeat", "1", "--max-context", "4096", "--json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["max_context"] == 4096 and report["kv_cache"] == "bf16"
+    m = report["rows"][0]["device_memory"]
+    kv = 1 * 2 * 2 * 64 * 4096 * 2              # 1 attention layer, K and V, 2 KV heads of 64, bf16
+    assert m["weights"] > 100 << 20                                     # the bf16 embedding alone: 127 MB
+    assert m["weights"] + kv <= m["arena_used"] < m["weights"] + (512 << 20)
+    assert 0 < m["scratch_peak"] < 256 << 20
+    assert 0 < m["outside_arena"] and m["peak"] == m["arena_used"] + m["outside_arena"] < m["device_total"]
+    assert report["rows"][0]["peak_device_bytes"] == m["peak"]
+    assert "peak GiB" in capsys.readouterr().out
