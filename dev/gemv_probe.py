@@ -254,9 +254,11 @@ def mma_main(args: Any) -> None:
             old = timed(default, wb) if not args.no_old else float("nan")
             L.GEMV_MMA3 = True
             choices = ops.choices
-            ops.choices = replace(choices, multi_token_gemv="mma3")
-            plan3 = timed(default, wb)
-            ops.choices = choices
+            plan3 = float("nan")
+            if not args.no_mma3:
+                ops.choices = replace(choices, multi_token_gemv="mma3")
+                plan3 = timed(default, wb)
+                ops.choices = choices
             plan = timed(default, wb)
             p4 = L.mma4_plan("swiglu" if mode == "swiglu" else "plain", t, n, k, ops.sm_count)
             plan_nc = float("nan")
@@ -361,6 +363,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-separated substrings of the shape labels to run")
     ap.add_argument("--no-old", action="store_true", help="--mma: skip the path before gemv_mma3")
+    ap.add_argument("--no-mma3", action="store_true", help="--mma: skip gemv_mma3 (KernelChoices mma3)")
     ap.add_argument("--builds", default="", help="--mma: comma-separated indices of MMA_BUILDS to time (default all)")
     ap.add_argument("--swiglu-builds", default="", help="--mma: indices of SWIGLU_BUILDS (default all)")
     args = ap.parse_args()
