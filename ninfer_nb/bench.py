@@ -355,7 +355,7 @@ def main(argv: Sequence[str]) -> int:
                    help="random weights of a preset's shapes (qwen3.6-27b, qwen3.6-35b-a3b, tiny-qwen3.5, ...)")
     p.add_argument("--weights", default=None, choices=list(FORMATS), metavar="FORMAT",
                    help="with --random: the matrices in this quantized format (int4-g64, int8-g128, ...; "
-                        "embedding, routers and expert stacks stay bf16)")
+                        "the embedding, the MoE routers and the shared-expert gate stay bf16)")
     p.add_argument("--prefill-chunk", type=int, default=1024)
     p.add_argument("--max-context", type=int, default=None, metavar="N",
                    help="the context the engine allocates (KV cache, scratch) for; default: the longest "
