@@ -27,9 +27,10 @@ from .tiled import TILE_BYTES, TILE_ROWS, TILED, tile_cols, tileable
 SMALL_SIDE = 8
 
 
-def quantized_calls(cfg: Any) -> frozenset[int]:
+def quantized_calls(cfg: Any, fmt: QuantFormat | None = None) -> frozenset[int]:
     """Indices (in call order) of the `make` calls of random_weights(cfg, make) whose weight a
-    quantized random model stores in the format."""
+    quantized random model stores in the format; with `fmt`, a groupwise format's weights only
+    where K splits into its groups (the others stay dense, as a converter leaves them)."""
     calls: list[SimpleNamespace] = []
 
     def make(shape: tuple[int, ...], kind: str) -> SimpleNamespace:
@@ -44,8 +45,10 @@ def quantized_calls(cfg: Any) -> frozenset[int]:
     fmt_free = {"matrix"}
     if experts_quantized(cfg):
         fmt_free.add("experts")
+    grouped = fmt is not None and fmt.layout != "fp8-block"
     return frozenset(c.index for c in calls
-                     if c.kind in fmt_free and min(c.shape[-2:]) > SMALL_SIDE and id(c) not in kept)
+                     if c.kind in fmt_free and min(c.shape[-2:]) > SMALL_SIDE and id(c) not in kept
+                     and not (grouped and c.shape[-1] % fmt.group_size))
 
 
 def experts_quantized(cfg: Any) -> bool:
