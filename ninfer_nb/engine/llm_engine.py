@@ -130,14 +130,17 @@ class LLMEngine:
             per_lane, table_pages = lane_slots(verify_slot, cached), pages_for(max_context)
             allocator = PageAllocator(kv_pages if kv_pages is not None else max_concurrency * table_pages)
             base = max_concurrency * per_lane
+            # the first lane's per-token snapshot ring (it speculates while a request runs alone)
+            ring, ring_base = (draft_ring_size(max(draft_tokens, 3)) if verify_slot else 0), base + (snaps if cached else 0)
             state = new_state(cfg, max_context, backend.zeros, kv_dtype,
-                              gdn_slots=base + (snaps if cached else 0), num_pages=allocator.num_pages)
+                              gdn_slots=ring_base + ring, num_pages=allocator.num_pages)
             host = HostTier(state, backend, host_cache_mib << 20) if cached and host_cache_mib > 0 else None
             cache = (PrefixCache(allocator, range(base, base + snaps), StateSlots(state, backend).copy, hybrid,
                                  host) if cached else None)
             lanes = [Generator(cfg, decoder, backend, max_context, prefill_chunk, use_graphs=use_graphs,
                                kv_dtype=kv_dtype, verify_slot=verify_slot, state=state, slot_base=i * per_lane,
-                               pages=PageTable(allocator, table_pages), cache=cache)
+                               pages=PageTable(allocator, table_pages), cache=cache,
+                               draft_slots=ring if i == 0 else 0, ring_base=ring_base if i == 0 else None)
                      for i in range(max_concurrency)]
         self.scheduler = Scheduler(lanes, allocator, cache)
         self.prefix_cache = cache

@@ -165,6 +165,26 @@ def test_one_sequence_greedy_spec_equals_plain_with_the_snapshot_ring(tiny_qwen3
         assert stats.rounds > 0 and 0 < stats.accepted < stats.drafted
 
 
+def test_paged_first_lane_rolls_back_by_snapshots(tiny_qwen35_dir: Path) -> None:
+    """Batched lanes: the first lane has the snapshot ring (after the prefix cache's slots), so a
+    request running alone there keeps the plain greedy tokens with one forward per round (two
+    where every draft was rejected: the last token runs again, exactly)."""
+    plain = _generate(LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16,
+                          max_concurrency=1), PROMPT, _greedy(20))
+    llm = LLM(str(tiny_qwen35_dir), device="cpu", max_context=96, prefill_chunk=16, spec="ngram",
+              draft_tokens=3, max_concurrency=2)
+    lanes = llm.engine.scheduler.lanes
+    assert len(lanes[0]._ring) == draft_ring_size(3) and not lanes[1]._ring
+    assert lanes[0]._ring[-1] == lanes[0].slots.num_slots - 1
+    llm.engine.proposer = _CorruptedOracle(PROMPT, plain, every=3)
+    calls = _counting(lanes[0])
+    assert _generate(llm, PROMPT, _greedy(20)) == plain
+    stats = llm.engine.spec_stats
+    assert 0 < stats.accepted < stats.drafted
+    rejected_all = stats.rounds - stats.accepted_at[0]           # only those run a token again
+    assert len(calls) == stats.rounds + rejected_all          # partial accepts ran nothing again
+
+
 class _RepeatTail:
     """Drafts the last k tokens again: always a draft, rarely a right one."""
 
