@@ -1,4 +1,5 @@
-"""Backends: where the model runs. `CpuBackend` runs `ops.cpu` on NumPy arrays.
+"""Backends: where the model runs. `CpuBackend` runs `ops.cpu` on NumPy arrays (its linear
+layers through ops/cpu_fast.py's few-row kernel, `CpuOps`).
 
 Both backends implement the contract in engine/backends/base.py (`Backend`); the CPU one runs
 every step eagerly: it has no decode graph, so the engine never queues a step ahead on it, and
@@ -17,7 +18,7 @@ from ..config import ModelConfig
 from ..errors import DeviceError
 from ..models.presets import random_weights
 from ..models.weights import ModelWeights
-from ..ops import cpu
+from ..ops import cpu, cpu_fast
 from ..ops.kernel_choices import KernelChoices
 from .backends.base import ARGMAX, Backend, Forward, Pick, RowsForward
 from .sampler import gumbel_max_pick
@@ -28,11 +29,26 @@ __all__ = ["Backend", "CpuBackend", "create_backend"]
 SPLIT_ROWS_BELOW = 3              # decode rounds of fewer rows run one row per forward (decode_rows)
 
 
+class CpuOps:
+    """ops.cpu, with the linear layers of few rows on ops/cpu_fast.py's kernel (the same
+    contract; ops.cpu stays the reference). Other names resolve to ops.cpu at call time."""
+    linear = staticmethod(cpu_fast.linear)
+    linear_add = staticmethod(cpu_fast.linear_add)
+    linear_swiglu = staticmethod(cpu_fast.linear_swiglu)
+    linear_split = staticmethod(cpu_fast.linear_split)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return vars(cpu)[name]
+        except KeyError:
+            raise AttributeError(f"ops.cpu has no {name!r}") from None
+
+
 class CpuBackend:
     name = "cpu"
     device_name = "cpu"
     default_kv_cache = "fp32"      # NumPy computes in fp32; a bf16 cache would only add rounding
-    ops: Any = cpu
+    ops: Any = CpuOps()
     decode_graphs = False
 
     def __init__(self) -> None:
@@ -52,8 +68,8 @@ class CpuBackend:
     def upload(self, weights: ModelWeights) -> ModelWeights:
         """Host storage: quantized records as their float32 values (dequantized once here: the
         NumPy matmuls need float32, and dequantizing on every call costs more than the matmul);
-        float32 matrices column-major (ops.cpu.linear's x @ w.T then multiplies by a row-major
-        [K, N]: the fast layout for a decode round's few rows); everything else as it is."""
+        float32 matrices row-major [N, K] (ops/cpu_fast.py's few-row kernel reads them in place;
+        BLAS takes w.T as a transposed operand); everything else as it is."""
         from ..models.weights import DenseWeight, QuantizedWeight, map_weights
         from ..quant.dequant import dequantize
 
@@ -61,8 +77,7 @@ class CpuBackend:
             if isinstance(w, QuantizedWeight):
                 w = DenseWeight(dequantize(w), "f32")
             if isinstance(w, DenseWeight) and w.data.ndim == 2 and w.data.dtype == np.float32:
-                # column-major: x @ w.T reads w.T row-major, the fast GEMM / GEMV layout for few rows
-                return DenseWeight(np.asfortranarray(w.data), w.dtype)
+                return DenseWeight(np.ascontiguousarray(w.data), w.dtype)
             return w
 
         return map_weights(weights, host, lambda a: a)
