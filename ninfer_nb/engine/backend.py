@@ -91,7 +91,7 @@ class CpuBackend:
 
         rng = np.random.default_rng(seed)
         fmt = quant_format(weights) if weights else None
-        quantized = quantized_calls(cfg) if fmt is not None else frozenset()
+        quantized = quantized_calls(cfg, fmt) if fmt is not None else frozenset()
         calls = [-1]
 
         def make(shape: tuple[int, ...], kind: str) -> Any:

@@ -504,7 +504,7 @@ class CudaBackend:
 
         counter = [seed * 1_000_003]
         fmt = quant_format(weights) if weights else None
-        quantized = quantized_calls(cfg) if fmt is not None else frozenset()
+        quantized = quantized_calls(cfg, fmt) if fmt is not None else frozenset()
         calls = [-1]
 
         def make(shape: tuple[int, ...], kind: str) -> Any:
