@@ -30,12 +30,15 @@ SPLIT_ROWS_BELOW = 3              # decode rounds of fewer rows run one row per 
 
 
 class CpuOps:
-    """ops.cpu, with the linear layers of few rows on ops/cpu_fast.py's kernel (the same
-    contract; ops.cpu stays the reference). Other names resolve to ops.cpu at call time."""
+    """ops.cpu, with the linear layers and the paged decode attention on ops/cpu_fast.py's
+    kernels (the same contract; ops.cpu stays the reference). Other names resolve to ops.cpu
+    at call time."""
     linear = staticmethod(cpu_fast.linear)
     linear_add = staticmethod(cpu_fast.linear_add)
     linear_swiglu = staticmethod(cpu_fast.linear_swiglu)
     linear_split = staticmethod(cpu_fast.linear_split)
+    attention = staticmethod(cpu_fast.attention)
+    attention_gated = staticmethod(cpu_fast.attention_gated)
 
     def __getattr__(self, name: str) -> Any:
         try:

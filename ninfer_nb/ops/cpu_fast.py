@@ -1,4 +1,6 @@
-"""The CPU backend's linear layer for decode rounds of a few rows: x [T, K] @ w [N, K]^T with w
+"""The CPU backend's fast paths for decode rounds of a few rows (ops.cpu stays the reference).
+
+Linear: x [T, K] @ w [N, K]^T with w
 row-major fp32, T <= FAST_MAX_T, in one Numba loop that reads each weight row once for all T
 rows (OpenBLAS's GEMM packs the whole weight on every call, so a round of 8 rows cost ~3.5x one
 row; this kernel ~2.3x). Single-threaded: on a loaded host a second thread stalls the first.
@@ -6,6 +8,9 @@ row; this kernel ~2.3x). Single-threaded: on a loaded host a second thread stall
 `linear` falls back to `ops.cpu.linear` (the reference) for other dtypes / layouts,
 and whenever `ops.cpu.linear` was replaced (tests inject faults or rounding through it); more
 rows (prefill chunks) go to BLAS as w @ x.T, the weight its untransposed left operand.
+
+Attention: a paged decode round (one query per sequence, fp32 caches) in one Numba loop over
+rows and heads, instead of ops.cpu's per-sequence gather + NumPy attention.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from numba import njit
 
 from ..models.weights import DenseWeight
 from . import cpu
+from .base import PAGE_SIZE
 
 FAST_MAX_T = 16                   # more rows (prefill chunks): BLAS's GEMM is compute-efficient
 _REFERENCE = cpu.linear
@@ -109,3 +115,68 @@ def linear_swiglu(x: Any, gate_up: Any) -> Any:
 def linear_split(x: Any, weight: Any, bias: Any, sizes: tuple[int, ...]) -> tuple[Any, ...]:
     """ops.cpu.linear_split with this linear."""
     return cpu.split(linear(x, weight, bias), sizes)
+
+
+@njit(fastmath=True, cache=True)
+def _paged_decode_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
+                            table: np.ndarray, scale: float, out: np.ndarray) -> None:   # pragma: no cover
+    """out[b, h] = softmax(q[b, h] . K[0..positions[b]]) @ V, the keys of row b through its page
+    table row (cache row = table[b, p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE); each key and
+    value row is read once for all query heads (1-D views: the dot and axpy loops vectorise)."""
+    n_rows, hq, d = q.shape
+    group = hq // k_cache.shape[1]
+    sc = np.float32(scale)
+    for b in range(n_rows):
+        length = positions[b] + 1
+        p = np.empty((hq, length), np.float32)
+        for j in range(length):
+            r = table[b, j // PAGE_SIZE] * PAGE_SIZE + j % PAGE_SIZE
+            for h in range(hq):
+                kr, qh = k_cache[r, h // group], q[b, h]
+                acc = np.float32(0.0)
+                for i in range(d):
+                    acc += qh[i] * kr[i]
+                p[h, j] = acc * sc
+        for h in range(hq):
+            top = np.float32(-np.inf)
+            for j in range(length):
+                top = max(top, p[h, j])
+            total = np.float32(0.0)
+            for j in range(length):
+                e = np.exp(p[h, j] - top)
+                p[h, j] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for j in range(length):
+                p[h, j] *= inv
+        acc_out = np.zeros((hq, d), np.float32)
+        for j in range(length):
+            r = table[b, j // PAGE_SIZE] * PAGE_SIZE + j % PAGE_SIZE
+            for h in range(hq):
+                vr, row, pj = v_cache[r, h // group], acc_out[h], p[h, j]
+                for i in range(d):
+                    row[i] += pj * vr[i]
+        out[b] = acc_out
+
+
+def attention(q: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float, k_scale: Any = None,
+              v_scale: Any = None, page_table: Any = None) -> Any:
+    """ops.cpu.attention's contract; a paged round of one fp32 query per sequence runs here."""
+    if (page_table is None or k_scale is not None or v_scale is not None or not isinstance(q, np.ndarray)
+            or q.ndim != 3 or q.shape[0] != np.shape(page_table)[0]
+            or not (isinstance(k_cache, np.ndarray) and k_cache.dtype == np.float32 and k_cache.flags.c_contiguous)
+            or not (isinstance(v_cache, np.ndarray) and v_cache.dtype == np.float32 and v_cache.flags.c_contiguous)):
+        return cpu.attention(q, k_cache, v_cache, positions, scale, k_scale, v_scale, page_table)
+    out = np.empty(q.shape, dtype=np.float32)
+    _paged_decode_attention(np.ascontiguousarray(q, dtype=np.float32), k_cache, v_cache,
+                            np.asarray(positions, dtype=np.int64), np.asarray(page_table, dtype=np.int64),
+                            float(scale), out)
+    return out
+
+
+def attention_gated(q: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float, gate: Any,
+                    k_scale: Any = None, v_scale: Any = None, page_table: Any = None) -> Any:
+    """ops.cpu.attention_gated with this attention."""
+    t, hq, d = q.shape
+    out = attention(q, k_cache, v_cache, positions, scale, k_scale, v_scale, page_table)
+    return cpu.sigmoid_mul(out.reshape(t, hq * d), gate)

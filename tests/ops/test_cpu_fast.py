@@ -43,3 +43,25 @@ def test_cpu_backend_routes_linear_layers_to_the_fast_kernel() -> None:
     w = np.asfortranarray(np.random.default_rng(3).standard_normal((6, 5), dtype=np.float32))
     assert cpu_fast.fast_matrix(w) is None             # a layout the kernel cannot read in place
     assert cpu_fast.fast_matrix(np.ascontiguousarray(w)) is not None
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_fast_paged_decode_attention_equals_reference(gated: bool) -> None:
+    """One query per sequence through a shuffled page table, GQA (6 query heads on 2 KV heads)."""
+    rng = np.random.default_rng([27, int(gated)])
+    page = cpu.PAGE_SIZE
+    pages, hq, hkv, d = 7, 6, 2, 16
+    k_cache = rng.standard_normal((pages * page, hkv, d), dtype=np.float32)
+    v_cache = rng.standard_normal((pages * page, hkv, d), dtype=np.float32)
+    table = np.stack([rng.permutation(pages)[:3] for _ in range(4)]).astype(np.int32)     # [B=4, P=3]
+    positions = np.array([0, page - 1, page + 5, 3 * page - 2], dtype=np.int64)
+    q = rng.standard_normal((4, hq, d), dtype=np.float32)
+    if gated:
+        gate = rng.standard_normal((4, hq * d), dtype=np.float32)
+        want = cpu.attention_gated(q, k_cache, v_cache, positions, 0.25, gate, page_table=table)
+        got = cpu_fast.attention_gated(q, k_cache, v_cache, positions, 0.25, gate, page_table=table)
+    else:
+        want = cpu.attention(q, k_cache, v_cache, positions, 0.25, page_table=table)
+        got = cpu_fast.attention(q, k_cache, v_cache, positions, 0.25, page_table=table)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
