@@ -149,6 +149,8 @@ class LLMEngine:
         self.generator = lanes[0]                 # the first lane (the only one on the one-sequence path)
         # decode rounds pick where the logits are (the CUDA graph's pick kernel) when every row can
         self._round_picks = use_graphs and backend.decode_graphs and self.paged
+        # a graph backend told not to use graphs (--no-cuda-graph): rounds run eagerly here
+        self._eager_rounds = backend.decode_graphs and not use_graphs
         self._errors: list[RequestOutput] = []   # requests a failed round ended, reported next step
         # paged lanes: the rounds queue ahead where the backend can (CUDA: engine/rows_graphs.py)
         self._rows_ahead = self._round_picks and decode.decode_ahead
@@ -325,7 +327,8 @@ class LLMEngine:
             elif self._round_picks and len(picks) == len(rows):
                 picked = self.backend.pick_rows(forward, tokens, positions, slots, table, picks)
             else:
-                logits = self.backend.decode_rows(forward, tokens, positions, slots, table)
+                logits = (self._eager_round(forward, tokens, positions, slots, table) if self._eager_rounds
+                          else self.backend.decode_rows(forward, tokens, positions, slots, table))
                 picked = [self._pick(run, row) for run, row in zip(rows, logits)]
         except BaseException as exc:
             self._raise_failed(rows, exc)
@@ -399,6 +402,14 @@ class LLMEngine:
             need += lane.pages_needed(len(lane.tokens) + 1)
         allocator = self.scheduler.allocator
         return allocator is None or need <= allocator.num_free
+
+    def _eager_round(self, forward: RowsForward, tokens: list[int], positions: list[int], slots: list[int],
+                     table: np.ndarray) -> np.ndarray:
+        """One round's logits [B, V] without the backend's round graphs (its arrays, one forward)."""
+        b = self.backend
+        b.begin_step()
+        arrays = (b.array(np.asarray(x, np.int32)) for x in (tokens, positions, slots, table))
+        return np.asarray(b.to_host(forward(*arrays)), dtype=np.float32)
 
     def _pick(self, run: _Run, row: np.ndarray) -> int:
         """The next token from a logits row: the device pick's rule on the host, or the sampler."""

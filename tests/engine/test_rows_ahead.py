@@ -297,3 +297,24 @@ def test_default_concurrency_sized_by_memory() -> None:
     assert default_concurrency("cuda", 1 << 30, slot) == 1
     assert default_concurrency("cuda", None, slot) == default_concurrency("cuda", 1 << 30, 0) == 16
     assert default_concurrency("cpu", 70 << 30, slot) == 8
+
+
+def test_no_graphs_runs_the_rounds_eagerly(tiny_qwen35_dir: Path, alone: LLM) -> None:
+    """cuda_graphs=False on a backend with graphs: rounds are plain forwards (no round graph,
+    nothing queued); tokens as with the graphs."""
+    import ninfer_nb.llm as llm_module
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(llm_module, "create_backend", lambda device, **kw: RowsRingBackend())
+        llm = LLM(config=EngineConfig(str(tiny_qwen35_dir), device="cpu", max_context=200, prefill_chunk=16,
+                                      show_progress=False, max_concurrency=3, cuda_graphs=False))
+    backend = llm.backend
+    assert isinstance(backend, RowsRingBackend)
+    called = []
+    for name in ("decode_rows", "pick_rows", "launch_rows"):
+        setattr(backend, name, lambda *a, name=name, **kw: called.append(name))
+    reqs = [Request("a", prompt(51, 30), GREEDY.replace(max_tokens=9)), Request("b", prompt(52, 12), GREEDY)]
+    outs = drive(llm.engine, {0: reqs[:1], 2: reqs[1:]}, {})
+    assert tokens(outs["a"]) == solo(alone, prompt(51, 30), GREEDY.replace(max_tokens=9))
+    assert tokens(outs["b"]) == solo(alone, prompt(52, 12), GREEDY)
+    assert called == [] and max(llm.engine.batch_sizes) == 2
