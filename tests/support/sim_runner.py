@@ -29,7 +29,7 @@ CASE_FILES = [ROOT / "tests" / "kernels" / name
                            "test_linear.py", "gemv_quant_sim.py", "gemv_tiled_sim.py", "test_rope_table.py", "test_paged.py", "test_gemv_mma.py")]
 # one-process seconds of the slower cases (per parametrized id; 2026-12-02, a loaded machine: the
 # ratios matter); the others count SECONDS_DEFAULT
-SLOW_SECONDS = {"test_whole_hybrid_model_prefill_chunk_matches_cpu": 61, "test_cuda_ops_route_quantized_records": 52,
+SLOW_SECONDS = {"test_whole_hybrid_model_prefill_chunk_matches_cpu": 61, "test_cuda_ops_route_quantized_records": 28,
                 "test_prefill_flash_gqa2_d256": 29, "test_cuda_moe_experts_on_tiled_stacks": 23,
                 "test_gemv_multi_token": 17, "test_gemv_t1_moe": 16, "test_attention_gemm_kernels": 16,
                 "test_moe_experts_rows": 14, "test_gemv_quant_tokens": 13, "test_norms": 11,

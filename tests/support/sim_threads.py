@@ -5,11 +5,13 @@ The simulator runs a block's threads as Python threads; its BlockManager spins o
 of every switch interval while the threads it waits for need it. Here each thread reports
 reaching `syncthreads()` or finishing to a condition variable, and the manager sleeps on it.
 Same semantics: a barrier opens when every live thread waits at it, the first exception
-aborts the block. tests/conftest.py installs it in simulator processes
-(NUMBA_ENABLE_CUDASIM=1): the simulator cases take ~25 % less CPU time and ~30 % less wall time.
+aborts the block. Also a cheaper `cuda.shared.array` (below). tests/conftest.py installs both
+in simulator processes (NUMBA_ENABLE_CUDASIM=1): the simulator cases take ~25 % less CPU time
+and ~30 % less wall time.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -84,3 +86,30 @@ def install() -> None:
     K.BlockThread.run = run_thread
     K.BlockThread.syncthreads = syncthreads
     K.BlockManager.run = run_block
+    _shared_arrays_by_caller_frame()
+
+
+def _shared_arrays_by_caller_frame() -> None:
+    """cuda.shared.array keys its allocation by the caller's file and line, which the simulator
+    finds by extracting the whole stack (source lines included) on every call of every thread;
+    the caller's frame gives the same key. The simulator's get-then-store also lets two threads
+    that arrive first at once each make an array (one's writes then go nowhere): setdefault."""
+    from numba.cuda import types
+    from numba.cuda.np import numpy_support
+    from numba.cuda.simulator import kernelapi as KA
+
+    plain = KA.FakeCUDAShared.array
+
+    def array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
+        if alignment is not None or shape == 0:         # an error, or the dynamic buffer: no key
+            return plain(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        f = sys._getframe(1)
+        caller = (f.f_code.co_filename, f.f_lineno)
+        res = self._allocations.get(caller)
+        if res is None:                                 # setdefault: one array even if threads race here
+            res = self._allocations.setdefault(caller, np.empty(shape, dtype))
+        return res
+
+    KA.FakeCUDAShared.array = array
