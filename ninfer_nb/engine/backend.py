@@ -26,7 +26,7 @@ from .sampler import gumbel_max_pick
 __all__ = ["Backend", "CpuBackend", "create_backend"]
 
 
-SPLIT_ROWS_BELOW = 3              # decode rounds of fewer rows run one row per forward (decode_rows)
+SPLIT_ROWS_BELOW = 2              # decode rounds of fewer rows run one row per forward (decode_rows)
 
 
 class CpuOps:
@@ -138,9 +138,8 @@ class CpuBackend:
 
     def decode_rows(self, forward: RowsForward, tokens: Sequence[int], positions: Sequence[int],
                     slots: Sequence[int], page_table: np.ndarray) -> np.ndarray:
-        """A round of fewer than SPLIT_ROWS_BELOW rows runs row by row: BLAS multiplies one row
-        by a matrix-vector kernel that streams the weight once, while its GEMM for two rows packs
-        the weight first and costs about three single rows (SmolLM2, OpenBLAS, one thread)."""
+        """A round of fewer than SPLIT_ROWS_BELOW rows runs row by row (one row alone); more rows
+        in one forward: ops/cpu_fast.py's linear reads each weight once for all of them."""
         self.begin_step()
         ids, pos = np.asarray(tokens, dtype=np.int64), np.asarray(positions, dtype=np.int64)
         sl, table = np.asarray(slots, dtype=np.int32), np.asarray(page_table, dtype=np.int32)
