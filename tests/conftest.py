@@ -21,13 +21,13 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):      # the simu
 @pytest.fixture()
 def pretend_cc90_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """numba compiles device helpers lazily for the *current* device; the compile-only tests
-    (PTX, ptxas, the launch ABI) run without a driver, so pretend a cc 9.0 one. Also inline
-    helpers with fewer copies (tests/support/numba_inline.py: the same PTX, faster)."""
+    (PTX, ptxas, the launch ABI) run without a driver, so pretend a cc 9.0 one. Also a cheaper
+    compiler (tests/support/numba_compile.py: the same PTX, fewer copies and compiles)."""
     import types
 
     import numba.cuda.dispatcher as disp
 
-    from tests.support.numba_inline import install
+    from tests.support.numba_compile import install
 
     install()
     monkeypatch.setattr(disp, "get_current_device", lambda: types.SimpleNamespace(compute_capability=(9, 0)))
