@@ -57,8 +57,11 @@ def mma3_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[t
 # into shared memory) where mma4_plan has a build; KernelChoices.multi_token_gemv = "auto" takes
 # it where GEMV_MMA4_AUTO (measured faster than gemv_mma3 on every 27B shape at T = 4, 8, 16).
 GEMV_MMA4_AUTO = True
-MMA4_MIN_T = 3                             # tokens from which gemv_mma4 serves (below: the SIMT GEMV)
-MMA4_MIN_K = 5120                          # the measured shapes (the 35B's K = 2048 / 4096 keep gemv_mma3)
+MMA4_MIN_T = 2                             # plain GEMVs from 2 tokens where a side is >= 8192 (measured; SwiGLU
+MMA4_T2_MIN_SIDE = 8192                    # from 3: at 2 the SIMT GEMV was faster)
+MMA4_MIN_K = 2048
+MMA4_SHORT_K = 5120                        # rows shorter than this: only weights of MMA4_SHORT_MIN_N rows up
+MMA4_SHORT_MIN_N = 8192                    # (measured: the 35B GDN input 12352 x 2048; its 2048-row out_proj not)
 # (mode, warps, tiles, kb, stages, blocks per SM, ldmatrix, staged x)
 MMA4_PLAIN = ("plain", 8, 1, 4, 3, 2, 1, 1)
 MMA4_SWIGLU = ("swiglu", 4, 2, 4, 3, 2, 1, 1)
@@ -66,7 +69,8 @@ MMA4_SWIGLU = ("swiglu", 4, 2, 4, 3, 2, 1, 1)
 
 def mma4_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[Any, ...], int] | None:
     """(build, blocks) of gemv_mma4 for T tokens x an [n, k] weight (swiglu: n = 2I), or None
-    (K below MMA4_MIN_K or not a multiple of a stage): 128-column stages in a ring of 3 per warp,
+    (K below MMA4_MIN_K, below MMA4_SHORT_K with fewer than MMA4_SHORT_MIN_N rows, not a
+    multiple of a stage; fewer than MMA4_MIN_T tokens, SwiGLU 3): 128-column stages in a ring of 3 per warp,
     A fragments by ldmatrix, x staged once per block, 2 blocks per SM, one block per resident
     slot (stream-K); plain: 8 warps of one row tile, SwiGLU: 4 warps of a gate and an up tile.
     The best or within 3 % of the best of the builds measured (dev/gemv_probe.py --mma) on the
@@ -74,7 +78,8 @@ def mma4_plan(mode: str, t: int, n: int, k: int, sm_count: int = 132) -> tuple[t
     build = MMA4_SWIGLU if mode == "swiglu" else MMA4_PLAIN
     cols = 32 * build[3]
     groups = K_gm.v3_groups(mode, build[1], build[2], n)
-    if k < MMA4_MIN_K or k % cols or groups > K_gm.MAX_GROUPS:
+    if (k < MMA4_MIN_K or (k < MMA4_SHORT_K and n < MMA4_SHORT_MIN_N) or k % cols or groups > K_gm.MAX_GROUPS
+            or t < (MMA4_MIN_T if mode != "swiglu" and max(n, k) >= MMA4_T2_MIN_SIDE else 3)):
         return None
     return build, min(groups * (k // cols), build[5] * sm_count)
 
@@ -143,7 +148,7 @@ class LinearOps(QuantLinearOps):
             self._go(K_wg.gemm_wgmma_swiglu_kernel, K_wg.gemm_grid(t, two_i), K_wg.THREADS, xb, gate_up,
                      _rows(h, inter), smem=K_wg.SMEM_BYTES)
             return h
-        if (bf16 and x2.dtype == F32 and self._gemv_mma3(t, k, two_i) and _ptr(x2) % 16 == 0
+        if (bf16 and x2.dtype == F32 and self._gemv_mma3(t, k, two_i, "swiglu") and _ptr(x2) % 16 == 0
                 and _ptr(gate_up) % 16 == 0):
             out = self.empty(tuple(x.shape[:-1]) + (inter,))            # [T, I]
             self._gemv_mma3_into("swiglu", x2, gate_up, out.reshape(-1), _rows(out, inter), NO_BIAS, 0)
@@ -268,14 +273,12 @@ class LinearOps(QuantLinearOps):
         return (GEMV_MMA and not SIM and t >= GEMV_MMA_MIN_T and K_gm.supported(t, k) and self.arch is not None
                 and tuple(self.arch) >= (8, 0))
 
-    def _gemv_mma3(self, t: int, k: int, n: int) -> bool:
+    def _gemv_mma3(self, t: int, k: int, n: int, mode: str = "plain") -> bool:
         """Whether T tokens x an [n, K] weight take gemv_mma3 (bf16 and alignment checked by the
         caller); GEMV_MMA = False turns off both tensor-core GEMVs (the SIMT ones run)."""
-        min_t = GEMV_MMA3_MIN_T
-        if MMA4_MIN_T < min_t and self._mma4_on() and mma4_plan("plain", t, n, k, self.sm_count) is not None:
-            min_t = MMA4_MIN_T
-        return (GEMV_MMA and GEMV_MMA3 and not SIM and min_t <= t <= K_gm.MAX_T and k % K_gm.K_ALIGN == 0
-                and (k >= GEMV_MMA3_MIN_K or n * k >= GEMV_MMA3_MIN_WEIGHT)
+        mma4 = self._mma4_on() and mma4_plan(mode, t, n, k, self.sm_count) is not None
+        return (GEMV_MMA and GEMV_MMA3 and not SIM and (mma4 or GEMV_MMA3_MIN_T <= t) and t <= K_gm.MAX_T
+                and k % K_gm.K_ALIGN == 0 and (mma4 or k >= GEMV_MMA3_MIN_K or n * k >= GEMV_MMA3_MIN_WEIGHT)
                 and self.arch is not None and tuple(self.arch) >= (8, 0)
                 and K_gm.v3_groups("plain", 4, 1, n) <= K_gm.MAX_GROUPS)
 
