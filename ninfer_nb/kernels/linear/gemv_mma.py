@@ -71,13 +71,10 @@ def _split(v):
 
 
 @cuda.jit(device=True, inline=True)
-def _x_words(x, xi, ok):
+def _x_split(x, xi):
     """8 fp32 of x at flat xi as bf16x2 words (element 2j low): 4 words of the high parts and 4
-    of the remainders (x = hi + lo to ~2^-16 relative, so two mma keep fp32-like inputs);
-    zeros when not ok."""
-    z = uint32(0)
-    if not ok:
-        return (z, z, z, z), (z, z, z, z)
+    of the remainders (x = hi + lo to ~2^-16 relative, so two mma keep fp32-like inputs). v4
+    reads a valid token row for every lane; tokens past T fill C columns that are not stored."""
     a = ldg_v4_f32(x, xi)
     b = ldg_v4_f32(x, xi + 4)
     h0, l0 = _split(a[0])
@@ -90,6 +87,15 @@ def _x_words(x, xi, ok):
     h7, l7 = _split(b[3])
     return ((pack_bf16x2(h1, h0), pack_bf16x2(h3, h2), pack_bf16x2(h5, h4), pack_bf16x2(h7, h6)),
             (pack_bf16x2(l1, l0), pack_bf16x2(l3, l2), pack_bf16x2(l5, l4), pack_bf16x2(l7, l6)))
+
+
+@cuda.jit(device=True, inline=True)
+def _x_words(x, xi, ok):
+    """_x_split of 8 fp32 of x at flat xi, or zeros when not ok."""
+    z = uint32(0)
+    if not ok:
+        return (z, z, z, z), (z, z, z, z)
+    return _x_split(x, xi)
 
 
 @kernel((f32_2, u16_2, f32_1, f32_2, i32), sim=True, fastmath=True, launch_bounds=(THREADS, 2), self_sync=True)
@@ -541,25 +547,6 @@ else:
     @cuda.jit(device=True, inline=True)
     def _syncwarp():
         cuda.syncwarp()
-
-
-@cuda.jit(device=True, inline=True)
-def _x_split(x, xi):
-    """_x_words without the mask: 8 fp32 of x at flat xi as 4 bf16x2 words of the high parts and
-    4 of the remainders (v4 reads a valid token row for every lane; tokens past T fill
-    C columns that are not stored)."""
-    a = ldg_v4_f32(x, xi)
-    b = ldg_v4_f32(x, xi + 4)
-    h0, l0 = _split(a[0])
-    h1, l1 = _split(a[1])
-    h2, l2 = _split(a[2])
-    h3, l3 = _split(a[3])
-    h4, l4 = _split(b[0])
-    h5, l5 = _split(b[1])
-    h6, l6 = _split(b[2])
-    h7, l7 = _split(b[3])
-    return ((pack_bf16x2(h1, h0), pack_bf16x2(h3, h2), pack_bf16x2(h5, h4), pack_bf16x2(h7, h6)),
-            (pack_bf16x2(l1, l0), pack_bf16x2(l3, l2), pack_bf16x2(l5, l4), pack_bf16x2(l7, l6)))
 
 
 @intrinsic
