@@ -599,6 +599,21 @@ if config.ENABLE_CUDASIM:
         return flat[int(idx)], flat[int(idx) + 1]
 
 
+@cuda.jit(device=True, inline=True)
+def _mma_hi_lo(acc, i, h, a1, a2, h0, h1, h2, h3, l0, l1, l2, l3):
+    """acc[i, h, 0] += the tile's k-halves a1, a2 x the high words of x (h0..h3), acc[i, h, 1] +=
+    the same x the remainder words (l0..l3): two accumulators, summed once at the end."""
+    c = (acc[i, h, 0, 0], acc[i, h, 0, 1], acc[i, h, 0, 2], acc[i, h, 0, 3])
+    c = mma_bf16(a1, h0, h1, c)
+    c = mma_bf16(a2, h2, h3, c)
+    d = (acc[i, h, 1, 0], acc[i, h, 1, 1], acc[i, h, 1, 2], acc[i, h, 1, 3])
+    d = mma_bf16(a1, l0, l1, d)
+    d = mma_bf16(a2, l2, l3, d)
+    for e in range(4):
+        acc[i, h, 0, e] = c[e]
+        acc[i, h, 1, e] = d[e]
+
+
 def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks: int, lm: int, xs: int) -> Any:
     from ninfer_nb.kernels.linear.gemv_tiled import _gp, _saddr
 
@@ -653,15 +668,7 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
                 for i in range(R):
                     a1 = (wr[i, 0], wr[i, 4], wr[i, 1], wr[i, 5])
                     a2 = (wr[i, 2], wr[i, 6], wr[i, 3], wr[i, 7])
-                    c = (acc[i, h, 0, 0], acc[i, h, 0, 1], acc[i, h, 0, 2], acc[i, h, 0, 3])
-                    c = mma_bf16(a1, xh[0], xh[1], c)
-                    c = mma_bf16(a2, xh[2], xh[3], c)
-                    d = (acc[i, h, 1, 0], acc[i, h, 1, 1], acc[i, h, 1, 2], acc[i, h, 1, 3])
-                    d = mma_bf16(a1, xl[0], xl[1], d)
-                    d = mma_bf16(a2, xl[2], xl[3], d)
-                    for e in range(4):
-                        acc[i, h, 0, e] = c[e]
-                        acc[i, h, 1, e] = d[e]
+                    _mma_hi_lo(acc, i, h, a1, a2, xh[0], xh[1], xh[2], xh[3], xl[0], xl[1], xl[2], xl[3])
 
     @cuda.jit(device=True, inline=True)
     def _pairs(x, xi):
@@ -695,15 +702,7 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
                 for i in range(R):
                     a1 = (wa[i, 0], wa[i, 1], wa[i, 2], wa[i, 3])
                     a2 = (wa[i, 4], wa[i, 5], wa[i, 6], wa[i, 7])
-                    c = (acc[i, h, 0, 0], acc[i, h, 0, 1], acc[i, h, 0, 2], acc[i, h, 0, 3])
-                    c = mma_bf16(a1, h0, h1, c)
-                    c = mma_bf16(a2, h2, h3, c)
-                    d = (acc[i, h, 1, 0], acc[i, h, 1, 1], acc[i, h, 1, 2], acc[i, h, 1, 3])
-                    d = mma_bf16(a1, l0, l1, d)
-                    d = mma_bf16(a2, l2, l3, d)
-                    for e in range(4):
-                        acc[i, h, 0, e] = c[e]
-                        acc[i, h, 1, e] = d[e]
+                    _mma_hi_lo(acc, i, h, a1, a2, h0, h1, h2, h3, l0, l1, l2, l3)
 
     @cuda.jit(device=True, inline=True)
     def _xs_load(x, xr, col0, tid, n_tok, k_dim):
@@ -785,15 +784,7 @@ def _make_v4(mode: str, warps: int, tiles: int, kb: int, stages: int, min_blocks
                 for i in range(R):
                     a1 = (wr[i, 0], wr[i, 1], wr[i, 2], wr[i, 3])
                     a2 = (wr[i, 4], wr[i, 5], wr[i, 6], wr[i, 7])
-                    c = (acc[i, h, 0, 0], acc[i, h, 0, 1], acc[i, h, 0, 2], acc[i, h, 0, 3])
-                    c = mma_bf16(a1, xh[0], xh[1], c)
-                    c = mma_bf16(a2, xh[2], xh[3], c)
-                    d = (acc[i, h, 1, 0], acc[i, h, 1, 1], acc[i, h, 1, 2], acc[i, h, 1, 3])
-                    d = mma_bf16(a1, xl[0], xl[1], d)
-                    d = mma_bf16(a2, xl[2], xl[3], d)
-                    for e in range(4):
-                        acc[i, h, 0, e] = c[e]
-                        acc[i, h, 1, e] = d[e]
+                    _mma_hi_lo(acc, i, h, a1, a2, xh[0], xh[1], xh[2], xh[3], xl[0], xl[1], xl[2], xl[3])
 
     def gemv_mma4_kernel(x, w, bias, out, has_bias, accumulate, ws, counter):
         smem = cuda.shared.array(0, uint32)
